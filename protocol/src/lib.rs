@@ -1,0 +1,16 @@
+//! vramhook's bytes on the wire and on disk, versioned:
+//! - [`record`]: the fixed 64-byte little-endian event record;
+//! - [`ring`]: the per-process shared-memory ring (bounded multi-producer queue);
+//! - [`capture`]: the capture-file format (header, checksummed frames, end marker);
+//! - [`clock`]: timestamps and their conversion.
+
+pub mod capture;
+pub mod clock;
+pub mod record;
+pub mod ring;
+
+pub use capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};
+pub use record::{Api, Caller, Event, EventKind, MemClass, RawRecord, RECORD_SIZE};
+
+#[cfg(test)]
+mod capture_tests;

@@ -1,0 +1,368 @@
+//! The 64-byte event record: the same bytes in the ring and in a capture file.
+//!
+//! Every field is little-endian and unaligned (zerocopy's byte-order types), so a
+//! record can be read straight out of a memory map or a byte buffer on any host.
+
+use zerocopy::little_endian::{I16, U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// Size of one record in bytes. Part of the format: never change it.
+pub const RECORD_SIZE: usize = 64;
+
+/// One record as laid out in memory and on disk.
+///
+/// In the ring, `seq` holds the slot's publication stamp; readers rewrite it to the
+/// event's position in its process's stream before handing the record on.
+#[derive(Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct RawRecord {
+    pub seq: U64,
+    pub ts_ns: U64,
+    pub addr: U64,
+    pub size: U64,
+    /// Second size or handle: pitch, VMM handle, pool trim target, device total.
+    pub aux: U64,
+    /// Stream, pool, or mapping offset.
+    pub stream: U64,
+    pub pid: U32,
+    pub tid: U32,
+    /// CUresult, saturated to u16::MAX.
+    pub result: U16,
+    /// Device ordinal, -1 when unknown.
+    pub device: I16,
+    pub kind: u8,
+    /// Runtime API that led to this driver call (`Caller`), 0 when none is known.
+    pub caller: u8,
+    /// Exact driver function (`Api`).
+    pub api: U16,
+}
+
+const _: () = assert!(std::mem::size_of::<RawRecord>() == RECORD_SIZE);
+
+impl std::fmt::Debug for RawRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Event::from_raw(self).fmt(f)
+    }
+}
+
+macro_rules! code_enum {
+    ($(#[$meta:meta])* $name:ident : $repr:ty { $($variant:ident = $value:literal => $text:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr($repr)]
+        #[allow(non_camel_case_types)]
+        pub enum $name { $($variant = $value,)* }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            pub fn from_code(code: $repr) -> Option<Self> {
+                match code { $($value => Some($name::$variant),)* _ => None }
+            }
+
+            pub fn code(self) -> $repr { self as $repr }
+
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $text,)* }
+            }
+
+            pub fn from_name(name: &str) -> Option<Self> {
+                match name { $($text => Some($name::$variant),)* _ => None }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+code_enum! {
+    /// What happened. Failed calls keep their kind and carry a non-zero result.
+    EventKind: u8 {
+        Alloc = 1 => "alloc",
+        Free = 2 => "free",
+        VmmCreate = 3 => "vmm_create",
+        VmmRelease = 4 => "vmm_release",
+        VmmReserve = 5 => "vmm_reserve",
+        VmmAddressFree = 6 => "vmm_address_free",
+        VmmMap = 7 => "vmm_map",
+        VmmUnmap = 8 => "vmm_unmap",
+        PoolTrim = 9 => "pool_trim",
+        PoolCreate = 10 => "pool_create",
+        PoolDestroy = 11 => "pool_destroy",
+        MemInfo = 12 => "mem_info",
+        ProcessStart = 13 => "process_start",
+        ProcessExit = 14 => "process_exit",
+        Dropped = 15 => "dropped",
+    }
+}
+
+code_enum! {
+    /// The exact driver entry point that was called (versioned name, `_ptsz` kept apart).
+    Api: u16 {
+        None = 0 => "none",
+        cuMemAlloc_v2 = 1 => "cuMemAlloc_v2",
+        cuMemAllocPitch_v2 = 2 => "cuMemAllocPitch_v2",
+        cuMemAllocManaged = 3 => "cuMemAllocManaged",
+        cuMemFree_v2 = 4 => "cuMemFree_v2",
+        cuMemAllocAsync = 5 => "cuMemAllocAsync",
+        cuMemAllocAsync_ptsz = 6 => "cuMemAllocAsync_ptsz",
+        cuMemAllocFromPoolAsync = 7 => "cuMemAllocFromPoolAsync",
+        cuMemAllocFromPoolAsync_ptsz = 8 => "cuMemAllocFromPoolAsync_ptsz",
+        cuMemFreeAsync = 9 => "cuMemFreeAsync",
+        cuMemFreeAsync_ptsz = 10 => "cuMemFreeAsync_ptsz",
+        cuMemPoolTrimTo = 11 => "cuMemPoolTrimTo",
+        cuMemCreate = 12 => "cuMemCreate",
+        cuMemRelease = 13 => "cuMemRelease",
+        cuMemMap = 14 => "cuMemMap",
+        cuMemUnmap = 15 => "cuMemUnmap",
+        cuMemAddressReserve = 16 => "cuMemAddressReserve",
+        cuMemAddressFree = 17 => "cuMemAddressFree",
+        cuArrayCreate_v2 = 18 => "cuArrayCreate_v2",
+        cuArray3DCreate_v2 = 19 => "cuArray3DCreate_v2",
+        cuMipmappedArrayCreate = 20 => "cuMipmappedArrayCreate",
+        cuArrayDestroy = 21 => "cuArrayDestroy",
+        cuMipmappedArrayDestroy = 22 => "cuMipmappedArrayDestroy",
+        cuIpcOpenMemHandle_v2 = 23 => "cuIpcOpenMemHandle_v2",
+        cuIpcCloseMemHandle = 24 => "cuIpcCloseMemHandle",
+        cuMemImportFromShareableHandle = 25 => "cuMemImportFromShareableHandle",
+        cuMemGetInfo_v2 = 26 => "cuMemGetInfo_v2",
+        cuMemPoolCreate = 27 => "cuMemPoolCreate",
+        cuMemPoolDestroy = 28 => "cuMemPoolDestroy",
+        Interposer = 0xFFFF => "vramhook",
+    }
+}
+
+code_enum! {
+    /// The runtime call (shared libcudart only) that led to a driver call.
+    Caller: u8 {
+        None = 0 => "",
+        cudaMalloc = 1 => "cudaMalloc",
+        cudaFree = 2 => "cudaFree",
+        cudaMallocPitch = 3 => "cudaMallocPitch",
+        cudaMallocManaged = 4 => "cudaMallocManaged",
+        cudaMallocAsync = 5 => "cudaMallocAsync",
+        cudaFreeAsync = 6 => "cudaFreeAsync",
+        cudaMallocFromPoolAsync = 7 => "cudaMallocFromPoolAsync",
+        cudaMemPoolTrimTo = 8 => "cudaMemPoolTrimTo",
+    }
+}
+
+/// What kind of device memory an allocation API hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemClass {
+    Plain,
+    Pitch,
+    Managed,
+    Pool,
+    Vmm,
+    Array,
+    Ipc,
+    Import,
+}
+
+impl MemClass {
+    pub const ALL: [MemClass; 8] = [
+        MemClass::Plain,
+        MemClass::Pitch,
+        MemClass::Managed,
+        MemClass::Pool,
+        MemClass::Vmm,
+        MemClass::Array,
+        MemClass::Ipc,
+        MemClass::Import,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemClass::Plain => "plain",
+            MemClass::Pitch => "pitch",
+            MemClass::Managed => "managed",
+            MemClass::Pool => "pool",
+            MemClass::Vmm => "vmm",
+            MemClass::Array => "array",
+            MemClass::Ipc => "ipc",
+            MemClass::Import => "import",
+        }
+    }
+}
+
+impl Api {
+    /// The memory class of the bytes an allocating call hands out.
+    pub fn mem_class(self) -> Option<MemClass> {
+        use Api::*;
+        Some(match self {
+            cuMemAlloc_v2 => MemClass::Plain,
+            cuMemAllocPitch_v2 => MemClass::Pitch,
+            cuMemAllocManaged => MemClass::Managed,
+            cuMemAllocAsync | cuMemAllocAsync_ptsz | cuMemAllocFromPoolAsync | cuMemAllocFromPoolAsync_ptsz => {
+                MemClass::Pool
+            }
+            cuMemCreate => MemClass::Vmm,
+            cuMemImportFromShareableHandle => MemClass::Import,
+            cuArrayCreate_v2 | cuArray3DCreate_v2 | cuMipmappedArrayCreate => MemClass::Array,
+            cuIpcOpenMemHandle_v2 => MemClass::Ipc,
+            _ => return Option::None,
+        })
+    }
+}
+
+/// CUDA_ERROR_OUT_OF_MEMORY.
+pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
+
+/// A decoded record with native types. Unknown codes are kept raw so that nothing is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Event {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u8,
+    pub api: u16,
+    pub caller: u8,
+    pub result: u32,
+    pub device: i16,
+    pub addr: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub stream: u64,
+}
+
+impl Event {
+    pub fn from_raw(raw: &RawRecord) -> Self {
+        Event {
+            seq: raw.seq.get(),
+            ts_ns: raw.ts_ns.get(),
+            pid: raw.pid.get(),
+            tid: raw.tid.get(),
+            kind: raw.kind,
+            api: raw.api.get(),
+            caller: raw.caller,
+            result: u32::from(raw.result.get()),
+            device: raw.device.get(),
+            addr: raw.addr.get(),
+            size: raw.size.get(),
+            aux: raw.aux.get(),
+            stream: raw.stream.get(),
+        }
+    }
+
+    pub fn to_raw(&self) -> RawRecord {
+        RawRecord {
+            seq: U64::new(self.seq),
+            ts_ns: U64::new(self.ts_ns),
+            addr: U64::new(self.addr),
+            size: U64::new(self.size),
+            aux: U64::new(self.aux),
+            stream: U64::new(self.stream),
+            pid: U32::new(self.pid),
+            tid: U32::new(self.tid),
+            result: U16::new(saturate_result(self.result)),
+            device: I16::new(self.device),
+            kind: self.kind,
+            caller: self.caller,
+            api: U16::new(self.api),
+        }
+    }
+
+    pub fn kind(&self) -> Option<EventKind> {
+        EventKind::from_code(self.kind)
+    }
+
+    pub fn api(&self) -> Option<Api> {
+        Api::from_code(self.api)
+    }
+
+    pub fn caller(&self) -> Option<Caller> {
+        Caller::from_code(self.caller)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.result != 0
+    }
+
+    pub fn is_oom(&self) -> bool {
+        self.result == CUDA_ERROR_OUT_OF_MEMORY
+    }
+}
+
+/// CUresult values fit in 16 bits today (the largest is 999); anything larger saturates.
+pub fn saturate_result(result: u32) -> u16 {
+    u16::try_from(result).unwrap_or(u16::MAX)
+}
+
+/// Name of a CUresult, for people.
+pub fn result_name(result: u32) -> &'static str {
+    match result {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        500 => "CUDA_ERROR_NOT_FOUND",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "CUDA_ERROR_OTHER",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::IntoBytes;
+
+    #[test]
+    fn record_layout_is_fixed_little_endian() {
+        let ev = Event {
+            seq: 1,
+            ts_ns: 2,
+            pid: 3,
+            tid: 4,
+            kind: EventKind::Alloc.code(),
+            api: Api::cuMemAllocAsync_ptsz.code(),
+            caller: Caller::cudaMallocAsync.code(),
+            result: 2,
+            device: -1,
+            addr: 0x1122_3344_5566_7788,
+            size: 9,
+            aux: 10,
+            stream: 11,
+        };
+        let raw = ev.to_raw();
+        let bytes = raw.as_bytes();
+        assert_eq!(bytes.len(), 64);
+        assert_eq!(&bytes[0..8], &1u64.to_le_bytes());
+        assert_eq!(&bytes[16..24], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&bytes[48..52], &3u32.to_le_bytes());
+        assert_eq!(&bytes[56..58], &2u16.to_le_bytes());
+        assert_eq!(&bytes[58..60], &(-1i16).to_le_bytes());
+        assert_eq!(bytes[60], 1);
+        assert_eq!(bytes[61], 5);
+        assert_eq!(&bytes[62..64], &6u16.to_le_bytes());
+        assert_eq!(Event::from_raw(&raw), ev);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for api in Api::ALL {
+            assert_eq!(Api::from_name(api.name()), Some(*api));
+            assert_eq!(Api::from_code(api.code()), Some(*api));
+        }
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::from_code(kind.code()), Some(*kind));
+        }
+        assert_eq!(Api::from_code(999), None);
+    }
+
+    #[test]
+    fn results_saturate() {
+        assert_eq!(saturate_result(70_000), u16::MAX);
+        assert_eq!(saturate_result(2), 2);
+    }
+}
