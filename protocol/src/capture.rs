@@ -468,7 +468,7 @@ impl<R: Read> CaptureReader<R> {
         let corrupt = |reason: &str| CaptureError::Corrupt { offset: start, reason: reason.to_string() };
         let frame = match FrameType::from_code(kind) {
             Some(FrameType::Events) => {
-                if len % RECORD_SIZE != 0 {
+                if !len.is_multiple_of(RECORD_SIZE) {
                     return Err(corrupt("event frame length is not a multiple of 64"));
                 }
                 let records = <[RawRecord]>::ref_from_bytes(payload).map_err(|_| corrupt("misaligned records"))?;
