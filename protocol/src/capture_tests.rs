@@ -50,9 +50,7 @@ fn sample_capture(sealed: bool) -> Vec<u8> {
         w.finish().expect("finish")
     } else {
         w.flush().expect("flush");
-        let mut v = Vec::new();
-        std::mem::swap(&mut v, &mut w_into_inner(w));
-        v
+        w_into_inner(w)
     }
 }
 
