@@ -1,0 +1,1 @@
+//! The VRAM model (being written).
