@@ -1,0 +1,1359 @@
+/* Simulated CUDA driver (libcuda.so.1) for vramhook tests.
+ *
+ * Every exported function is a thin shell around static helpers, so calls inside
+ * the library never go through an exported (interposable) symbol; the library is
+ * also linked with -Bsymbolic. See ../README.md for what is simulated. */
+#define _GNU_SOURCE
+#include "sim_cuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef unsigned long long u64;
+
+#define MAXDEV 16
+#define GRAN (2ULL << 20)
+#define VA_BASE 0x200000000000ULL
+#define VA_PER_DEV 0x40000000000ULL /* 4 TiB of address space per device */
+#define VA_FAST_BASE 0x680000000000ULL
+#define DEFAULT_CAP 17179869184ULL
+
+static u64 round_up(u64 v, u64 a) { return (v + a - 1) / a * a; }
+
+/* ---------- configuration and global state ---------- */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_ndev = 1;
+static u64 g_cap = DEFAULT_CAP;
+static int g_fast;
+static char g_logdir[4096];
+static int g_inited;      /* cuInit called in this process (reset in a fork child) */
+static int g_ever_used;   /* a memory call was made: write a summary at exit */
+static _Atomic u64 local_used[MAXDEV];
+static _Atomic u64 *dev_used = local_used; /* per-process, or the shared file */
+static int g_shared;
+static u64 proc_phys[MAXDEV]; /* physical bytes this process holds */
+static u64 va_next[MAXDEV];
+static _Atomic u64 fast_va = VA_FAST_BASE;
+static int log_fd = -1;
+static u64 next_vmm_handle = 0x10000;
+static u64 next_array_handle = 0x5a0000001000ULL;
+
+#define CTX_MAGIC 0x5c7c7c7cU
+struct ctx {
+    unsigned magic;
+    int dev;
+    int primary;
+    int refcount;
+};
+static struct ctx primary_ctx[MAXDEV];
+static __thread struct ctx *tl_ctx;
+
+#define STREAM_MAGIC 0x57ea5eadU
+struct stream {
+    unsigned magic;
+    int dev;
+};
+
+#define POOL_MAGIC 0x9001900fU
+struct pool {
+    unsigned magic;
+    int dev;
+    int is_default;
+    int dead;
+    u64 reserve; /* physical bytes held by the pool */
+    u64 inuse;   /* requested bytes of live allocations */
+    u64 max_size;
+    struct pool *next;
+};
+static struct pool default_pool[MAXDEV];
+static struct pool *created_pools;
+
+enum { OBJ_ALLOC = 1, OBJ_HANDLE, OBJ_ARRAY, OBJ_IPC };
+enum { K_PLAIN = 1, K_PITCH, K_MANAGED, K_ASYNC };
+
+struct obj {
+    struct obj *next;
+    int type;
+    int kind;
+    int dev;
+    int released;
+    int imported;
+    int map_count;
+    int export_ok;
+    u64 key;  /* address or handle */
+    u64 size; /* requested (or charged for pitch / arrays) bytes */
+    u64 phys; /* physical bytes charged */
+    struct pool *pool;
+};
+
+#define NBUCKET 65536
+static struct obj *table[NBUCKET];
+
+static unsigned bucket(int type, u64 key) {
+    u64 h = (key ^ ((u64)type << 56)) * 0x9E3779B97F4A7C15ULL;
+    return (unsigned)(h >> 48) & (NBUCKET - 1);
+}
+
+static struct obj *obj_find(int type, u64 key) {
+    for (struct obj *o = table[bucket(type, key)]; o; o = o->next)
+        if (o->type == type && o->key == key) return o;
+    return NULL;
+}
+
+static struct obj *obj_add(int type, u64 key) {
+    struct obj *o = calloc(1, sizeof *o);
+    if (!o) return NULL;
+    o->type = type;
+    o->key = key;
+    unsigned b = bucket(type, key);
+    o->next = table[b];
+    table[b] = o;
+    return o;
+}
+
+static void obj_del(struct obj *o) {
+    struct obj **pp = &table[bucket(o->type, o->key)];
+    while (*pp && *pp != o) pp = &(*pp)->next;
+    if (*pp) *pp = o->next;
+    free(o);
+}
+
+/* VMM reservations and mappings: short lists scanned for range checks */
+struct resv {
+    u64 addr, size;
+    int dev;
+    struct resv *next;
+};
+struct mapping {
+    u64 addr, size, offset, handle;
+    struct mapping *next;
+};
+static struct resv *resvs;
+static struct mapping *mappings;
+
+/* ---------- logging ---------- */
+
+static long sim_gettid(void) { return syscall(SYS_gettid); }
+
+static void log_open(void) {
+    if (log_fd >= 0 || !g_logdir[0]) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%d.jsonl", g_logdir, (int)getpid());
+    log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+static void write_all(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Caller holds mu. */
+static void logc(const char *fn, CUresult res, u64 addr, u64 size, u64 aux, int dev) {
+    g_ever_used = 1;
+    if (!g_logdir[0]) return;
+    log_open();
+    if (log_fd < 0) return;
+    char buf[512];
+    int n = snprintf(buf, sizeof buf,
+                     "{\"fn\":\"%s\",\"result\":%d,\"addr\":%llu,\"size\":%llu,\"aux\":%llu,"
+                     "\"device\":%d,\"tid\":%ld}\n",
+                     fn, (int)res, addr, size, aux, dev, sim_gettid());
+    if (n > 0 && n < (int)sizeof buf) write_all(log_fd, buf, (size_t)n);
+}
+
+/* ---------- physical accounting ---------- */
+
+static int charge(int dev, u64 bytes) {
+    u64 cur = atomic_load(&dev_used[dev]);
+    do {
+        if (cur + bytes < cur || cur + bytes > g_cap) return 0;
+    } while (!atomic_compare_exchange_weak(&dev_used[dev], &cur, cur + bytes));
+    proc_phys[dev] += bytes;
+    return 1;
+}
+
+static void uncharge(int dev, u64 bytes) {
+    atomic_fetch_sub(&dev_used[dev], bytes);
+    proc_phys[dev] -= bytes;
+}
+
+static u64 va_alloc(int dev, u64 size, u64 align) {
+    u64 end = VA_BASE + (u64)(dev + 1) * VA_PER_DEV;
+    u64 a = round_up(va_next[dev], align);
+    if (size > end || a > end - size) return 0;
+    va_next[dev] = a + size;
+    return a;
+}
+
+/* ---------- init, fork, exit ---------- */
+
+static u64 parse_u64(const char *s, u64 dflt) {
+    if (!s || !*s) return dflt;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return dflt;
+    return v;
+}
+
+static void reset_process_state(void) {
+    for (unsigned b = 0; b < NBUCKET; b++) table[b] = NULL; /* leaked on purpose (fork child) */
+    resvs = NULL;
+    mappings = NULL;
+    created_pools = NULL;
+    for (int d = 0; d < MAXDEV; d++) {
+        proc_phys[d] = 0;
+        memset(&default_pool[d], 0, sizeof default_pool[d]);
+        default_pool[d].magic = POOL_MAGIC;
+        default_pool[d].dev = d;
+        default_pool[d].is_default = 1;
+        primary_ctx[d].magic = CTX_MAGIC;
+        primary_ctx[d].dev = d;
+        primary_ctx[d].primary = 1;
+        primary_ctx[d].refcount = 0;
+    }
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+static void atfork_child(void) {
+    /* The child holds no device memory and must initialise CUDA again. */
+    pthread_mutex_init(&mu, NULL);
+    if (log_fd >= 0) close(log_fd);
+    log_fd = -1;
+    g_inited = 0;
+    g_ever_used = 0;
+    tl_ctx = NULL;
+    reset_process_state();
+}
+
+__attribute__((constructor)) static void sim_init(void) {
+    int n = (int)parse_u64(getenv("VRAMHOOK_SIM_DEVICES"), 1);
+    if (n < 1) n = 1;
+    if (n > MAXDEV) n = MAXDEV;
+    g_ndev = n;
+    g_cap = parse_u64(getenv("VRAMHOOK_SIM_VRAM_BYTES"), DEFAULT_CAP);
+    const char *f = getenv("VRAMHOOK_SIM_FAST");
+    g_fast = f && *f && strcmp(f, "0") != 0;
+    const char *ld = getenv("VRAMHOOK_SIM_LOG_DIR");
+    if (ld && *ld && strlen(ld) < sizeof g_logdir) strcpy(g_logdir, ld);
+    for (int d = 0; d < MAXDEV; d++) va_next[d] = VA_BASE + (u64)d * VA_PER_DEV + GRAN;
+    reset_process_state();
+    const char *sh = getenv("VRAMHOOK_SIM_SHARED");
+    if (sh && *sh) {
+        int fd = open(sh, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0 && st.st_size < 4096) {
+                if (ftruncate(fd, 4096) != 0) { /* ignore: mmap below will fail */ }
+            }
+            void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED) {
+                dev_used = (_Atomic u64 *)p;
+                g_shared = 1;
+            }
+            close(fd);
+        }
+    }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+__attribute__((destructor)) static void sim_fini(void) {
+    /* Do not hang if another thread still holds the lock at exit. */
+    int locked = 0;
+    for (int i = 0; i < 200; i++) {
+        if (pthread_mutex_trylock(&mu) == 0) {
+            locked = 1;
+            break;
+        }
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    if (g_ever_used && g_logdir[0]) {
+        u64 live[MAXDEV] = {0}, cnt[MAXDEV] = {0};
+        for (unsigned b = 0; b < NBUCKET; b++)
+            for (struct obj *o = table[b]; o; o = o->next) {
+                if (o->dev < 0 || o->dev >= MAXDEV) continue;
+                if (o->type == OBJ_ALLOC || o->type == OBJ_ARRAY) {
+                    live[o->dev] += o->size;
+                    cnt[o->dev]++;
+                } else if (o->type == OBJ_HANDLE && !o->imported) {
+                    live[o->dev] += o->size;
+                    cnt[o->dev]++;
+                }
+            }
+        char buf[4096];
+        int n = snprintf(buf, sizeof buf, "{\"summary\":true,\"pid\":%d,\"devices\":[", (int)getpid());
+        for (int d = 0; d < g_ndev && n < (int)sizeof buf - 200; d++)
+            n += snprintf(buf + n, sizeof buf - (size_t)n,
+                          "%s{\"ordinal\":%d,\"capacity\":%llu,\"used_physical\":%llu,\"live_bytes\":%llu,"
+                          "\"live_allocations\":%llu}",
+                          d ? "," : "", d, g_cap, proc_phys[d], live[d], cnt[d]);
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "]}\n");
+        log_open();
+        if (log_fd >= 0) write_all(log_fd, buf, (size_t)n);
+    }
+    if (g_shared) /* like the real driver: a process's memory goes back when it exits */
+        for (int d = 0; d < g_ndev; d++)
+            if (proc_phys[d]) atomic_fetch_sub(&dev_used[d], proc_phys[d]);
+    if (locked) pthread_mutex_unlock(&mu);
+}
+
+/* ---------- common checks ---------- */
+
+static CUresult cur_dev(int *dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!tl_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = tl_ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+static int stream_ok(CUstream s) {
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return 1;
+    return ((struct stream *)s)->magic == STREAM_MAGIC;
+}
+
+static struct pool *pool_check(CUmemoryPool p) {
+    for (int d = 0; d < g_ndev; d++)
+        if ((struct pool *)p == &default_pool[d]) return &default_pool[d];
+    for (struct pool *q = created_pools; q; q = q->next)
+        if ((struct pool *)p == q && !q->dead) return q;
+    return NULL;
+}
+
+/* ---------- device and context ---------- */
+
+EXPORT CUresult cuInit(unsigned int Flags) {
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    g_inited = 1;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
+    if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = 13000;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = g_ndev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = g_cap;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    primary_ctx[dev].refcount++;
+    pthread_mutex_unlock(&mu);
+    *pctx = (CUcontext)&primary_ctx[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    if (primary_ctx[dev].refcount <= 0) r = CUDA_ERROR_INVALID_CONTEXT;
+    else primary_ctx[dev].refcount--; /* sim: memory stays; the context is never torn down */
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    struct ctx *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->magic = CTX_MAGIC;
+    c->dev = dev;
+    c->refcount = 1;
+    tl_ctx = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx && ((struct ctx *)ctx)->magic != CTX_MAGIC) return CUDA_ERROR_INVALID_CONTEXT;
+    tl_ctx = (struct ctx *)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)tl_ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    int dev;
+    CUresult r = cur_dev(&dev);
+    if (r) return r;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    *device = dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    int dev;
+    return cur_dev(&dev);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    int dev;
+    CUresult r = cur_dev(&dev);
+    if (r) return r;
+    if (!phStream || Flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    s->magic = STREAM_MAGIC;
+    s->dev = dev;
+    *phStream = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+    int dev;
+    CUresult r = cur_dev(&dev);
+    if (r) return r;
+    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD || !stream_ok(hStream))
+        return CUDA_ERROR_INVALID_HANDLE;
+    ((struct stream *)hStream)->magic = 0;
+    free(hStream);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+    int dev;
+    CUresult r = cur_dev(&dev);
+    if (r) return r;
+    return stream_ok(hStream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static const struct {
+    CUresult code;
+    const char *name;
+} err_names[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN"},
+};
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof err_names / sizeof err_names[0]; i++)
+        if (err_names[i].code == error) {
+            *pStr = err_names[i].name;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------- plain allocations ---------- */
+
+static CUresult alloc_common(const char *fn, CUdeviceptr *dptr, u64 size, u64 aux, int kind) {
+    int dev = 0;
+    CUresult r;
+    pthread_mutex_lock(&mu);
+    r = cur_dev(&dev);
+    if (r == CUDA_SUCCESS && (!dptr || size == 0)) r = CUDA_ERROR_INVALID_VALUE;
+    u64 addr = 0;
+    if (r == CUDA_SUCCESS) {
+        u64 phys = round_up(size, GRAN);
+        if (!charge(dev, phys)) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            addr = va_alloc(dev, round_up(size, 512), 512);
+            struct obj *o = addr ? obj_add(OBJ_ALLOC, addr) : NULL;
+            if (!o) {
+                uncharge(dev, phys);
+                addr = 0;
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                o->kind = kind;
+                o->dev = dev;
+                o->size = size;
+                o->phys = phys;
+            }
+        }
+    }
+    if (r == CUDA_SUCCESS) *dptr = addr;
+    else if (dptr && r == CUDA_ERROR_OUT_OF_MEMORY) *dptr = 0;
+    logc(fn, r, addr, size, aux, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    if (g_fast) {
+        if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
+        if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+        *dptr = atomic_fetch_add_explicit(&fast_va, round_up(bytesize, 512), memory_order_relaxed);
+        return CUDA_SUCCESS;
+    }
+    return alloc_common("cuMemAlloc_v2", dptr, bytesize, 0, K_PLAIN);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                   unsigned int ElementSizeBytes) {
+    if (!pPitch || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
+        int dev = 0;
+        pthread_mutex_lock(&mu);
+        CUresult r = cur_dev(&dev);
+        if (!r) r = CUDA_ERROR_INVALID_VALUE;
+        logc("cuMemAllocPitch_v2", r, 0, 0, 0, dev);
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
+    u64 pitch = round_up(WidthInBytes, 512);
+    CUresult r = alloc_common("cuMemAllocPitch_v2", dptr, pitch * Height, pitch, K_PITCH);
+    if (r == CUDA_SUCCESS) *pPitch = pitch;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
+        int dev = 0;
+        pthread_mutex_lock(&mu);
+        CUresult r = cur_dev(&dev);
+        if (!r) r = CUDA_ERROR_INVALID_VALUE;
+        logc("cuMemAllocManaged", r, 0, bytesize, flags, dev);
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
+    return alloc_common("cuMemAllocManaged", dptr, bytesize, flags, K_MANAGED);
+}
+
+static void pool_trim_locked(struct pool *p, u64 keep) {
+    u64 target = round_up(p->inuse, GRAN);
+    if (round_up(keep, GRAN) > target) target = round_up(keep, GRAN);
+    if (p->reserve > target) {
+        uncharge(p->dev, p->reserve - target);
+        p->reserve = target;
+    }
+}
+
+/* Free an OBJ_ALLOC; caller holds mu. */
+static void free_alloc_locked(struct obj *o) {
+    if (o->kind == K_ASYNC && o->pool) {
+        struct pool *p = o->pool;
+        p->inuse -= o->size; /* reserve stays with the pool */
+        if (p->dead) pool_trim_locked(p, 0);
+    } else {
+        uncharge(o->dev, o->phys);
+    }
+    obj_del(o);
+}
+
+static CUresult free_common(const char *fn, CUdeviceptr dptr, int async, CUstream s) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    u64 size = 0, aux = 0;
+    if (r == CUDA_SUCCESS && async && !stream_ok(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS) {
+        struct obj *o = dptr ? obj_find(OBJ_ALLOC, dptr) : NULL;
+        if (!o) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else {
+            size = o->size;
+            dev = o->dev;
+            if (o->kind == K_ASYNC && o->pool) aux = (u64)(uintptr_t)o->pool;
+            free_alloc_locked(o);
+        }
+    }
+    logc(fn, r, dptr, size, aux, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    if (g_fast) {
+        if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
+        return dptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    }
+    return free_common("cuMemFree_v2", dptr, 0, NULL);
+}
+
+/* ---------- stream-ordered pools ---------- */
+
+static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemoryPool hpool, int use_default,
+                            CUstream s) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    struct pool *p = NULL;
+    u64 addr = 0;
+    if (r == CUDA_SUCCESS) {
+        if (use_default) p = &default_pool[dev];
+        else if (!(p = pool_check(hpool))) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (p) dev = p->dev;
+    if (r == CUDA_SUCCESS && (!dptr || size == 0)) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !stream_ok(s)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS) {
+        u64 need = p->inuse + size;
+        if (need > p->reserve) {
+            u64 grow = round_up(need - p->reserve, GRAN);
+            if ((p->max_size && p->reserve + grow > p->max_size) || !charge(dev, grow))
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            else p->reserve += grow;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        addr = va_alloc(dev, round_up(size, 512), 512);
+        struct obj *o = addr ? obj_add(OBJ_ALLOC, addr) : NULL;
+        if (!o) {
+            addr = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            o->kind = K_ASYNC;
+            o->dev = dev;
+            o->size = size;
+            o->pool = p;
+            p->inuse += size;
+        }
+    }
+    if (r == CUDA_SUCCESS) *dptr = addr;
+    else if (dptr && r == CUDA_ERROR_OUT_OF_MEMORY) *dptr = 0;
+    logc(fn, r, addr, size, (u64)(uintptr_t)p, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return async_alloc("cuMemAllocAsync", dptr, bytesize, NULL, 1, hStream);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return async_alloc("cuMemAllocAsync_ptsz", dptr, bytesize, NULL, 1, hStream);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+    return async_alloc("cuMemAllocFromPoolAsync", dptr, bytesize, pool, 0, hStream);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream) {
+    return async_alloc("cuMemAllocFromPoolAsync_ptsz", dptr, bytesize, pool, 0, hStream);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    return free_common("cuMemFreeAsync", dptr, 1, hStream);
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    return free_common("cuMemFreeAsync_ptsz", dptr, 1, hStream);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct pool *p = NULL;
+    if (r == CUDA_SUCCESS && (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+                              props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
+                              props->location.id >= g_ndev))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = props->location.id;
+        p = calloc(1, sizeof *p);
+        if (!p) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) {
+        p->magic = POOL_MAGIC;
+        p->dev = dev;
+        p->max_size = props->maxSize;
+        p->next = created_pools;
+        created_pools = p;
+        *pool = (CUmemoryPool)p;
+    }
+    logc("cuMemPoolCreate", r, 0, 0, (u64)(uintptr_t)p, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct pool *p = NULL;
+    u64 released = 0;
+    if (r == CUDA_SUCCESS && (!(p = pool_check(pool)) || p->is_default)) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = p->dev;
+        u64 before = p->reserve;
+        p->dead = 1; /* outstanding allocations keep their share until freed */
+        pool_trim_locked(p, 0);
+        released = before - p->reserve;
+    }
+    logc("cuMemPoolDestroy", r, 0, released, (u64)(uintptr_t)pool, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct pool *p = NULL;
+    if (r == CUDA_SUCCESS && !(p = pool_check(pool))) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = p->dev;
+        pool_trim_locked(p, minBytesToKeep);
+    }
+    logc("cuMemPoolTrimTo", r, 0, minBytesToKeep, (u64)(uintptr_t)pool, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *pool_out = (CUmemoryPool)&default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    u64 f = 0;
+    if (r == CUDA_SUCCESS && (!free_b || !total)) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        u64 used = atomic_load(&dev_used[dev]);
+        f = used >= g_cap ? 0 : g_cap - used;
+        *free_b = f;
+        *total = g_cap;
+    }
+    logc("cuMemGetInfo_v2", r, 0, f, g_cap, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* ---------- virtual memory management ---------- */
+
+static int prop_ok(const CUmemAllocationProp *prop) {
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+           prop->location.id >= 0 && prop->location.id < g_ndev;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!granularity || !prop_ok(prop) || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                                           option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = GRAN;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    u64 h = 0;
+    if (r == CUDA_SUCCESS && prop_ok(prop)) dev = prop->location.id;
+    if (r == CUDA_SUCCESS && (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % GRAN))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !charge(dev, size)) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        h = next_vmm_handle++;
+        struct obj *o = obj_add(OBJ_HANDLE, h);
+        if (!o) {
+            uncharge(dev, size);
+            h = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            o->dev = dev;
+            o->size = size;
+            o->phys = size;
+            o->export_ok = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+            *handle = h;
+        }
+    }
+    logc("cuMemCreate", r, 0, size, h, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static void handle_drop_if_dead(struct obj *o) {
+    if (o->released && o->map_count == 0) {
+        if (o->phys) uncharge(o->dev, o->phys);
+        obj_del(o);
+    }
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    u64 size = 0;
+    struct obj *o = NULL;
+    if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_HANDLE, handle)) || o->released)) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = o->dev;
+        size = o->size;
+        o->released = 1; /* physical memory goes when the last mapping goes */
+        handle_drop_if_dead(o);
+    }
+    logc("cuMemRelease", r, 0, size, handle, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    u64 a = 0;
+    (void)addr; /* the hint is ignored, as the driver may */
+    if (r == CUDA_SUCCESS && (!ptr || size == 0 || size % GRAN || flags != 0 ||
+                              (alignment & (alignment - 1))))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        u64 al = alignment > GRAN ? alignment : GRAN;
+        a = va_alloc(dev, size, al);
+        struct resv *rv = a ? calloc(1, sizeof *rv) : NULL;
+        if (!rv) {
+            a = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            rv->addr = a;
+            rv->size = size;
+            rv->dev = dev;
+            rv->next = resvs;
+            resvs = rv;
+            *ptr = a;
+        }
+    }
+    logc("cuMemAddressReserve", r, a, size, alignment, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct resv **pp = &resvs;
+    if (r == CUDA_SUCCESS) {
+        while (*pp && !((*pp)->addr == ptr && (*pp)->size == size)) pp = &(*pp)->next;
+        if (!*pp) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS) {
+        dev = (*pp)->dev;
+        for (struct mapping *m = mappings; m; m = m->next)
+            if (m->addr < ptr + size && ptr < m->addr + m->size) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS) {
+        struct resv *rv = *pp;
+        *pp = rv->next;
+        free(rv);
+    }
+    logc("cuMemAddressFree", r, ptr, size, 0, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct obj *o = NULL;
+    struct resv *rv = NULL;
+    if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_HANDLE, handle)) || o->released)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS) dev = o->dev;
+    if (r == CUDA_SUCCESS && (flags != 0 || size == 0 || size % GRAN || offset % GRAN || ptr % GRAN ||
+                              offset > o->size || size > o->size - offset))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        for (rv = resvs; rv; rv = rv->next)
+            if (ptr >= rv->addr && ptr - rv->addr < rv->size && size <= rv->size - (ptr - rv->addr)) break;
+        if (!rv) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS)
+        for (struct mapping *m = mappings; m; m = m->next)
+            if (m->addr < ptr + size && ptr < m->addr + m->size) {
+                r = CUDA_ERROR_INVALID_VALUE;
+                break;
+            }
+    if (r == CUDA_SUCCESS) {
+        struct mapping *m = calloc(1, sizeof *m);
+        if (!m) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            m->addr = ptr;
+            m->size = size;
+            m->offset = offset;
+            m->handle = handle;
+            m->next = mappings;
+            mappings = m;
+            o->map_count++;
+        }
+    }
+    logc("cuMemMap", r, ptr, size, handle, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    u64 first_handle = 0;
+    int found = 0;
+    if (r == CUDA_SUCCESS && size == 0) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        /* every mapping touched must lie wholly inside the range, and one must start at ptr */
+        for (struct mapping *m = mappings; m; m = m->next) {
+            if (!(m->addr < ptr + size && ptr < m->addr + m->size)) continue;
+            if (m->addr < ptr || m->addr + m->size > ptr + size) r = CUDA_ERROR_INVALID_VALUE;
+            if (m->addr == ptr) {
+                found = 1;
+                first_handle = m->handle;
+            }
+        }
+        if (!found) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS) {
+        struct mapping **pp = &mappings;
+        while (*pp) {
+            struct mapping *m = *pp;
+            if (m->addr >= ptr && m->addr + m->size <= ptr + size) {
+                *pp = m->next;
+                struct obj *o = obj_find(OBJ_HANDLE, m->handle);
+                if (o) {
+                    dev = o->dev;
+                    o->map_count--;
+                    handle_drop_if_dead(o);
+                }
+                free(m);
+            } else {
+                pp = &m->next;
+            }
+        }
+    }
+    logc("cuMemUnmap", r, ptr, size, first_handle, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= g_ndev)
+            return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    /* the whole range must be covered by mappings */
+    u64 covered = 0;
+    for (struct mapping *m = mappings; m; m = m->next) {
+        u64 lo = m->addr > ptr ? m->addr : ptr;
+        u64 hi = m->addr + m->size < ptr + size ? m->addr + m->size : ptr + size;
+        if (lo < hi) covered += hi - lo;
+    }
+    pthread_mutex_unlock(&mu);
+    return covered == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------- arrays ---------- */
+
+static u64 elem_size(int fmt) {
+    switch (fmt) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+    }
+}
+
+static u64 max1(u64 v) { return v ? v : 1; }
+
+/* levels == 0: a plain array */
+static u64 array_bytes(u64 w, u64 h, u64 d, int fmt, unsigned ch, unsigned levels) {
+    u64 es = elem_size(fmt);
+    if (!es || w == 0 || (ch != 1 && ch != 2 && ch != 4)) return 0;
+    if (levels == 0) return w * max1(h) * max1(d) * ch * es;
+    u64 total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        total += max1(w) * max1(h) * max1(d) * ch * es;
+        w = max1(w >> 1);
+        h = h ? max1(h >> 1) : 0;
+        d = d ? max1(d >> 1) : 0;
+    }
+    return total;
+}
+
+static CUresult array_create(const char *fn, void **out, u64 bytes, int kind) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    u64 h = 0;
+    if (r == CUDA_SUCCESS && (!out || bytes == 0)) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !charge(dev, round_up(bytes, GRAN))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        h = next_array_handle;
+        next_array_handle += 0x40;
+        struct obj *o = obj_add(OBJ_ARRAY, h);
+        if (!o) {
+            uncharge(dev, round_up(bytes, GRAN));
+            h = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            o->dev = dev;
+            o->kind = kind;
+            o->size = bytes;
+            o->phys = round_up(bytes, GRAN);
+            *out = (void *)(uintptr_t)h;
+        }
+    }
+    logc(fn, r, h, bytes, 0, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static CUresult array_destroy(const char *fn, u64 h, int kind) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    u64 size = 0;
+    struct obj *o = NULL;
+    if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_ARRAY, h)) || o->kind != kind)) r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS) {
+        dev = o->dev;
+        size = o->size;
+        uncharge(o->dev, o->phys);
+        obj_del(o);
+    }
+    logc(fn, r, h, size, 0, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
+    u64 bytes = d ? array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels, 0) : 0;
+    return array_create("cuArrayCreate_v2", (void **)pHandle, bytes, 1);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    u64 bytes = d ? array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 0) : 0;
+    return array_create("cuArray3DCreate_v2", (void **)pHandle, bytes, 1);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray hArray) {
+    return array_destroy("cuArrayDestroy", (u64)(uintptr_t)hArray, 1);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned int numMipmapLevels) {
+    u64 bytes = d && numMipmapLevels ? array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels,
+                                                   numMipmapLevels)
+                                     : 0;
+    return array_create("cuMipmappedArrayCreate", (void **)pHandle, bytes, 2);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    return array_destroy("cuMipmappedArrayDestroy", (u64)(uintptr_t)hMipmappedArray, 2);
+}
+
+/* ---------- IPC and shareable handles ---------- */
+
+#define IPC_MAGIC 0x53494d4950434d48ULL /* "SIMIPCMH" */
+struct ipc_payload {
+    u64 magic;
+    u64 addr;
+    u64 size;
+    int dev;
+    int pid;
+};
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    struct obj *o = NULL;
+    if (r == CUDA_SUCCESS && (!pHandle || !(o = obj_find(OBJ_ALLOC, dptr)) || o->kind != K_PLAIN))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        struct ipc_payload pl = {IPC_MAGIC, dptr, o->size, o->dev, (int)getpid()};
+        memset(pHandle, 0, sizeof *pHandle);
+        memcpy(pHandle->reserved, &pl, sizeof pl);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    struct ipc_payload pl;
+    memcpy(&pl, handle.reserved, sizeof pl);
+    u64 a = 0;
+    if (r == CUDA_SUCCESS && (!pdptr || (Flags & ~1U) || pl.magic != IPC_MAGIC || pl.size == 0 || pl.dev < 0 ||
+                              pl.dev >= g_ndev))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = pl.dev;
+        a = va_alloc(dev, round_up(pl.size, GRAN), GRAN);
+        struct obj *o = a ? obj_add(OBJ_IPC, a) : NULL;
+        if (!o) {
+            a = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            o->dev = dev;
+            o->size = pl.size;
+            o->imported = 1; /* takes no physical bytes in the importer */
+            *pdptr = a;
+        }
+    }
+    logc("cuIpcOpenMemHandle_v2", r, a, r == CUDA_SUCCESS ? pl.size : 0, pl.magic == IPC_MAGIC ? pl.addr : 0, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = cur_dev(&dev);
+    u64 size = 0;
+    struct obj *o = NULL;
+    if (r == CUDA_SUCCESS && !(o = obj_find(OBJ_IPC, dptr))) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        dev = o->dev;
+        size = o->size;
+        obj_del(o);
+    }
+    logc("cuIpcCloseMemHandle", r, dptr, size, 0, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType handleType, unsigned long long flags) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!shareableHandle || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    struct obj *o = obj_find(OBJ_HANDLE, handle);
+    CUresult r = CUDA_SUCCESS;
+    struct ipc_payload pl = {0, 0, 0, 0, 0};
+    if (!o || o->released || !o->export_ok) r = CUDA_ERROR_INVALID_VALUE;
+    else {
+        pl.magic = IPC_MAGIC;
+        pl.addr = handle;
+        pl.size = o->size;
+        pl.dev = o->dev;
+        pl.pid = (int)getpid();
+    }
+    pthread_mutex_unlock(&mu);
+    if (r) return r;
+    int fd = memfd_create("simcuda-shareable", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pwrite(fd, &pl, sizeof pl, 0) != (ssize_t)sizeof pl) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)shareableHandle = fd;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                               CUmemAllocationHandleType shHandleType) {
+    int dev = 0;
+    pthread_mutex_lock(&mu);
+    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    struct ipc_payload pl = {0, 0, 0, 0, 0};
+    u64 h = 0;
+    if (r == CUDA_SUCCESS && shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) r = CUDA_ERROR_NOT_SUPPORTED;
+    if (r == CUDA_SUCCESS) {
+        int fd = (int)(intptr_t)osHandle;
+        if (!handle || pread(fd, &pl, sizeof pl, 0) != (ssize_t)sizeof pl || pl.magic != IPC_MAGIC || pl.dev < 0 ||
+            pl.dev >= g_ndev)
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS) {
+        dev = pl.dev;
+        h = next_vmm_handle++;
+        struct obj *o = obj_add(OBJ_HANDLE, h);
+        if (!o) {
+            h = 0;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            o->dev = dev;
+            o->size = pl.size;
+            o->imported = 1; /* no new physical bytes */
+            *handle = h;
+        }
+    }
+    logc("cuMemImportFromShareableHandle", r, 0, pl.size, h, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* ---------- cuGetProcAddress ---------- */
+
+#define FN(f) ((void *)(f))
+struct proc_entry {
+    const char *name;
+    int minver;     /* lowest cudaVersion that knows the symbol */
+    void *fn;       /* answer below v2ver (NULL: no such export in the sim) */
+    int v2ver;      /* from this version on, fn_v2 is the answer */
+    void *fn_v2;
+    void *fn_ptsz;  /* answer with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+};
+
+static const struct proc_entry *proc_table(size_t *n);
+
+static CUresult gpa_impl(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *st) {
+    if (!symbol || !pfn || (flags & ~3ULL)) return CUDA_ERROR_INVALID_VALUE;
+    size_t n;
+    const struct proc_entry *t = proc_table(&n);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(t[i].name, symbol) != 0) continue;
+        void *f = NULL;
+        if (ver >= t[i].minver) {
+            f = t[i].fn;
+            if (t[i].fn_v2 && ver >= t[i].v2ver) f = t[i].fn_v2;
+            if (f && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && t[i].fn_ptsz) f = t[i].fn_ptsz;
+        }
+        if (!f) {
+            *pfn = NULL;
+            if (st) *st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        *pfn = f;
+        if (st) *st = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    *pfn = NULL;
+    if (st) *st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    return gpa_impl(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *symbolStatus) {
+    return gpa_impl(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+static const struct proc_entry *proc_table(size_t *n) {
+    static const struct proc_entry t[] = {
+        {"cuInit", 2000, FN(cuInit), 0, NULL, NULL},
+        {"cuDriverGetVersion", 2020, FN(cuDriverGetVersion), 0, NULL, NULL},
+        {"cuDeviceGet", 2000, FN(cuDeviceGet), 0, NULL, NULL},
+        {"cuDeviceGetCount", 2000, FN(cuDeviceGetCount), 0, NULL, NULL},
+        {"cuDeviceTotalMem", 2000, NULL, 3020, FN(cuDeviceTotalMem_v2), NULL},
+        {"cuDevicePrimaryCtxRetain", 7000, FN(cuDevicePrimaryCtxRetain), 0, NULL, NULL},
+        {"cuDevicePrimaryCtxRelease", 7000, NULL, 11000, FN(cuDevicePrimaryCtxRelease_v2), NULL},
+        {"cuCtxCreate", 2000, NULL, 3020, FN(cuCtxCreate_v2), NULL},
+        {"cuCtxSetCurrent", 4000, FN(cuCtxSetCurrent), 0, NULL, NULL},
+        {"cuCtxGetCurrent", 4000, FN(cuCtxGetCurrent), 0, NULL, NULL},
+        {"cuCtxGetDevice", 2000, FN(cuCtxGetDevice), 0, NULL, NULL},
+        {"cuCtxSynchronize", 2000, FN(cuCtxSynchronize), 0, NULL, NULL},
+        {"cuStreamCreate", 2000, FN(cuStreamCreate), 0, NULL, NULL},
+        {"cuStreamDestroy", 2000, NULL, 4000, FN(cuStreamDestroy_v2), NULL},
+        {"cuStreamSynchronize", 2000, FN(cuStreamSynchronize), 0, NULL, NULL},
+        {"cuGetProcAddress", 11030, FN(cuGetProcAddress), 12000, FN(cuGetProcAddress_v2), NULL},
+        {"cuGetErrorName", 6000, FN(cuGetErrorName), 0, NULL, NULL},
+        {"cuMemGetInfo", 2000, NULL, 3020, FN(cuMemGetInfo_v2), NULL},
+        {"cuMemAlloc", 2000, NULL, 3020, FN(cuMemAlloc_v2), NULL},
+        {"cuMemAllocPitch", 2000, NULL, 3020, FN(cuMemAllocPitch_v2), NULL},
+        {"cuMemAllocManaged", 6000, FN(cuMemAllocManaged), 0, NULL, NULL},
+        {"cuMemFree", 2000, NULL, 3020, FN(cuMemFree_v2), NULL},
+        {"cuMemAllocAsync", 11020, FN(cuMemAllocAsync), 0, NULL, FN(cuMemAllocAsync_ptsz)},
+        {"cuMemAllocFromPoolAsync", 11020, FN(cuMemAllocFromPoolAsync), 0, NULL, FN(cuMemAllocFromPoolAsync_ptsz)},
+        {"cuMemFreeAsync", 11020, FN(cuMemFreeAsync), 0, NULL, FN(cuMemFreeAsync_ptsz)},
+        {"cuMemPoolCreate", 11020, FN(cuMemPoolCreate), 0, NULL, NULL},
+        {"cuMemPoolDestroy", 11020, FN(cuMemPoolDestroy), 0, NULL, NULL},
+        {"cuMemPoolTrimTo", 11020, FN(cuMemPoolTrimTo), 0, NULL, NULL},
+        {"cuDeviceGetDefaultMemPool", 11020, FN(cuDeviceGetDefaultMemPool), 0, NULL, NULL},
+        {"cuMemGetAllocationGranularity", 10020, FN(cuMemGetAllocationGranularity), 0, NULL, NULL},
+        {"cuMemCreate", 10020, FN(cuMemCreate), 0, NULL, NULL},
+        {"cuMemRelease", 10020, FN(cuMemRelease), 0, NULL, NULL},
+        {"cuMemAddressReserve", 10020, FN(cuMemAddressReserve), 0, NULL, NULL},
+        {"cuMemAddressFree", 10020, FN(cuMemAddressFree), 0, NULL, NULL},
+        {"cuMemMap", 10020, FN(cuMemMap), 0, NULL, NULL},
+        {"cuMemUnmap", 10020, FN(cuMemUnmap), 0, NULL, NULL},
+        {"cuMemSetAccess", 10020, FN(cuMemSetAccess), 0, NULL, NULL},
+        {"cuArrayCreate", 2000, NULL, 3020, FN(cuArrayCreate_v2), NULL},
+        {"cuArray3DCreate", 2000, NULL, 3020, FN(cuArray3DCreate_v2), NULL},
+        {"cuArrayDestroy", 2000, FN(cuArrayDestroy), 0, NULL, NULL},
+        {"cuMipmappedArrayCreate", 5000, FN(cuMipmappedArrayCreate), 0, NULL, NULL},
+        {"cuMipmappedArrayDestroy", 5000, FN(cuMipmappedArrayDestroy), 0, NULL, NULL},
+        {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), 0, NULL, NULL},
+        {"cuIpcOpenMemHandle", 4010, NULL, 11000, FN(cuIpcOpenMemHandle_v2), NULL},
+        {"cuIpcCloseMemHandle", 4010, FN(cuIpcCloseMemHandle), 0, NULL, NULL},
+        {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), 0, NULL, NULL},
+        {"cuMemImportFromShareableHandle", 10020, FN(cuMemImportFromShareableHandle), 0, NULL, NULL},
+    };
+    *n = sizeof t / sizeof t[0];
+    return t;
+}
