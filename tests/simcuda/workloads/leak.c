@@ -1,16 +1,20 @@
 /* leak: allocates N buffers (--n N, default 10; a bare number also works) of mixed
  * sizes with cudaMalloc, frees the even-numbered ones, and exits with --exit CODE
- * (default 0) leaving the odd-numbered ones live.
+ * (default 0) leaving the odd-numbered ones live. --hold SECONDS sleeps before exiting
+ * (to test the shared-device mode).
  * Buffer i has (i % 5 + 1) MiB + i * 1000 bytes. */
+#include <unistd.h>
+
 #include "common.h"
 #include "sim_cuda_runtime.h"
 
 int main(int argc, char **argv) {
-    int n = 10, code = 0;
+    int n = 10, code = 0, hold = 0;
     const char *v;
     if ((v = arg_val(argc, argv, "--n"))) n = atoi(v);
     else if (argc > 1 && argv[1][0] >= '0' && argv[1][0] <= '9') n = atoi(argv[1]);
     if ((v = arg_val(argc, argv, "--exit"))) code = atoi(v);
+    if ((v = arg_val(argc, argv, "--hold"))) hold = atoi(v);
     if (n < 0) n = 0;
     cksum_t ck;
     ck_init(&ck);
@@ -28,5 +32,6 @@ int main(int argc, char **argv) {
     printf("live=%llu\n", (unsigned long long)live);
     ck_print(&ck);
     fflush(stdout);
+    if (hold > 0) sleep((unsigned)hold);
     return code;
 }
