@@ -1,0 +1,101 @@
+//! Settings read once from the environment by the constructor, kept in atomics and a
+//! fixed buffer (the constructor must not allocate or do anything observable).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// `VRAMHOOK_DISABLE=1`: pass every call through untouched and record nothing.
+pub static DISABLED: AtomicBool = AtomicBool::new(false);
+/// `VRAMHOOK_QUIET=1`: never print the one-line warning when the ring cannot be made.
+pub static QUIET: AtomicBool = AtomicBool::new(false);
+/// `VRAMHOOK_RING_SLOTS`: ring capacity in 64-byte slots (power of two).
+pub static RING_SLOTS: AtomicU64 = AtomicU64::new(vramhook_protocol::ring::DEFAULT_CAPACITY);
+/// `VRAMHOOK_RUN_ID`: set by `vramhook run` so that it drains exactly its descendants.
+pub static RUN_ID: AtomicU64 = AtomicU64::new(0);
+/// `VRAMHOOK_MEMINFO_MS`: least interval between periodic `cuMemGetInfo` samples.
+pub static MEMINFO_INTERVAL_MS: AtomicU64 = AtomicU64::new(1000);
+/// `VRAMHOOK_CLOCK=monotonic`: stamp events with CLOCK_MONOTONIC instead of the TSC.
+pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
+
+/// `VRAMHOOK_DIR`: ring directory; empty means `/dev/shm/vramhook/<uid>`.
+pub const DIR_CAPACITY: usize = 512;
+static DIR_LEN: AtomicUsize = AtomicUsize::new(0);
+static mut DIR_BUF: [u8; DIR_CAPACITY] = [0; DIR_CAPACITY];
+
+fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: getenv returns a NUL-terminated string owned by the environment, or null.
+    unsafe {
+        let p = libc::getenv(name.as_ptr());
+        if p.is_null() {
+            None
+        } else {
+            Some(core::ffi::CStr::from_ptr(p).to_bytes())
+        }
+    }
+}
+
+fn parse_u64(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 19 {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |acc, b| {
+        if b.is_ascii_digit() {
+            Some(acc * 10 + u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+fn truthy(v: &[u8]) -> bool {
+    !v.is_empty() && v != b"0" && !v.eq_ignore_ascii_case(b"false") && !v.eq_ignore_ascii_case(b"no")
+}
+
+pub fn load_from_env() {
+    if let Some(v) = env(c"VRAMHOOK_DISABLE") {
+        DISABLED.store(truthy(v), Ordering::Relaxed);
+    }
+    if let Some(v) = env(c"VRAMHOOK_QUIET") {
+        QUIET.store(truthy(v), Ordering::Relaxed);
+    }
+    if let Some(n) = env(c"VRAMHOOK_RING_SLOTS").and_then(parse_u64) {
+        use vramhook_protocol::ring::{MAX_CAPACITY, MIN_CAPACITY};
+        let n = n.clamp(MIN_CAPACITY, MAX_CAPACITY).next_power_of_two().min(MAX_CAPACITY);
+        RING_SLOTS.store(n, Ordering::Relaxed);
+    }
+    if let Some(n) = env(c"VRAMHOOK_RUN_ID").and_then(parse_u64) {
+        RUN_ID.store(n, Ordering::Relaxed);
+    }
+    if let Some(n) = env(c"VRAMHOOK_MEMINFO_MS").and_then(parse_u64) {
+        MEMINFO_INTERVAL_MS.store(n, Ordering::Relaxed);
+    }
+    if let Some(v) = env(c"VRAMHOOK_CLOCK") {
+        FORCE_MONOTONIC.store(v == b"monotonic", Ordering::Relaxed);
+    }
+    if let Some(dir) = env(c"VRAMHOOK_DIR") {
+        if !dir.is_empty() && dir.len() < DIR_CAPACITY {
+            // SAFETY: the constructor runs once, before any other thread of ours exists.
+            unsafe {
+                let buf = &mut *core::ptr::addr_of_mut!(DIR_BUF);
+                buf[..dir.len()].copy_from_slice(dir);
+            }
+            DIR_LEN.store(dir.len(), Ordering::Release);
+        }
+    }
+}
+
+/// The ring directory the user asked for, if any.
+pub fn ring_dir() -> Option<&'static [u8]> {
+    let len = DIR_LEN.load(Ordering::Acquire);
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: written once by the constructor before DIR_LEN was published.
+    unsafe {
+        let buf: &'static [u8; DIR_CAPACITY] = &*core::ptr::addr_of!(DIR_BUF);
+        Some(&buf[..len])
+    }
+}
+
+pub fn disabled() -> bool {
+    DISABLED.load(Ordering::Relaxed)
+}

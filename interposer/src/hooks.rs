@@ -1,0 +1,409 @@
+//! The wrappers. Each is exported under the driver's exact versioned name and has that
+//! function's exact ABI, so the same address serves programs linked with `-lcuda`,
+//! `dlsym` answers and swapped `cuGetProcAddress` pointers.
+
+use crate::config;
+use crate::real::{self, F};
+use crate::sink::{self, emit};
+use core::ffi::c_void;
+use libc::c_char;
+use vramhook_protocol::record::{Api, EventKind};
+
+type CUresult = i32;
+const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+
+/// `CUipcMemHandle`: 64 bytes passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcMemHandle {
+    reserved: [u8; 64],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDescriptor {
+    width: usize,
+    height: usize,
+    format: i32,
+    channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDescriptor {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: i32,
+    channels: u32,
+    flags: u32,
+}
+
+/// Defines an exported wrapper: resolves the real function, passes straight through when
+/// disabled or re-entered, otherwise calls it and runs `$record` (never letting a panic
+/// out) with the result bound to `$r`.
+macro_rules! hook {
+    ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident| $record:block) => {
+        #[unsafe(no_mangle)]
+        /// # Safety
+        /// Same contract as the CUDA driver function of this name.
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> CUresult {
+            let p = real::real(F::$name);
+            if p.is_null() {
+                return CUDA_ERROR_NOT_INITIALIZED;
+            }
+            // SAFETY: `p` is libcuda's function of this exact name and signature.
+            let real_fn: unsafe extern "C" fn($($t),*) -> CUresult = core::mem::transmute(p);
+            if config::disabled() || !sink::enter() {
+                return real_fn($($arg),*);
+            }
+            let $r = real_fn($($arg),*);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $record));
+            sink::leave();
+            $r
+        }
+    };
+}
+
+/// The current context's device, -1 when there is none (10 ns on an H200).
+fn current_device() -> i16 {
+    let p = real::real(F::cuCtxGetDevice);
+    if p.is_null() {
+        return -1;
+    }
+    let mut dev: i32 = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*).
+    let r = unsafe { core::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> CUresult>(p)(&mut dev) };
+    if r == 0 {
+        dev as i16
+    } else {
+        -1
+    }
+}
+
+/// `location.id` of a `CUmemAllocationProp` or `CUmemPoolProps` (offset 12 in both).
+unsafe fn location_id(props: *const c_void) -> i16 {
+    if props.is_null() {
+        return -1;
+    }
+    core::ptr::read_unaligned((props as *const u8).add(12) as *const i32) as i16
+}
+
+unsafe fn read_ptr(p: *const u64, ok: bool) -> u64 {
+    if ok && !p.is_null() {
+        *p
+    } else {
+        0
+    }
+}
+
+/// Records a device free/total sample (`cuMemGetInfo` costs about 4 µs: only after an
+/// out-of-memory failure, and at most every `VRAMHOOK_MEMINFO_MS` otherwise).
+fn sample_meminfo(device: i16) {
+    let p = real::real(F::cuMemGetInfo_v2);
+    if p.is_null() {
+        return;
+    }
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: cuMemGetInfo_v2(size_t*, size_t*).
+    let r = unsafe {
+        core::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult>(p)(
+            &mut free, &mut total,
+        )
+    };
+    emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, device, free as u64, total as u64, 0, 0);
+}
+
+/// After an allocating call: every OOM gets a device sample, others a periodic one.
+#[inline]
+fn after_alloc(result: CUresult, device: i16) {
+    if result == CUDA_ERROR_OUT_OF_MEMORY || sink::periodic_sample_due() {
+        sample_meminfo(device);
+    }
+}
+
+#[inline]
+fn alloc_event(api: Api, r: CUresult, addr: u64, size: u64, aux: u64, stream: u64) {
+    let device = current_device();
+    emit(EventKind::Alloc, api, r, device, addr, size, aux, stream);
+    after_alloc(r, device);
+}
+
+#[inline]
+fn free_event(api: Api, r: CUresult, addr: u64, stream: u64) {
+    emit(EventKind::Free, api, r, -1, addr, 0, 0, stream);
+}
+
+hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r| {
+    alloc_event(Api::cuMemAlloc_v2, r, read_ptr(dptr, r == 0), size as u64, 0, 0);
+});
+
+hook!(cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) |r| {
+    let _ = elem;
+    let pitch_bytes = if r == 0 && !pitch.is_null() { *pitch } else { 0 };
+    let size = if r == 0 { pitch_bytes * height } else { width * height };
+    alloc_event(Api::cuMemAllocPitch_v2, r, read_ptr(dptr, r == 0), size as u64, pitch_bytes as u64, 0);
+});
+
+hook!(cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) |r| {
+    alloc_event(Api::cuMemAllocManaged, r, read_ptr(dptr, r == 0), size as u64, u64::from(flags), 0);
+});
+
+hook!(cuMemFree_v2(dptr: u64) |r| {
+    free_event(Api::cuMemFree_v2, r, dptr, 0);
+});
+
+hook!(cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r| {
+    alloc_event(Api::cuMemAllocAsync, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+});
+
+hook!(cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r| {
+    alloc_event(Api::cuMemAllocAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+});
+
+hook!(cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r| {
+    alloc_event(Api::cuMemAllocFromPoolAsync, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+});
+
+hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r| {
+    alloc_event(Api::cuMemAllocFromPoolAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+});
+
+hook!(cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r| {
+    free_event(Api::cuMemFreeAsync, r, dptr, stream as u64);
+});
+
+hook!(cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r| {
+    free_event(Api::cuMemFreeAsync_ptsz, r, dptr, stream as u64);
+});
+
+hook!(cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) |r| {
+    emit(EventKind::PoolTrim, Api::cuMemPoolTrimTo, r, -1, 0, min_bytes_to_keep as u64, 0, pool as u64);
+});
+
+hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r| {
+    let handle = if r == 0 && !pool.is_null() { *pool as u64 } else { 0 };
+    emit(EventKind::PoolCreate, Api::cuMemPoolCreate, r, location_id(props), 0, 0, 0, handle);
+});
+
+hook!(cuMemPoolDestroy(pool: *mut c_void) |r| {
+    emit(EventKind::PoolDestroy, Api::cuMemPoolDestroy, r, -1, 0, 0, 0, pool as u64);
+});
+
+hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r| {
+    let _ = flags;
+    let device = location_id(prop);
+    emit(EventKind::VmmCreate, Api::cuMemCreate, r, device, 0, size as u64, read_ptr(handle, r == 0), 0);
+    after_alloc(r, device);
+});
+
+hook!(cuMemRelease(handle: u64) |r| {
+    emit(EventKind::VmmRelease, Api::cuMemRelease, r, -1, 0, 0, handle, 0);
+});
+
+hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r| {
+    let _ = flags;
+    emit(EventKind::VmmMap, Api::cuMemMap, r, -1, ptr, size as u64, handle, offset as u64);
+});
+
+hook!(cuMemUnmap(ptr: u64, size: usize) |r| {
+    emit(EventKind::VmmUnmap, Api::cuMemUnmap, r, -1, ptr, size as u64, 0, 0);
+});
+
+hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u64, flags: u64) |r| {
+    let _ = flags;
+    emit(EventKind::VmmReserve, Api::cuMemAddressReserve, r, -1, read_ptr(ptr, r == 0), size as u64, addr, alignment as u64);
+});
+
+hook!(cuMemAddressFree(ptr: u64, size: usize) |r| {
+    emit(EventKind::VmmAddressFree, Api::cuMemAddressFree, r, -1, ptr, size as u64, 0, 0);
+});
+
+/// Bytes per element of a `CUarray_format` times channels; arrays are opaque, so array
+/// sizes are an estimate (documented), the same rule the simulated driver charges.
+fn element_bytes(format: i32, channels: u32) -> u64 {
+    let per = match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => 1,
+    };
+    per * u64::from(channels.max(1))
+}
+
+fn array_bytes(width: usize, height: usize, depth: usize, format: i32, channels: u32) -> u64 {
+    (width.max(1) as u64)
+        .saturating_mul(height.max(1) as u64)
+        .saturating_mul(depth.max(1) as u64)
+        .saturating_mul(element_bytes(format, channels))
+}
+
+hook!(cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const ArrayDescriptor) |r| {
+    let size = if desc.is_null() { 0 } else {
+        let d = &*desc;
+        array_bytes(d.width, d.height, 1, d.format, d.channels)
+    };
+    let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
+    alloc_event(Api::cuArrayCreate_v2, r, addr, size, 0, 0);
+});
+
+hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescriptor) |r| {
+    let size = if desc.is_null() { 0 } else {
+        let d = &*desc;
+        array_bytes(d.width, d.height, d.depth, d.format, d.channels)
+    };
+    let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
+    alloc_event(Api::cuArray3DCreate_v2, r, addr, size, 0, 0);
+});
+
+hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescriptor, levels: u32) |r| {
+    let size = if desc.is_null() { 0 } else {
+        let d = &*desc;
+        (0..levels.clamp(1, 64))
+            .map(|l| {
+                let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
+                array_bytes(shrink(d.width), shrink(d.height), shrink(d.depth), d.format, d.channels)
+            })
+            .fold(0u64, u64::saturating_add)
+    };
+    let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
+    alloc_event(Api::cuMipmappedArrayCreate, r, addr, size, u64::from(levels), 0);
+});
+
+hook!(cuArrayDestroy(handle: *mut c_void) |r| {
+    free_event(Api::cuArrayDestroy, r, handle as u64, 0);
+});
+
+hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r| {
+    free_event(Api::cuMipmappedArrayDestroy, r, handle as u64, 0);
+});
+
+hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
+    let _ = (handle, flags);
+    let addr = read_ptr(dptr, r == 0);
+    let mut size = 0usize;
+    let range = real::real(F::cuMemGetAddressRange_v2);
+    if r == 0 && !range.is_null() {
+        let mut base = 0u64;
+        // SAFETY: cuMemGetAddressRange_v2(CUdeviceptr*, size_t*, CUdeviceptr).
+        let f: unsafe extern "C" fn(*mut u64, *mut usize, u64) -> CUresult = core::mem::transmute(range);
+        if f(&mut base, &mut size, addr) != 0 {
+            size = 0;
+        }
+    }
+    alloc_event(Api::cuIpcOpenMemHandle_v2, r, addr, size as u64, 0, 0);
+});
+
+hook!(cuIpcCloseMemHandle(dptr: u64) |r| {
+    free_event(Api::cuIpcCloseMemHandle, r, dptr, 0);
+});
+
+hook!(cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: i32) |r| {
+    let _ = (os_handle, handle_type);
+    emit(EventKind::VmmCreate, Api::cuMemImportFromShareableHandle, r, -1, 0, 0, read_ptr(handle, r == 0), 0);
+});
+
+hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r| {
+    // The program's own queries are free samples for us; keep them rate-limited.
+    if r == 0 && !free.is_null() && !total.is_null() && sink::periodic_sample_due() {
+        emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, current_device(), *free as u64, *total as u64, 0, 0);
+    }
+});
+
+/// Swaps a pointer the driver handed out for our wrapper of the same function.
+unsafe fn swap_entry_point(symbol: *const c_char, pfn: *mut *mut c_void) {
+    if pfn.is_null() || (*pfn).is_null() {
+        return;
+    }
+    real::resolve_from_loaded_driver();
+    if let Some(f) = real::wrapped_by_real_address(*pfn) {
+        *pfn = wrapper(f);
+    } else if !symbol.is_null() && real::is_memory_base_name(core::ffi::CStr::from_ptr(symbol).to_bytes()) {
+        sink::count_hook_miss();
+    }
+}
+
+#[unsafe(no_mangle)]
+/// # Safety
+/// Same contract as the driver's `cuGetProcAddress_v2`.
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    symbol_status: *mut i32,
+) -> CUresult {
+    let p = real::real(F::cuGetProcAddress_v2);
+    if p.is_null() {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    // SAFETY: libcuda's cuGetProcAddress_v2.
+    let real_fn: unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult =
+        core::mem::transmute(p);
+    let r = real_fn(symbol, pfn, cuda_version, flags, symbol_status);
+    if r == 0 && !config::disabled() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap_entry_point(symbol, pfn)));
+    }
+    r
+}
+
+#[unsafe(no_mangle)]
+/// # Safety
+/// Same contract as the driver's `cuGetProcAddress` (CUDA 11 form).
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> CUresult {
+    let p = real::real(F::cuGetProcAddress);
+    if p.is_null() {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    // SAFETY: libcuda's cuGetProcAddress.
+    let real_fn: unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult =
+        core::mem::transmute(p);
+    let r = real_fn(symbol, pfn, cuda_version, flags);
+    if r == 0 && !config::disabled() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap_entry_point(symbol, pfn)));
+    }
+    r
+}
+
+/// Our wrapper for a wrapped function.
+pub fn wrapper(f: F) -> *mut c_void {
+    (match f {
+        F::cuMemAlloc_v2 => cuMemAlloc_v2 as *const () as usize,
+        F::cuMemAllocPitch_v2 => cuMemAllocPitch_v2 as *const () as usize,
+        F::cuMemAllocManaged => cuMemAllocManaged as *const () as usize,
+        F::cuMemFree_v2 => cuMemFree_v2 as *const () as usize,
+        F::cuMemAllocAsync => cuMemAllocAsync as *const () as usize,
+        F::cuMemAllocAsync_ptsz => cuMemAllocAsync_ptsz as *const () as usize,
+        F::cuMemAllocFromPoolAsync => cuMemAllocFromPoolAsync as *const () as usize,
+        F::cuMemAllocFromPoolAsync_ptsz => cuMemAllocFromPoolAsync_ptsz as *const () as usize,
+        F::cuMemFreeAsync => cuMemFreeAsync as *const () as usize,
+        F::cuMemFreeAsync_ptsz => cuMemFreeAsync_ptsz as *const () as usize,
+        F::cuMemPoolTrimTo => cuMemPoolTrimTo as *const () as usize,
+        F::cuMemPoolCreate => cuMemPoolCreate as *const () as usize,
+        F::cuMemPoolDestroy => cuMemPoolDestroy as *const () as usize,
+        F::cuMemCreate => cuMemCreate as *const () as usize,
+        F::cuMemRelease => cuMemRelease as *const () as usize,
+        F::cuMemMap => cuMemMap as *const () as usize,
+        F::cuMemUnmap => cuMemUnmap as *const () as usize,
+        F::cuMemAddressReserve => cuMemAddressReserve as *const () as usize,
+        F::cuMemAddressFree => cuMemAddressFree as *const () as usize,
+        F::cuArrayCreate_v2 => cuArrayCreate_v2 as *const () as usize,
+        F::cuArray3DCreate_v2 => cuArray3DCreate_v2 as *const () as usize,
+        F::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const () as usize,
+        F::cuArrayDestroy => cuArrayDestroy as *const () as usize,
+        F::cuMipmappedArrayDestroy => cuMipmappedArrayDestroy as *const () as usize,
+        F::cuIpcOpenMemHandle_v2 => cuIpcOpenMemHandle_v2 as *const () as usize,
+        F::cuIpcCloseMemHandle => cuIpcCloseMemHandle as *const () as usize,
+        F::cuMemImportFromShareableHandle => cuMemImportFromShareableHandle as *const () as usize,
+        F::cuMemGetInfo_v2 => cuMemGetInfo_v2 as *const () as usize,
+        F::cuGetProcAddress => cuGetProcAddress as *const () as usize,
+        F::cuGetProcAddress_v2 => cuGetProcAddress_v2 as *const () as usize,
+        F::cuCtxGetDevice | F::cuMemGetAddressRange_v2 => 0,
+    }) as *mut c_void
+}

@@ -1,0 +1,167 @@
+//! The real driver functions, resolved lazily from libcuda.
+
+use core::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+
+macro_rules! driver_functions {
+    ($($id:ident),* $(,)?) => {
+        /// Every driver function we wrap or call.
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        #[repr(usize)]
+        #[allow(non_camel_case_types, clippy::enum_variant_names)]
+        pub enum F { $($id,)* }
+
+        pub const COUNT: usize = [$(stringify!($id)),*].len();
+
+        /// NUL-terminated exported names, indexed by `F`.
+        pub const NAMES: [&[u8]; COUNT] = [$(concat!(stringify!($id), "\0").as_bytes()),*];
+
+        pub const ALL: [F; COUNT] = [$(F::$id),*];
+    };
+}
+
+driver_functions! {
+    cuMemAlloc_v2,
+    cuMemAllocPitch_v2,
+    cuMemAllocManaged,
+    cuMemFree_v2,
+    cuMemAllocAsync,
+    cuMemAllocAsync_ptsz,
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemFreeAsync,
+    cuMemFreeAsync_ptsz,
+    cuMemPoolTrimTo,
+    cuMemPoolCreate,
+    cuMemPoolDestroy,
+    cuMemCreate,
+    cuMemRelease,
+    cuMemMap,
+    cuMemUnmap,
+    cuMemAddressReserve,
+    cuMemAddressFree,
+    cuArrayCreate_v2,
+    cuArray3DCreate_v2,
+    cuMipmappedArrayCreate,
+    cuArrayDestroy,
+    cuMipmappedArrayDestroy,
+    cuIpcOpenMemHandle_v2,
+    cuIpcCloseMemHandle,
+    cuMemImportFromShareableHandle,
+    cuMemGetInfo_v2,
+    cuGetProcAddress,
+    cuGetProcAddress_v2,
+    // Called, never wrapped:
+    cuCtxGetDevice,
+    cuMemGetAddressRange_v2,
+}
+
+/// Functions whose pointers we swap for our wrappers (all but the called-only ones).
+pub fn is_wrapped(f: F) -> bool {
+    !matches!(f, F::cuCtxGetDevice | F::cuMemGetAddressRange_v2)
+}
+
+const NULL: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+static REAL: [AtomicPtr<c_void>; COUNT] = [NULL; COUNT];
+static RESOLVED: AtomicBool = AtomicBool::new(false);
+
+/// The real function, resolving libcuda's table on first use.
+#[inline]
+pub fn real(f: F) -> *mut c_void {
+    let p = REAL[f as usize].load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    resolve_from_loaded_driver();
+    REAL[f as usize].load(Ordering::Acquire)
+}
+
+/// Looks for an already-loaded libcuda and resolves every function from it.
+#[cold]
+pub fn resolve_from_loaded_driver() {
+    if RESOLVED.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: RTLD_NOLOAD only returns a handle if libcuda is already in the process.
+    let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if !handle.is_null() {
+        resolve_all(handle);
+        // SAFETY: balances the reference NOLOAD took.
+        unsafe { libc::dlclose(handle) };
+    }
+}
+
+/// Resolves every function from `handle` if it is a CUDA driver. Idempotent and
+/// race-free without a lock: every thread writes the same values.
+pub fn resolve_all(handle: *mut c_void) -> bool {
+    let dlsym = crate::dlsym_hook::real_dlsym();
+    // SAFETY: plain dlsym lookups in a specific handle.
+    unsafe {
+        if dlsym(handle, c"cuInit".as_ptr()).is_null() {
+            return false;
+        }
+        for f in ALL {
+            let p = dlsym(handle, NAMES[f as usize].as_ptr() as *const libc::c_char);
+            if !p.is_null() {
+                let _ = REAL[f as usize].compare_exchange(
+                    core::ptr::null_mut(),
+                    p,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
+    }
+    RESOLVED.store(true, Ordering::Release);
+    true
+}
+
+/// Which wrapped function has this real address (how `cuGetProcAddress` pointers and
+/// `dlsym` answers are recognised: by address, never by name prefix).
+pub fn wrapped_by_real_address(addr: *mut c_void) -> Option<F> {
+    if addr.is_null() {
+        return None;
+    }
+    ALL.into_iter().find(|f| is_wrapped(*f) && REAL[*f as usize].load(Ordering::Acquire) == addr)
+}
+
+/// The function with this exact exported name, if we wrap it.
+pub fn wrapped_by_name(name: &[u8]) -> Option<F> {
+    // Cheap reject first: dlsym is called for thousands of unrelated names.
+    if name.len() < 8 || &name[..2] != b"cu" {
+        return None;
+    }
+    ALL.into_iter().find(|f| is_wrapped(*f) && &NAMES[*f as usize][..NAMES[*f as usize].len() - 1] == name)
+}
+
+/// Base names cudart asks `cuGetProcAddress` for that we intend to wrap; a pointer
+/// for one of these that matches no real address is a hook miss, counted.
+pub fn is_memory_base_name(name: &[u8]) -> bool {
+    const BASES: &[&[u8]] = &[
+        b"cuMemAlloc",
+        b"cuMemAllocPitch",
+        b"cuMemAllocManaged",
+        b"cuMemFree",
+        b"cuMemAllocAsync",
+        b"cuMemAllocFromPoolAsync",
+        b"cuMemFreeAsync",
+        b"cuMemPoolTrimTo",
+        b"cuMemPoolCreate",
+        b"cuMemPoolDestroy",
+        b"cuMemCreate",
+        b"cuMemRelease",
+        b"cuMemMap",
+        b"cuMemUnmap",
+        b"cuMemAddressReserve",
+        b"cuMemAddressFree",
+        b"cuArrayCreate",
+        b"cuArray3DCreate",
+        b"cuMipmappedArrayCreate",
+        b"cuArrayDestroy",
+        b"cuMipmappedArrayDestroy",
+        b"cuIpcOpenMemHandle",
+        b"cuIpcCloseMemHandle",
+        b"cuMemImportFromShareableHandle",
+    ];
+    BASES.contains(&name)
+}

@@ -1,0 +1,450 @@
+//! The per-process ring: created at the first CUDA memory call, written by every hook.
+
+use crate::config;
+use core::cell::{Cell, UnsafeCell};
+use core::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use vramhook_protocol::clock::{self, ClockSource};
+use vramhook_protocol::record::{saturate_result, Api, EventKind, RawRecord};
+use vramhook_protocol::ring::{encode_meta, ring_file_size, RingInit, RingWriter, META_CAPACITY};
+use zerocopy::little_endian::{I16, U16, U32, U64};
+
+const UNINIT: u8 = 0;
+const CREATING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+struct Ring {
+    state: AtomicU8,
+    writer: UnsafeCell<MaybeUninit<RingWriter>>,
+    map: AtomicUsize,
+    map_len: AtomicUsize,
+    pid: AtomicU32,
+    tsc: AtomicBool,
+}
+
+// SAFETY: `writer` is written only by the thread that moved `state` to CREATING, and
+// read only after `state` is READY (release/acquire).
+unsafe impl Sync for Ring {}
+
+static RING: Ring = Ring {
+    state: AtomicU8::new(UNINIT),
+    writer: UnsafeCell::new(MaybeUninit::uninit()),
+    map: AtomicUsize::new(0),
+    map_len: AtomicUsize::new(0),
+    pid: AtomicU32::new(0),
+    tsc: AtomicBool::new(false),
+};
+
+/// Bumped in the child after fork, so cached thread ids are refetched.
+static FORK_GENERATION: AtomicU32 = AtomicU32::new(1);
+static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
+/// Coarse-clock ms of the last periodic cuMemGetInfo sample.
+static LAST_MEMINFO_MS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    static TID: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+}
+
+/// Enters a hook body. Returns false when this thread is already inside one (the driver
+/// calling itself, or our own sampling): the caller must then pass straight through.
+#[inline]
+pub fn enter() -> bool {
+    IN_HOOK.with(|g| {
+        if g.get() {
+            false
+        } else {
+            g.set(true);
+            true
+        }
+    })
+}
+
+#[inline]
+pub fn leave() {
+    IN_HOOK.with(|g| g.set(false));
+}
+
+#[inline]
+fn tid() -> u32 {
+    let generation = FORK_GENERATION.load(Ordering::Relaxed);
+    TID.with(|c| {
+        let (g, t) = c.get();
+        if g == generation {
+            t
+        } else {
+            // SAFETY: gettid has no preconditions.
+            let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+            c.set((generation, t));
+            t
+        }
+    })
+}
+
+#[inline]
+fn now() -> u64 {
+    if RING.tsc.load(Ordering::Relaxed) {
+        clock::read_tsc()
+    } else {
+        clock::monotonic_ns()
+    }
+}
+
+/// The ring, creating it on first use. `None` when recording is impossible.
+#[inline]
+fn ring() -> Option<&'static RingWriter> {
+    if RING.state.load(Ordering::Acquire) == READY {
+        // SAFETY: READY is published after the writer was initialised.
+        return Some(unsafe { (*RING.writer.get()).assume_init_ref() });
+    }
+    ring_slow()
+}
+
+#[cold]
+fn ring_slow() -> Option<&'static RingWriter> {
+    match RING.state.compare_exchange(UNINIT, CREATING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            let ok = create_ring();
+            RING.state.store(if ok { READY } else { FAILED }, Ordering::Release);
+        }
+        Err(_) => {
+            // Another thread is creating it: a bounded wait, once per process.
+            for _ in 0..10_000 {
+                if RING.state.load(Ordering::Acquire) != CREATING {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+    if RING.state.load(Ordering::Acquire) == READY {
+        // SAFETY: as above.
+        Some(unsafe { (*RING.writer.get()).assume_init_ref() })
+    } else {
+        None
+    }
+}
+
+/// A small fixed-capacity string builder on the stack (no allocation in this crate's
+/// process-facing paths).
+struct StackStr<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackStr<N> {
+    fn new() -> Self {
+        StackStr { buf: [0; N], len: 0 }
+    }
+    fn push(&mut self, s: &[u8]) -> bool {
+        if self.len + s.len() + 1 > N {
+            return false;
+        }
+        self.buf[self.len..self.len + s.len()].copy_from_slice(s);
+        self.len += s.len();
+        self.buf[self.len] = 0;
+        true
+    }
+    fn push_u64(&mut self, mut v: u64) -> bool {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..])
+    }
+    fn as_ptr(&self) -> *const libc::c_char {
+        self.buf.as_ptr() as *const libc::c_char
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = len;
+        if len < N {
+            self.buf[len] = 0;
+        }
+    }
+}
+
+/// Reads a small file into `out`; returns the bytes read.
+fn read_small_file(path: &core::ffi::CStr, out: &mut [u8]) -> usize {
+    // SAFETY: plain open/read/close on a NUL-terminated path.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let mut n = 0usize;
+        while n < out.len() {
+            let r = libc::read(fd, out[n..].as_mut_ptr() as *mut libc::c_void, out.len() - n);
+            if r <= 0 {
+                break;
+            }
+            n += r as usize;
+        }
+        libc::close(fd);
+        n
+    }
+}
+
+/// Field 22 of /proc/self/stat: start time in clock ticks since boot.
+fn process_start_time() -> u64 {
+    let mut buf = [0u8; 1024];
+    let n = read_small_file(c"/proc/self/stat", &mut buf);
+    let stat = &buf[..n];
+    // The command name (field 2) may contain spaces and parentheses: skip to the last ')'.
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return 0 };
+    // After ')' come fields 3.. separated by spaces; start time is field 22.
+    stat[close + 1..]
+        .split(|b| *b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(19)
+        .and_then(|f| f.iter().try_fold(0u64, |a, b| b.is_ascii_digit().then(|| a * 10 + u64::from(b - b'0'))))
+        .unwrap_or(0)
+}
+
+fn warn(reason: &[u8], dir: &[u8]) {
+    if config::QUIET.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut line = StackStr::<1024>::new();
+    line.push(b"vramhook: cannot record GPU memory calls (");
+    line.push(reason);
+    line.push(b": ");
+    line.push(dir);
+    line.push(b"); this process runs on untraced. Set VRAMHOOK_DIR, or VRAMHOOK_QUIET=1 to silence this.\n");
+    // SAFETY: writing our buffer to stderr; a failed write is ignored.
+    unsafe { libc::write(2, line.buf.as_ptr() as *const libc::c_void, line.len) };
+}
+
+fn errno_name() -> &'static [u8] {
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EACCES) => b"permission denied",
+        Some(libc::EPERM) => b"operation not permitted",
+        Some(libc::ENOENT) => b"no such directory",
+        Some(libc::ENOSPC) => b"no space left",
+        Some(libc::EROFS) => b"read-only file system",
+        Some(libc::ENOTDIR) => b"not a directory",
+        Some(libc::EEXIST) => b"already exists",
+        Some(libc::ENOMEM) => b"out of memory",
+        _ => b"error",
+    }
+}
+
+/// Makes `dir` if missing; accepts it only if it is a real directory owned by us.
+fn ensure_private_dir(dir: &StackStr<600>, mode: libc::mode_t) -> Result<(), &'static [u8]> {
+    // SAFETY: NUL-terminated path; stat buffer on the stack.
+    unsafe {
+        if libc::mkdir(dir.as_ptr(), mode) != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+        {
+            return Err(errno_name());
+        }
+        let mut st: libc::stat = core::mem::zeroed();
+        if libc::lstat(dir.as_ptr(), &mut st) != 0 {
+            return Err(errno_name());
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(b"not a directory");
+        }
+        if st.st_uid != libc::geteuid() {
+            return Err(b"directory owned by another user");
+        }
+    }
+    Ok(())
+}
+
+fn create_ring() -> bool {
+    // SAFETY: getpid/getppid/getuid have no preconditions.
+    let (pid, ppid, uid) = unsafe { (libc::getpid() as u32, libc::getppid() as u32, libc::geteuid()) };
+    let mut dir = StackStr::<600>::new();
+    match config::ring_dir() {
+        Some(d) => {
+            dir.push(d);
+            if let Err(reason) = ensure_private_dir(&dir, 0o700) {
+                warn(reason, d);
+                return false;
+            }
+        }
+        None => {
+            dir.push(b"/dev/shm/vramhook");
+            // SAFETY: NUL-terminated path. The shared parent is sticky and world-writable
+            // like /tmp; each user's own folder below it is 0700.
+            unsafe {
+                if libc::mkdir(dir.as_ptr(), 0o1777) == 0 {
+                    libc::chmod(dir.as_ptr(), 0o1777);
+                }
+            }
+            dir.push(b"/");
+            dir.push_u64(u64::from(uid));
+            if let Err(reason) = ensure_private_dir(&dir, 0o700) {
+                warn(reason, &dir.buf[..dir.len]);
+                return false;
+            }
+        }
+    }
+    let start_time = process_start_time();
+    let capacity = config::RING_SLOTS.load(Ordering::Relaxed);
+    let len = ring_file_size(capacity);
+    let base_len = dir.len;
+    let mut fd = -1;
+    // After exec the pid and start time stay the same: the image number keeps names apart.
+    for image in 0..64u64 {
+        dir.truncate(base_len);
+        dir.push(b"/");
+        dir.push_u64(u64::from(pid));
+        dir.push(b"-");
+        dir.push_u64(start_time);
+        dir.push(b"-");
+        dir.push_u64(image);
+        dir.push(b".ring");
+        // SAFETY: NUL-terminated path.
+        fd = unsafe {
+            libc::open(
+                dir.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+            break;
+        }
+    }
+    if fd < 0 {
+        warn(errno_name(), &dir.buf[..base_len]);
+        return false;
+    }
+    // SAFETY: fd is ours; the mapping is checked before use.
+    let map = unsafe {
+        if libc::ftruncate(fd, len as libc::off_t) != 0 {
+            warn(errno_name(), &dir.buf[..dir.len]);
+            libc::close(fd);
+            libc::unlink(dir.as_ptr());
+            return false;
+        }
+        let map = libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        libc::close(fd);
+        if map == libc::MAP_FAILED {
+            warn(errno_name(), &dir.buf[..dir.len]);
+            libc::unlink(dir.as_ptr());
+            return false;
+        }
+        map as *mut u8
+    };
+    let mut exe = [0u8; 512];
+    // SAFETY: readlink into our buffer.
+    let exe_len =
+        unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut libc::c_char, exe.len()) };
+    let exe = &exe[..exe_len.max(0) as usize];
+    let mut cmdline = [0u8; META_CAPACITY];
+    let cmd_len = read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
+    let mut meta = [0u8; META_CAPACITY];
+    let meta_len = encode_meta(exe, &cmdline[..cmd_len], &mut meta);
+    let use_tsc = !config::FORCE_MONOTONIC.load(Ordering::Relaxed) && clock::tsc_is_invariant();
+    let init = RingInit {
+        capacity,
+        pid,
+        ppid,
+        uid,
+        start_time,
+        run_id: config::RUN_ID.load(Ordering::Relaxed),
+        clock_source: if use_tsc { ClockSource::Tsc as u32 } else { ClockSource::Monotonic as u32 },
+        tsc_anchor: clock::read_tsc(),
+        mono_anchor_ns: clock::monotonic_ns(),
+        wall_anchor_ns: clock::wall_ns(),
+    };
+    // SAFETY: a fresh zero-filled shared mapping of the right size, page aligned.
+    let writer = unsafe { RingWriter::init(map, &init, &meta[..meta_len]) };
+    // SAFETY: only the creating thread writes here, before READY is published.
+    unsafe { (*RING.writer.get()).write(writer) };
+    RING.map.store(map as usize, Ordering::Relaxed);
+    RING.map_len.store(len, Ordering::Relaxed);
+    RING.pid.store(pid, Ordering::Relaxed);
+    RING.tsc.store(use_tsc, Ordering::Relaxed);
+    if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
+        // SAFETY: registering a plain function.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    }
+    // SAFETY: just written above.
+    let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
+    writer.push(&record(EventKind::ProcessStart, Api::Interposer, 0, -1, u64::from(ppid), 0, start_time, 0));
+    true
+}
+
+/// In the child after fork: forget the parent's ring (never write into it); the child
+/// makes its own at its first CUDA call.
+extern "C" fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    if RING.state.load(Ordering::Acquire) == READY {
+        let map = RING.map.swap(0, Ordering::Relaxed);
+        let len = RING.map_len.load(Ordering::Relaxed);
+        if map != 0 {
+            // SAFETY: unmapping the inherited mapping of the parent's ring in the child.
+            unsafe { libc::munmap(map as *mut libc::c_void, len) };
+        }
+    }
+    RING.state.store(UNINIT, Ordering::Release);
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn record(kind: EventKind, api: Api, result: u32, device: i16, addr: u64, size: u64, aux: u64, stream: u64) -> RawRecord {
+    RawRecord {
+        seq: U64::new(0),
+        ts_ns: U64::new(now()),
+        addr: U64::new(addr),
+        size: U64::new(size),
+        aux: U64::new(aux),
+        stream: U64::new(stream),
+        pid: U32::new(RING.pid.load(Ordering::Relaxed)),
+        tid: U32::new(tid()),
+        result: U16::new(saturate_result(result)),
+        device: I16::new(device),
+        kind: kind.code(),
+        caller: 0,
+        api: U16::new(api.code()),
+    }
+}
+
+/// Records one event. Never blocks: a full ring drops and counts it.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn emit(kind: EventKind, api: Api, result: i32, device: i16, addr: u64, size: u64, aux: u64, stream: u64) {
+    if let Some(w) = ring() {
+        w.push(&record(kind, api, result as u32, device, addr, size, aux, stream));
+    }
+}
+
+pub fn count_hook_miss() {
+    if let Some(w) = ring() {
+        w.count_hook_miss();
+    }
+}
+
+/// True at most once every `VRAMHOOK_MEMINFO_MS` across the process.
+#[inline]
+pub fn periodic_sample_due() -> bool {
+    let interval = config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed);
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: CLOCK_MONOTONIC_COARSE is a vDSO read of a few ns.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let now_ms = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000 + 1;
+    let last = LAST_MEMINFO_MS.load(Ordering::Relaxed);
+    now_ms.saturating_sub(last) >= interval
+        && LAST_MEMINFO_MS.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
+/// At normal exit (library destructor).
+pub fn process_exit() {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    if RING.state.load(Ordering::Acquire) == READY && RING.pid.load(Ordering::Relaxed) == pid {
+        // SAFETY: READY.
+        let w = unsafe { (*RING.writer.get()).assume_init_ref() };
+        w.push(&record(EventKind::ProcessExit, Api::Interposer, 0, -1, 0, 0, 0, 0));
+        w.mark_exited();
+    }
+}
