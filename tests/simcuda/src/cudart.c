@@ -110,6 +110,9 @@ static cudaError_t do_init_locked(void) {
     CUdriverProcAddressQueryResult st;
     if (first("cuGetProcAddress", &p, 12000, 0, &st) != CUDA_SUCCESS || !p) return cudaErrorInsufficientDriver;
     D.gpa = (gpa_v2_t)p;
+    /* cudart 13 also asks for the CUDA 11 form (measured: versions 11030 and 12000) */
+    void *p11 = NULL;
+    D.gpa("cuGetProcAddress", &p11, 11030, 0, &st);
     int ok = 1;
 #define R(field, name, ver, fl) ok &= resolve(name, (void **)&D.field, ver, fl)
     R(cuInit, "cuInit", 12000, 0);

@@ -545,7 +545,16 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     if (g_fast) {
         if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
         if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-        *dptr = atomic_fetch_add_explicit(&fast_va, round_up(bytesize, 512), memory_order_relaxed);
+        /* per-thread bump inside 1 GiB chunks taken from a shared atomic: no lock, no sharing */
+        static __thread u64 next, end;
+        u64 sz = round_up(bytesize, 512);
+        if (next + sz > end || next + sz < next) {
+            u64 chunk = sz > (1ULL << 30) ? round_up(sz, 1ULL << 30) : (1ULL << 30);
+            next = atomic_fetch_add_explicit(&fast_va, chunk, memory_order_relaxed);
+            end = next + chunk;
+        }
+        *dptr = next;
+        next += sz;
         return CUDA_SUCCESS;
     }
     return alloc_common("cuMemAlloc_v2", dptr, bytesize, 0, K_PLAIN);
