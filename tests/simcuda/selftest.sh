@@ -171,7 +171,16 @@ run misc_api 0 VRAMHOOK_SIM_DEVICES=2 -- && check_logs "$LOGDIR" "misc_api on 2 
 run bench_calls 0 VRAMHOOK_SIM_FAST=1 -- --threads 2 --iters 2000 && grep '^{' "$OUTF" | python3 -c 'import json,sys; d=json.loads(sys.stdin.readline()); assert d["errors"]==0 and d["alloc_median_ns"]>0' \
     && ok "bench_calls: JSON line" || bad "bench_calls JSON line"
 
-# ---- 3. shared device across processes ----
+# ---- 3. what a naive LD_PRELOAD of exported driver symbols sees (cuda-facts.md) ----
+NP="$HERE/build/naive_preload.so"
+o=$(LD_PRELOAD="$NP" "$W/torch_caching" 2>&1 >/dev/null | grep naive_preload)
+[ "$o" = "naive_preload: cuMemAlloc_v2=0 cuMemFree_v2=0 cuMemCreate=0" ] && ok "naive preload sees nothing of cudart (torch_caching)" || bad "naive preload on torch_caching: $o"
+o=$(LD_PRELOAD="$NP" "$W/ggml_vmm" 2>&1 >/dev/null | grep naive_preload)
+[ "$o" = "naive_preload: cuMemAlloc_v2=0 cuMemFree_v2=0 cuMemCreate=8" ] && ok "naive preload sees ggml's direct VMM calls only" || bad "naive preload on ggml_vmm: $o"
+o=$(LD_PRELOAD="$NP" "$W/misc_api" 2>&1 >/dev/null | grep naive_preload)
+[ "$o" = "naive_preload: cuMemAlloc_v2=0 cuMemFree_v2=0 cuMemCreate=2" ] && ok "naive preload: no driver-internal calls leak out (misc_api)" || bad "naive preload on misc_api: $o"
+
+# ---- 4. shared device across processes ----
 SHM="/dev/shm/simcuda-selftest-$$"
 rm -f "$SHM"
 VRAMHOOK_SIM_SHARED="$SHM" "$W/leak" --n 10 --hold 3 >/dev/null &
