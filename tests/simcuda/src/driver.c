@@ -1184,6 +1184,20 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     return r;
 }
 
+/* Base and size of the allocation containing dptr (exact base addresses only in the sim). */
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    pthread_mutex_lock(&mu);
+    struct obj *o = obj_find(OBJ_ALLOC, dptr);
+    if (!o) o = obj_find(OBJ_IPC, dptr);
+    CUresult r = o ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    if (o) {
+        if (pbase) *pbase = dptr;
+        if (psize) *psize = o->size;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     int dev = 0;
     pthread_mutex_lock(&mu);
@@ -1360,6 +1374,7 @@ static const struct proc_entry *proc_table(size_t *n) {
         {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), 0, NULL, NULL},
         {"cuIpcOpenMemHandle", 4010, NULL, 11000, FN(cuIpcOpenMemHandle_v2), NULL},
         {"cuIpcCloseMemHandle", 4010, FN(cuIpcCloseMemHandle), 0, NULL, NULL},
+        {"cuMemGetAddressRange", 2000, NULL, 3020, FN(cuMemGetAddressRange_v2), NULL},
         {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), 0, NULL, NULL},
         {"cuMemImportFromShareableHandle", 10020, FN(cuMemImportFromShareableHandle), 0, NULL, NULL},
     };
