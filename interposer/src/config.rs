@@ -34,12 +34,12 @@ fn env(name: &core::ffi::CStr) -> Option<&'static [u8]> {
 }
 
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 19 {
+    if bytes.is_empty() {
         return None;
     }
     bytes.iter().try_fold(0u64, |acc, b| {
         if b.is_ascii_digit() {
-            Some(acc * 10 + u64::from(b - b'0'))
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
         } else {
             None
         }

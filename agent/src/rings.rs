@@ -1,0 +1,301 @@
+//! The ring source: finds the rings of traced processes, drains them, notices when a
+//! process is gone and closes its stream.
+//!
+//! A ring is named `<pid>-<start time>-<image>.ring` (the image number grows with each
+//! `exec` of the same process). Everything inside a ring is untrusted input.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
+use vramhook_protocol::clock::TscClock;
+use vramhook_protocol::record::Event;
+use vramhook_protocol::ring::{MappedRing, RingError};
+
+/// What a poll hands on, in order: a process before its events, its end after them.
+#[derive(Debug)]
+pub enum SourceItem<'a> {
+    Process(&'a ProcessInfo),
+    Events(&'a [Event]),
+    End(ProcessEnd),
+}
+
+/// Which rings a source takes.
+#[derive(Clone, Debug, Default)]
+pub struct RingFilter {
+    /// Only rings stamped with this run id (`vramhook run` draining its own descendants).
+    pub run_id: Option<u64>,
+}
+
+/// A ring the source refused, and why (reported once per file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// What one poll did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollSummary {
+    pub delivered: u64,
+    pub opened: usize,
+    pub closed: usize,
+}
+
+struct Tracked {
+    ring: MappedRing,
+    info: ProcessInfo,
+    image: u64,
+    end: ProcessEnd,
+    /// The `Process` item is handed on in the first poll of this ring, after any older
+    /// image of the same process (before an `exec`) was closed.
+    announced: bool,
+}
+
+/// Key: (pid, start time, image).
+type RingKey = (u32, u64, u64);
+
+pub struct RingSource {
+    dir: PathBuf,
+    filter: RingFilter,
+    tsc: Option<TscClock>,
+    rings: BTreeMap<RingKey, Tracked>,
+    /// Files refused for good (bad or hostile headers), so they are not retried each scan.
+    refused: BTreeMap<PathBuf, String>,
+    /// Rings of other runs or readers: skipped quietly.
+    ignored: BTreeMap<PathBuf, ()>,
+    new_refusals: Vec<Refusal>,
+    batch: Vec<Event>,
+    /// Events drained per ring per poll, so one busy process cannot starve the others.
+    pub batch_limit: usize,
+    /// Exit statuses known to the caller (its own children), used in `ProcessEnd`.
+    exit_statuses: BTreeMap<u32, i32>,
+    euid: u32,
+}
+
+impl RingSource {
+    pub fn new(dir: impl Into<PathBuf>, filter: RingFilter, tsc: Option<TscClock>) -> RingSource {
+        RingSource {
+            dir: dir.into(),
+            filter,
+            tsc,
+            rings: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            ignored: BTreeMap::new(),
+            new_refusals: Vec::new(),
+            batch: Vec::new(),
+            batch_limit: 1 << 16,
+            exit_statuses: BTreeMap::new(),
+            // SAFETY: geteuid has no preconditions.
+            euid: unsafe { libc::geteuid() },
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of rings being drained.
+    pub fn open_rings(&self) -> usize {
+        self.rings.len()
+    }
+
+    /// Pids of the processes whose rings are open.
+    pub fn open_pids(&self) -> Vec<u32> {
+        self.rings.keys().map(|k| k.0).collect()
+    }
+
+    /// Tells the source how a process it may hold ended (for `ProcessEnd`).
+    pub fn set_exit_status(&mut self, pid: u32, status: i32) {
+        self.exit_statuses.insert(pid, status);
+    }
+
+    /// Rings refused since the last call.
+    pub fn take_refusals(&mut self) -> Vec<Refusal> {
+        std::mem::take(&mut self.new_refusals)
+    }
+
+    /// Finds new rings, drains every open one, and closes those whose writer is gone and
+    /// whose events are all read.
+    pub fn poll(&mut self, sink: &mut dyn FnMut(SourceItem<'_>)) -> PollSummary {
+        let mut summary = PollSummary::default();
+        summary.opened = self.discover();
+        let keys: Vec<RingKey> = self.rings.keys().copied().collect();
+        for key in keys {
+            let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
+            let Some(t) = self.rings.get_mut(&key) else { continue };
+            if !t.announced {
+                t.announced = true;
+                sink(SourceItem::Process(&t.info));
+            }
+            let counters = t.ring.reader.counters();
+            let writer_gone = superseded || counters.exited || !process_alive(key.0, key.1);
+            self.batch.clear();
+            let batch = &mut self.batch;
+            let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| batch.push(e));
+            t.end.delivered += stats.delivered;
+            t.end.dropped += stats.dropped.saturating_sub(stats.lost_in_flight);
+            t.end.lost_in_flight += stats.lost_in_flight;
+            t.end.malformed += stats.malformed;
+            t.end.hook_misses = counters.hook_misses;
+            summary.delivered += stats.delivered;
+            if !self.batch.is_empty() {
+                sink(SourceItem::Events(&self.batch));
+            }
+            if writer_gone && t.ring.reader.pending() == 0 {
+                if let Some(t) = self.rings.remove(&key) {
+                    let mut end = t.end;
+                    end.exit_status = self.exit_statuses.get(&key.0).copied();
+                    end.ts_ns = vramhook_protocol::clock::monotonic_ns();
+                    let path = ring_path(&self.dir, key);
+                    drop(t.ring);
+                    let _ = std::fs::remove_file(path);
+                    sink(SourceItem::End(end));
+                    summary.closed += 1;
+                }
+            }
+        }
+        summary
+    }
+
+    fn discover(&mut self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let mut found: Vec<(RingKey, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let path = e.path();
+                parse_ring_name(path.file_name()?.to_str()?).map(|k| (k, path))
+            })
+            .filter(|(k, p)| !self.rings.contains_key(k) && !self.refused.contains_key(p) && !self.ignored.contains_key(p))
+            .collect();
+        found.sort();
+        let mut opened = 0;
+        for (key, path) in found {
+            match self.open(&path, key) {
+                Ok(Some(tracked)) => {
+                    self.rings.insert(key, tracked);
+                    opened += 1;
+                }
+                Ok(None) => {}
+                Err(OpenError::NotReady) => {} // header not yet published: next scan
+                Err(OpenError::Ignore) => {
+                    self.ignored.insert(path, ());
+                }
+                Err(OpenError::Refuse(reason)) => {
+                    self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone() });
+                    self.refused.insert(path, reason);
+                }
+            }
+        }
+        opened
+    }
+
+    fn open(&self, path: &Path, key: RingKey) -> Result<Option<Tracked>, OpenError> {
+        let ring = match MappedRing::open(path, self.tsc) {
+            Ok(Some(ring)) => ring,
+            Ok(None) => return Err(OpenError::Ignore), // another reader holds it
+            Err(RingError::NotReady) => return Err(OpenError::NotReady),
+            Err(RingError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
+            Err(e) => return Err(OpenError::Refuse(e.to_string())),
+        };
+        let info = ring.reader.info().clone();
+        if let Some(run_id) = self.filter.run_id {
+            if info.run_id != run_id {
+                return Err(OpenError::Ignore);
+            }
+        }
+        let owner = ring.file().metadata().map(|m| m.uid()).map_err(|e| OpenError::Refuse(e.to_string()))?;
+        if self.euid != 0 && owner != self.euid {
+            return Err(OpenError::Refuse(format!("ring owned by uid {owner}, not ours")));
+        }
+        if owner != info.uid {
+            return Err(OpenError::Refuse(format!("ring file owner {owner} does not match its header's uid {}", info.uid)));
+        }
+        if info.pid != key.0 || info.start_time != key.1 {
+            return Err(OpenError::Refuse("ring header does not match its file name".into()));
+        }
+        let process = ProcessInfo {
+            pid: info.pid,
+            ppid: info.ppid,
+            uid: info.uid,
+            start_time: info.start_time,
+            run_id: info.run_id,
+            exe: info.exe.clone(),
+            cmdline: info.cmdline.clone(),
+        };
+        Ok(Some(Tracked {
+            ring,
+            end: ProcessEnd { pid: info.pid, start_time: info.start_time, ..ProcessEnd::default() },
+            info: process,
+            image: key.2,
+            announced: false,
+        }))
+    }
+
+    /// Image number (exec count) of an open ring, for diagnostics.
+    pub fn image_of(&self, pid: u32) -> Option<u64> {
+        self.rings.values().find(|t| t.info.pid == pid).map(|t| t.image)
+    }
+}
+
+enum OpenError {
+    NotReady,
+    Ignore,
+    Refuse(String),
+}
+
+fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
+    dir.join(format!("{}-{}-{}.ring", key.0, key.1, key.2))
+}
+
+/// `<pid>-<start>-<image>.ring`
+pub fn parse_ring_name(name: &str) -> Option<RingKey> {
+    let stem = name.strip_suffix(".ring")?;
+    let mut parts = stem.split('-');
+    let pid = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    let image = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((pid, start, image))
+}
+
+/// Whether `pid` is still the process that started at `start_time` and has not exited.
+pub fn process_alive(pid: u32, start_time: u64) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
+    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return false };
+    let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
+    let state = fields.first().and_then(|f| f.first()).copied().unwrap_or(b'X');
+    let started = fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok());
+    state != b'Z' && state != b'X' && started == Some(start_time)
+}
+
+/// The default ring directory for this user: `/dev/shm/vramhook/<euid>`.
+pub fn default_ring_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    PathBuf::from(format!("/dev/shm/vramhook/{uid}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_names() {
+        assert_eq!(parse_ring_name("12-34-0.ring"), Some((12, 34, 0)));
+        assert_eq!(parse_ring_name("12-34.ring"), None);
+        assert_eq!(parse_ring_name("12-34-0-1.ring"), None);
+        assert_eq!(parse_ring_name("x-34-0.ring"), None);
+        assert_eq!(parse_ring_name("12-34-0.ring.tmp"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_wrong_start_time_is_not() {
+        let pid = std::process::id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let after = &stat[stat.rfind(')').expect(")") + 2..];
+        let start: u64 = after.split(' ').nth(19).expect("field").parse().expect("number");
+        assert!(process_alive(pid, start));
+        assert!(!process_alive(pid, start + 1));
+        assert!(!process_alive(u32::MAX - 1, start));
+    }
+}

@@ -1,0 +1,54 @@
+//! `vramhook`: the one command users type.
+
+mod demo;
+mod dump;
+mod run;
+mod summary;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "vramhook", version, about = "Where GPU memory goes, live and after a crash", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command with every device-memory call of it and its children recorded.
+    ///
+    /// Sets LD_PRELOAD to libvramhook.so (found beside this binary, or $VRAMHOOK_LIB),
+    /// drains the rings of the command and all its descendants while they run, writes
+    /// them to a capture with --record, and prints a summary per process at the end.
+    /// Exits with the command's exit status.
+    Run(run::RunArgs),
+    /// Print a capture as JSON lines, one event a line.
+    Dump(dump::DumpArgs),
+    /// Trace a demo workload on the simulated CUDA driver (no GPU needed).
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Dump(args) => dump::dump(args),
+        Command::Demo(args) => demo::demo(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("vramhook: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A directory next to the running binary.
+pub fn beside_exe(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.join(name))
+}

@@ -1,0 +1,234 @@
+//! Shared helpers for the end-to-end tests: the simulated CUDA driver, the built
+//! interposer, running workloads traced, and reading captures and ground truth.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+/// Builds the simulated driver once per test binary; a build failure fails loudly.
+pub fn sim_dir() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = repo_root().join("tests/simcuda");
+            let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().expect("cannot run make (is it installed?)");
+            assert!(out.status.success(), "building the simulated CUDA driver failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            dir.join("build")
+        })
+        .clone()
+}
+
+pub fn workload(name: &str) -> PathBuf {
+    sim_dir().join("workloads").join(name)
+}
+
+pub fn vramhook_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vramhook"))
+}
+
+/// libvramhook.so from the same build as the binary under test.
+pub fn interposer() -> PathBuf {
+    let lib = vramhook_bin().parent().expect("bin dir").join("libvramhook.so");
+    assert!(
+        lib.is_file(),
+        "MISSING {}: these tests need the interposer built in the same profile; run `cargo build --workspace` (scripts/test.sh does)",
+        lib.display()
+    );
+    lib
+}
+
+pub struct Traced {
+    pub dir: tempfile::TempDir,
+    pub output: Output,
+    pub events: Vec<Value>,
+    pub frames: Vec<Value>,
+    pub summary: Value,
+    /// Ground truth per pid: the simulated driver's log lines (calls and its summary).
+    pub truth: BTreeMap<u32, Vec<Value>>,
+}
+
+impl Traced {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    pub fn capture(&self) -> PathBuf {
+        self.dir.path().join("capture.vhc")
+    }
+    pub fn checksum(&self) -> String {
+        checksum_line(&self.stdout())
+    }
+    pub fn process(&self, pid: u32) -> &Value {
+        self.summary["processes"].as_array().expect("processes").iter().find(|p| p["pid"] == pid).expect("process in summary")
+    }
+}
+
+pub fn checksum_line(stdout: &str) -> String {
+    stdout.lines().filter(|l| l.starts_with("checksum=")).last().unwrap_or("").to_string()
+}
+
+/// Runs `vramhook run --record` on a workload of the simulated driver, with its ground
+/// truth log enabled, and reads everything back.
+pub fn trace_workload(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Traced {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("truth");
+    std::fs::create_dir(&logs).expect("truth dir");
+    let capture = dir.path().join("capture.vhc");
+    let summary = dir.path().join("summary.json");
+    let mut cmd = Command::new(vramhook_bin());
+    cmd.arg("run")
+        .arg("--record")
+        .arg(&capture)
+        .arg("--summary-json")
+        .arg(&summary)
+        .arg("--ring-dir")
+        .arg(dir.path().join("rings"))
+        .arg("--")
+        .arg(workload(name))
+        .args(args)
+        .env("VRAMHOOK_LIB", interposer())
+        .env("VRAMHOOK_SIM_LOG_DIR", &logs)
+        .env_remove("LD_PRELOAD");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let output = cmd.output().expect("run vramhook");
+    let events = dump(&capture, false);
+    let frames = dump(&capture, true).into_iter().filter(|v| v.get("frame").is_some()).collect();
+    let summary: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap_or_default()).unwrap_or(Value::Null);
+    let truth = read_truth(&logs);
+    Traced { dir, output, events, frames, summary, truth }
+}
+
+/// `vramhook dump` of a capture, parsed.
+pub fn dump(capture: &Path, frames: bool) -> Vec<Value> {
+    let mut cmd = Command::new(vramhook_bin());
+    cmd.arg("dump").arg(capture);
+    if frames {
+        cmd.arg("--frames");
+    }
+    let out = cmd.output().expect("run vramhook dump");
+    assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("dump line is JSON")).collect()
+}
+
+pub fn read_truth(dir: &Path) -> BTreeMap<u32, Vec<Value>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("truth dir") {
+        let path = entry.expect("entry").path();
+        let pid: u32 = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse().ok()).expect("pid.jsonl");
+        let text = std::fs::read_to_string(&path).expect("truth file");
+        out.insert(pid, text.lines().map(|l| serde_json::from_str(l).expect("truth line is JSON")).collect());
+    }
+    out
+}
+
+/// A call reduced to what both sides know: (function, result, key a, key b).
+pub type Call = (String, u64, u64, u64);
+
+const ALLOCS: &[&str] = &[
+    "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuArrayCreate_v2", "cuArray3DCreate_v2",
+    "cuMipmappedArrayCreate", "cuIpcOpenMemHandle_v2",
+];
+const FREES: &[&str] = &[
+    "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuArrayDestroy", "cuMipmappedArrayDestroy",
+    "cuIpcCloseMemHandle",
+];
+
+fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("field {k} missing in {v}"))
+}
+
+/// Normalises a ground-truth line; `None` for lines that are not comparable calls.
+pub fn truth_call(v: &Value) -> Option<(u64, Call)> {
+    let f = v["fn"].as_str()?;
+    let r = u(v, "result");
+    let key = match f {
+        f if ALLOCS.contains(&f) => (u(v, "addr"), u(v, "size")),
+        f if FREES.contains(&f) => (u(v, "addr"), 0),
+        "cuMemCreate" => (u(v, "size"), u(v, "aux")),
+        "cuMemRelease" | "cuMemImportFromShareableHandle" => (u(v, "aux"), 0),
+        "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (u(v, "addr"), u(v, "size")),
+        "cuMemPoolTrimTo" => (u(v, "size"), u(v, "aux")),
+        "cuMemPoolCreate" | "cuMemPoolDestroy" => (u(v, "aux"), 0),
+        _ => return None,
+    };
+    Some((u(v, "tid"), (f.to_string(), r, key.0, key.1)))
+}
+
+/// Normalises a captured event the same way.
+pub fn event_call(v: &Value) -> Option<(u64, Call)> {
+    let f = v["api"].as_str()?;
+    if v["kind"] == "mem_info" {
+        return None;
+    }
+    let r = u(v, "result");
+    let key = match f {
+        f if ALLOCS.contains(&f) => (u(v, "addr"), u(v, "size")),
+        f if FREES.contains(&f) => (u(v, "addr"), 0),
+        "cuMemCreate" => (u(v, "size"), u(v, "aux")),
+        "cuMemRelease" | "cuMemImportFromShareableHandle" => (u(v, "aux"), 0),
+        "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (u(v, "addr"), u(v, "size")),
+        "cuMemPoolTrimTo" => (u(v, "size"), u(v, "stream")),
+        "cuMemPoolCreate" | "cuMemPoolDestroy" => (u(v, "stream"), 0),
+        _ => return None,
+    };
+    Some((u(v, "tid"), (f.to_string(), r, key.0, key.1)))
+}
+
+/// Per pid and thread, the ordered calls each side saw.
+pub type PerThread = BTreeMap<(u32, u64), Vec<Call>>;
+
+pub fn truth_by_thread(t: &Traced) -> PerThread {
+    let mut out = PerThread::new();
+    for (pid, lines) in &t.truth {
+        for line in lines {
+            if let Some((tid, call)) = truth_call(line) {
+                out.entry((*pid, tid)).or_default().push(call);
+            }
+        }
+    }
+    out
+}
+
+pub fn captured_by_thread(t: &Traced) -> PerThread {
+    let mut out = PerThread::new();
+    for e in &t.events {
+        if let Some((tid, call)) = event_call(e) {
+            out.entry((u(e, "pid") as u32, tid)).or_default().push(call);
+        }
+    }
+    out
+}
+
+/// Live bytes the simulated driver says each process still held at exit.
+pub fn truth_live_at_exit(t: &Traced) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    for (pid, lines) in &t.truth {
+        if let Some(summary) = lines.iter().rev().find(|l| l["summary"] == true) {
+            let live = summary["devices"].as_array().expect("devices").iter().map(|d| u(d, "live_bytes")).sum();
+            out.insert(*pid, live);
+        }
+    }
+    out
+}
+
+/// Runs a workload untraced (same environment otherwise).
+pub fn run_untraced(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(workload(name));
+    cmd.args(args).env_remove("LD_PRELOAD");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run workload")
+}

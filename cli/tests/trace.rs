@@ -1,0 +1,291 @@
+//! Issue 2 end to end: every simulated workload traced through `vramhook run`, checked
+//! against the simulated driver's own ground truth, event for event.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+/// Traces a workload and checks: exit status and output equal to an untraced run, the
+/// capture equal to the driver's log per thread, no drops, live bytes at exit equal.
+fn check_workload(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Traced {
+    let untraced = run_untraced(name, args, envs);
+    let t = trace_workload(name, args, envs);
+    assert_eq!(
+        t.output.status.code(),
+        untraced.status.code(),
+        "{name}: exit status changed under tracing\nstderr:\n{}",
+        t.stderr()
+    );
+    let plain_checksum = checksum_line(&String::from_utf8_lossy(&untraced.stdout));
+    assert!(!plain_checksum.is_empty(), "{name} printed no checksum");
+    assert_eq!(t.checksum(), plain_checksum, "{name}: results changed under tracing");
+
+    let truth = truth_by_thread(&t);
+    let captured = captured_by_thread(&t);
+    assert!(!truth.is_empty(), "{name}: the simulated driver logged no calls");
+    assert_eq!(
+        captured.keys().collect::<Vec<_>>(),
+        truth.keys().collect::<Vec<_>>(),
+        "{name}: processes/threads differ between capture and ground truth"
+    );
+    for (key, calls) in &truth {
+        let got = &captured[key];
+        if got != calls {
+            let first = got.iter().zip(calls).position(|(a, b)| a != b).unwrap_or(got.len().min(calls.len()));
+            panic!(
+                "{name}: pid/tid {key:?}: capture differs from ground truth at call {first} of {} (captured {}):\n  captured: {:?}\n  truth:    {:?}",
+                calls.len(),
+                got.len(),
+                got.get(first),
+                calls.get(first)
+            );
+        }
+    }
+    assert_eq!(t.summary["dropped_events"], 0, "{name}: events dropped with a large ring");
+
+    for (pid, live) in truth_live_at_exit(&t) {
+        assert_eq!(t.process(pid)["final_live_bytes"], live, "{name}: pid {pid} live bytes at exit differ from the driver's");
+    }
+    // Every out-of-memory failure is followed by a device sample from the same thread.
+    for (i, e) in t.events.iter().enumerate() {
+        if e["result"] == 2 {
+            let next = t.events[i + 1..].iter().find(|n| n["tid"] == e["tid"]).expect("an event after the OOM");
+            assert_eq!(next["kind"], "mem_info", "{name}: OOM at seq {} not followed by a device sample", e["seq"]);
+        }
+    }
+    t
+}
+
+#[test]
+fn torch_caching_through_shared_cudart() {
+    let t = check_workload("torch_caching", &[], &[]);
+    let ooms: Vec<_> = t.events.iter().filter(|e| e["result"] == 2).collect();
+    assert_eq!(ooms.len(), 2, "the 200 GiB request fails twice (before and after freeing the cache)");
+    assert!(ooms.iter().all(|e| e["size"] == 200u64 << 30 && e["api"] == "cuMemAlloc_v2"));
+    // Live bytes just before the OOM equal what the framework says it reserved.
+    let reserved: u64 = t
+        .stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix("reserved="))
+        .and_then(|v| v.parse().ok())
+        .expect("reserved= line");
+    let mut live: i128 = 0;
+    let mut sizes = std::collections::HashMap::new();
+    for e in &t.events {
+        if e["result"] != 0 {
+            if e["result"] == 2 {
+                break;
+            }
+            continue;
+        }
+        match e["kind"].as_str() {
+            Some("alloc") => {
+                sizes.insert(e["addr"].as_u64().expect("addr"), e["size"].as_u64().expect("size"));
+                live += e["size"].as_u64().expect("size") as i128;
+            }
+            Some("free") => live -= sizes.remove(&e["addr"].as_u64().expect("addr")).unwrap_or(0) as i128,
+            _ => {}
+        }
+    }
+    assert_eq!(live as u64, reserved, "live bytes at the OOM equal the caching allocator's reserved bytes");
+}
+
+#[test]
+fn torch_caching_through_static_cudart() {
+    let t = check_workload("torch_caching_static", &[], &[]);
+    assert!(t.events.iter().any(|e| e["api"] == "cuMemAlloc_v2"), "static cudart's calls are seen");
+}
+
+#[test]
+fn torch_expandable_segments_via_dlsym_shim() {
+    let t = check_workload("torch_expandable", &[], &[]);
+    assert!(t.events.iter().filter(|e| e["api"] == "cuMemCreate").count() > 100);
+    assert!(t.events.iter().any(|e| e["api"] == "cuMemCreate" && e["result"] == 2));
+}
+
+#[test]
+fn ggml_vmm_pool_linked_directly() {
+    let t = check_workload("ggml_vmm", &[], &[]);
+    let reserve = t.events.iter().find(|e| e["api"] == "cuMemAddressReserve").expect("reserve");
+    assert_eq!(reserve["size"], 32u64 << 30);
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(t.process(pid)["final_live_bytes"], 32u64 << 20, "released handles stay live while mapped");
+    check_workload("ggml_vmm", &["--cleanup"], &[]);
+}
+
+#[test]
+fn async_pools_with_ptsz_variants() {
+    let t = check_workload("async_pool", &[], &[]);
+    for api in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemPoolTrimTo"] {
+        assert!(t.events.iter().any(|e| e["api"] == api), "no {api} event");
+    }
+}
+
+#[test]
+fn leak_keeps_exit_status_and_reports_live_bytes() {
+    let t = check_workload("leak", &["--exit", "3"], &[]);
+    assert_eq!(t.output.status.code(), Some(3), "vramhook run exits with the command's status");
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(t.process(pid)["final_live_bytes"], 15_753_640);
+    assert_eq!(t.process(pid)["exit_status"], 3);
+}
+
+#[test]
+fn fork_and_exec_give_each_process_and_image_its_own_ring() {
+    let t = check_workload("fork_exec", &[], &[]);
+    let procs: Vec<_> = t.frames.iter().filter(|f| f["frame"] == "process").collect();
+    assert_eq!(procs.len(), 3, "parent, forked child, and the child's exec'd image: {procs:?}");
+    let pids: std::collections::BTreeSet<_> = procs.iter().map(|p| p["pid"].as_u64()).collect();
+    assert_eq!(pids.len(), 2, "exec keeps the pid");
+    assert!(procs.iter().any(|p| p["cmdline"][0].as_str().is_some_and(|c| c.ends_with("leak"))));
+}
+
+#[test]
+fn sixteen_threads_hammering() {
+    let t = check_workload("threads16", &["--threads", "16", "--iters", "500"], &[]);
+    let threads: std::collections::BTreeSet<_> = t.events.iter().map(|e| e["tid"].as_u64()).collect();
+    assert!(threads.len() >= 16);
+}
+
+#[test]
+fn misc_apis_on_two_devices() {
+    let t = check_workload("misc_api", &[], &[("VRAMHOOK_SIM_DEVICES", "2")]);
+    for api in [
+        "cuMemAllocPitch_v2",
+        "cuMemAllocManaged",
+        "cuArrayCreate_v2",
+        "cuArray3DCreate_v2",
+        "cuMipmappedArrayCreate",
+        "cuIpcOpenMemHandle_v2",
+        "cuIpcCloseMemHandle",
+        "cuMemImportFromShareableHandle",
+    ] {
+        assert!(t.events.iter().any(|e| e["api"] == api), "no {api} event");
+    }
+    assert!(t.events.iter().any(|e| e["device"] == 1 && e["kind"] == "alloc"), "device 1 allocations are attributed");
+    assert!(t.events.iter().any(|e| e["api"] == "cuMemFree_v2" && e["result"] != 0), "failed frees are recorded");
+}
+
+#[test]
+fn small_ring_drops_are_counted_exactly_and_the_program_is_unaffected() {
+    let args = ["--threads", "16", "--iters", "2000"];
+    let untraced = run_untraced("threads16", &args, &[]);
+    let t = trace_workload("threads16", &args, &[("VRAMHOOK_RING_SLOTS", "16")]);
+    assert_eq!(t.output.status.code(), Some(0));
+    assert_eq!(t.checksum(), checksum_line(&String::from_utf8_lossy(&untraced.stdout)));
+    // Everything the interposer tried to record: each driver call the simulated driver
+    // logged (our own cuMemGetInfo samples included), plus process start and exit.
+    let issued: u64 = t.truth.values().map(|l| l.iter().filter(|v| v.get("fn").is_some()).count() as u64).sum::<u64>() + 2;
+    let delivered = t.events.iter().filter(|e| e["kind"] != "dropped").count() as u64;
+    let dropped: u64 = t.events.iter().filter(|e| e["kind"] == "dropped").map(|e| e["size"].as_u64().expect("size")).sum();
+    assert!(dropped > 0, "a 16-slot ring under 16 threads should overflow");
+    assert_eq!(delivered + dropped, issued, "delivered {delivered} + dropped {dropped} != issued {issued}");
+    assert_eq!(t.summary["dropped_events"], dropped);
+    assert!(t.stderr().contains("events lost"), "the summary says events were lost");
+}
+
+fn run_preloaded(name: &str, envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(workload(name));
+    cmd.env("LD_PRELOAD", interposer());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run workload")
+}
+
+#[test]
+fn unwritable_ring_directory_warns_once_and_changes_nothing() {
+    let plain = run_untraced("torch_caching", &[], &[]);
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    let not_a_dir = file.path().to_str().expect("utf8");
+    let traced = run_preloaded("torch_caching", &[("VRAMHOOK_DIR", not_a_dir)]);
+    assert_eq!(traced.status.code(), plain.status.code());
+    assert_eq!(traced.stdout, plain.stdout);
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    let warnings: Vec<_> = stderr.lines().filter(|l| l.starts_with("vramhook:")).collect();
+    assert_eq!(warnings.len(), 1, "exactly one line says why: {stderr}");
+    assert!(warnings[0].contains("not a directory"), "{}", warnings[0]);
+    let quiet = run_preloaded("torch_caching", &[("VRAMHOOK_DIR", not_a_dir), ("VRAMHOOK_QUIET", "1")]);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("vramhook"));
+    assert_eq!(quiet.stdout, plain.stdout);
+}
+
+#[test]
+fn no_reader_needed_and_the_ring_keeps_the_events() {
+    let plain = run_untraced("ggml_vmm", &[], &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traced = run_preloaded("ggml_vmm", &[("VRAMHOOK_DIR", dir.path().to_str().expect("utf8"))]);
+    assert_eq!(traced.stdout, plain.stdout);
+    assert_eq!(traced.status.code(), plain.status.code());
+    let rings: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+    assert_eq!(rings.len(), 1, "one ring left for a later reader");
+}
+
+#[test]
+fn silent_until_cuda_is_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rings = dir.path().join("rings");
+    let out = Command::new("sh")
+        .args(["-c", "echo hello; ls / > /dev/null"])
+        .env("LD_PRELOAD", interposer())
+        .env("VRAMHOOK_DIR", &rings)
+        .output()
+        .expect("sh");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    assert!(out.stderr.is_empty(), "no output: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!rings.exists(), "no ring directory or file without CUDA");
+}
+
+#[test]
+fn rtld_next_keeps_the_callers_meaning() {
+    // A library wrapping puts() with dlsym(RTLD_NEXT) recurses (exit 42) if our dlsym
+    // forwarded with an ordinary call instead of a tail jump.
+    let out = run_preloaded("rtld_next_check", &[]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "rtld-next-ok\n");
+}
+
+#[test]
+fn disabled_passes_everything_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plain = run_untraced("misc_api", &[], &[]);
+    let out = run_preloaded("misc_api", &[("VRAMHOOK_DISABLE", "1"), ("VRAMHOOK_DIR", dir.path().to_str().expect("utf8"))]);
+    assert_eq!(out.stdout, plain.stdout);
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+}
+
+#[test]
+fn dump_prints_one_json_event_per_line_with_the_documented_fields() {
+    let t = trace_workload("async_pool", &[], &[]);
+    assert!(!t.events.is_empty());
+    for e in &t.events {
+        for key in ["seq", "ts_ns", "pid", "tid", "kind", "api", "device", "addr", "size", "result"] {
+            assert!(e.get(key).is_some(), "missing {key} in {e}");
+        }
+    }
+    assert!(t.events.iter().any(|e| e["api"] == "cuMemAllocAsync_ptsz"));
+    // Within one process, seq counts up from 0 and time never runs backwards.
+    let pid = t.events[0]["pid"].clone();
+    let mine: Vec<_> = t.events.iter().filter(|e| e["pid"] == pid && e["kind"] != "dropped").collect();
+    for (i, e) in mine.iter().enumerate() {
+        assert_eq!(e["seq"], i as u64);
+    }
+    for w in mine.windows(2) {
+        assert!(w[1]["ts_ns"].as_u64() >= w[0]["ts_ns"].as_u64(), "time went backwards: {} then {}", w[0], w[1]);
+    }
+}
+
+#[test]
+fn truncated_capture_dumps_what_it_has_and_says_where() {
+    let t = trace_workload("torch_caching", &[], &[]);
+    let bytes = std::fs::read(t.capture()).expect("capture");
+    let cut = t.dir.path().join("cut.vhc");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).expect("write");
+    let out = Command::new(vramhook_bin()).arg("dump").arg(&cut).output().expect("dump");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("truncated at byte"), "{stderr}");
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(lines > 0 && lines < t.events.len() + 1);
+}
