@@ -1,0 +1,1 @@
+//! The analyzer (being written).
