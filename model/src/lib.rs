@@ -1,1 +1,10 @@
-//! The VRAM model (being written).
+//! The VRAM model (see README.md for the operator's meaning of every number).
+#![doc = include_str!("../README.md")]
+
+mod model;
+mod types;
+mod verdict;
+
+pub use model::{IntHasher, Model, ModelError, CHECKPOINT_VERSION};
+pub use types::*;
+pub use verdict::decide_verdict;

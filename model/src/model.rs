@@ -1,0 +1,1486 @@
+//! The state machine: `apply` and the queries.
+
+use crate::types::*;
+use crate::verdict::{decide_verdict, explain, ExplainCtx};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
+
+/// A fast hasher for integer keys (multiply-rotate, finished with murmur3's mixer so that
+/// aligned addresses spread over the table's low bits).
+#[derive(Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+/// A live allocation (32 bytes; with its 16-byte key 48 bytes in the table).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Alloc {
+    size: u64,
+    ts: u64,
+    /// Explicit pool handle for `cuMemAllocFromPoolAsync*`; 0 = the device's default pool.
+    pool: u64,
+    device: i16,
+    class: u8,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Handle {
+    size: u64,
+    ts: u64,
+    device: i16,
+    class: u8,
+    released: bool,
+    maps: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Mapping {
+    size: u64,
+    handle: u64,
+    offset: u64,
+    ts: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Gaps {
+    sizes: BTreeMap<u64, u32>,
+    total: u64,
+}
+
+impl Gaps {
+    fn add(&mut self, s: u64) {
+        if s > 0 {
+            *self.sizes.entry(s).or_insert(0) += 1;
+            self.total += s;
+        }
+    }
+    fn remove(&mut self, s: u64) {
+        if s == 0 {
+            return;
+        }
+        if let Some(c) = self.sizes.get_mut(&s) {
+            *c -= 1;
+            if *c == 0 {
+                self.sizes.remove(&s);
+            }
+            self.total = self.total.saturating_sub(s);
+        }
+    }
+    /// O(log n): the largest key of the multiset.
+    pub(crate) fn largest(&self) -> u64 {
+        self.sizes.last_key_value().map(|(k, _)| *k).unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Reservation {
+    size: u64,
+    device: i16,
+    mappings: BTreeMap<u64, Mapping>,
+    mapped: u64,
+    gaps: Gaps,
+}
+
+impl Reservation {
+    fn numbers(&self) -> (u64, u64) {
+        (self.gaps.total, self.gaps.largest())
+    }
+
+    /// Marks [s, e) free; it must not overlap a mapping.
+    fn free_interval(&mut self, base: u64, s: u64, e: u64) {
+        let left = self.mappings.range(..s).next_back().map(|(a, m)| a + m.size).unwrap_or(base);
+        let right = self.mappings.range(e..).next().map(|(a, _)| *a).unwrap_or(base + self.size);
+        if left < s {
+            self.gaps.remove(s - left);
+        }
+        if right > e {
+            self.gaps.remove(right - e);
+        }
+        self.gaps.add(right - left);
+    }
+
+    /// Marks [s, e) occupied; it must lie inside one gap (checked by the caller).
+    fn occupy_interval(&mut self, base: u64, s: u64, e: u64) {
+        let left = self.mappings.range(..s).next_back().map(|(a, m)| a + m.size).unwrap_or(base);
+        let right = self.mappings.range(e..).next().map(|(a, _)| *a).unwrap_or(base + self.size);
+        self.gaps.remove(right - left);
+        self.gaps.add(s - left);
+        self.gaps.add(right - e);
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Pool {
+    device: i16,
+    live: u64,
+    count: u64,
+    /// High-water live bytes since the last trim (the reserve estimate before rounding).
+    hwm: u64,
+    destroyed: bool,
+}
+
+impl Pool {
+    fn reserve(&self, g: u64) -> u64 {
+        round_up(self.hwm, g).max(self.live)
+    }
+    fn numbers(&self, g: u64) -> (u64, u64) {
+        let idle = self.reserve(g) - self.live;
+        (idle, idle)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Segment {
+    size: u64,
+    device: i16,
+    ts: u64,
+    allocated: u64,
+    blocks: u64,
+    gaps: Gaps,
+}
+
+impl Segment {
+    fn numbers(&self) -> (u64, u64) {
+        (self.gaps.total, self.gaps.largest())
+    }
+}
+
+/// Pool key: (pid, is_default, handle or device ordinal).
+type PoolKey = (u32, bool, u64);
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DevBytes {
+    device: i16,
+    live: u64,
+    resident: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Process {
+    pid: u32,
+    start_time: u64,
+    ppid: u32,
+    command: String,
+    exe: String,
+    alive: bool,
+    exit_status: Option<i32>,
+    exit_ts: Option<u64>,
+    by_class: [u64; 8],
+    live_bytes: u64,
+    live_allocations: u64,
+    peak_bytes: u64,
+    peak_ts: u64,
+    allocations: u64,
+    frees: u64,
+    failed_calls: u64,
+    oom_count: u64,
+    dropped_events: u64,
+    anomalies: u64,
+    devices: Vec<DevBytes>,
+    last_ts: u64,
+    lead_up: VecDeque<EventRecord>,
+    freed_total: u64,
+    open_incident: Option<usize>,
+    awaiting_sample: Option<(usize, u32)>,
+    arena_spans: BTreeMap<u64, u32>,
+    free_in_arenas: u64,
+}
+
+impl Process {
+    fn new(pid: u32, start_time: u64) -> Process {
+        Process {
+            pid,
+            start_time,
+            ppid: 0,
+            command: String::new(),
+            exe: String::new(),
+            alive: true,
+            exit_status: None,
+            exit_ts: None,
+            by_class: [0; 8],
+            live_bytes: 0,
+            live_allocations: 0,
+            peak_bytes: 0,
+            peak_ts: 0,
+            allocations: 0,
+            frees: 0,
+            failed_calls: 0,
+            oom_count: 0,
+            dropped_events: 0,
+            anomalies: 0,
+            devices: Vec::new(),
+            last_ts: 0,
+            lead_up: VecDeque::new(),
+            freed_total: 0,
+            open_incident: None,
+            awaiting_sample: None,
+            arena_spans: BTreeMap::new(),
+            free_in_arenas: 0,
+        }
+    }
+
+    fn dev(&mut self, device: i16) -> &mut DevBytes {
+        let i = match self.devices.iter().position(|d| d.device == device) {
+            Some(i) => i,
+            None => {
+                self.devices.push(DevBytes { device, live: 0, resident: 0 });
+                self.devices.len() - 1
+            }
+        };
+        &mut self.devices[i]
+    }
+
+    fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) {
+        self.by_class[class.index()] = self.by_class[class.index()].saturating_add(size);
+        self.live_allocations += 1;
+        if class.owned() {
+            self.live_bytes = self.live_bytes.saturating_add(size);
+            let d = self.dev(device);
+            d.live = d.live.saturating_add(size);
+            if class.resident() {
+                d.resident = d.resident.saturating_add(size);
+            }
+            if self.live_bytes > self.peak_bytes {
+                self.peak_bytes = self.live_bytes;
+                self.peak_ts = ts;
+            }
+        }
+    }
+
+    fn sub_bytes(&mut self, class: Class, device: i16, size: u64) {
+        self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
+        self.live_allocations = self.live_allocations.saturating_sub(1);
+        self.frees += 1;
+        self.freed_total = self.freed_total.saturating_add(size);
+        if class.owned() {
+            self.live_bytes = self.live_bytes.saturating_sub(size);
+            let d = self.dev(device);
+            d.live = d.live.saturating_sub(size);
+            if class.resident() {
+                d.resident = d.resident.saturating_sub(size);
+            }
+        }
+    }
+
+    fn arena_change(&mut self, old: Option<(u64, u64)>, new: Option<(u64, u64)>) {
+        if old == new {
+            return;
+        }
+        if let Some((free, largest)) = old {
+            self.free_in_arenas = self.free_in_arenas.saturating_sub(free);
+            if let Some(c) = self.arena_spans.get_mut(&largest) {
+                *c -= 1;
+                if *c == 0 {
+                    self.arena_spans.remove(&largest);
+                }
+            }
+        }
+        if let Some((free, largest)) = new {
+            self.free_in_arenas = self.free_in_arenas.saturating_add(free);
+            *self.arena_spans.entry(largest).or_insert(0) += 1;
+        }
+    }
+
+    fn largest_free_span(&self) -> u64 {
+        self.arena_spans.last_key_value().map(|(k, _)| *k).unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DeviceSample {
+    total: u64,
+    free: u64,
+    ts: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct IncidentState {
+    view: OomIncident,
+    inputs: VerdictInputs,
+    slot: usize,
+    freed_mark: u64,
+    events_since: u32,
+}
+
+/// Errors of [`Model::restore`].
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("empty checkpoint")]
+    Empty,
+    #[error("checkpoint version {0} is not supported (this build reads {CHECKPOINT_VERSION})")]
+    Version(u8),
+    #[error("corrupt checkpoint: {0}")]
+    Corrupt(String),
+}
+
+/// Version byte that starts every checkpoint.
+pub const CHECKPOINT_VERSION: u8 = 1;
+
+/// The VRAM model. See the crate documentation for what each number means.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Model {
+    config: ModelConfig,
+    procs: Vec<Process>,
+    by_pid: FastMap<u32, usize>,
+    allocs: FastMap<(u32, u64), Alloc>,
+    handles: FastMap<(u32, u64), Handle>,
+    reservations: BTreeMap<(u32, u64), Reservation>,
+    pools: BTreeMap<PoolKey, Pool>,
+    segments: BTreeMap<(u32, u64), Segment>,
+    devices: BTreeMap<i16, DeviceSample>,
+    incidents: Vec<IncidentState>,
+    anomalies: Vec<u64>,
+    now: u64,
+    events: u64,
+}
+
+impl Model {
+    pub fn new(config: ModelConfig) -> Model {
+        Model {
+            config,
+            procs: Vec::new(),
+            by_pid: FastMap::default(),
+            allocs: FastMap::default(),
+            handles: FastMap::default(),
+            reservations: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            devices: BTreeMap::new(),
+            incidents: Vec::new(),
+            anomalies: vec![0; Anomaly::COUNT],
+            now: 0,
+            events: 0,
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Events applied so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Number of live allocations held in the address map (all processes).
+    pub fn live_allocation_count(&self) -> usize {
+        self.allocs.len()
+    }
+
+    fn anomaly(&mut self, slot: Option<usize>, a: Anomaly) {
+        self.anomalies[a as usize] += 1;
+        if let Some(s) = slot {
+            self.procs[s].anomalies += 1;
+        }
+    }
+
+    fn new_process(&mut self, pid: u32, start_time: u64) -> usize {
+        let slot = self.procs.len();
+        self.procs.push(Process::new(pid, start_time));
+        self.by_pid.insert(pid, slot);
+        slot
+    }
+
+    /// Applies one event. Never panics; nonsense is counted in `anomalies` and ignored.
+    pub fn apply(&mut self, ev: &Event) {
+        self.events += 1;
+        let Some(kind) = ev.kind() else {
+            self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownKind);
+            return;
+        };
+        let Some(api) = ev.api() else {
+            self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownApi);
+            return;
+        };
+        if kind == EventKind::ProcessStart {
+            self.process_start(ev.pid, ev.aux, ev.addr as u32, ev.ts_ns);
+            return;
+        }
+        let slot = match self.by_pid.get(&ev.pid) {
+            Some(&s) => s,
+            None => self.new_process(ev.pid, 0),
+        };
+        if !self.procs[slot].alive {
+            self.anomaly(Some(slot), Anomaly::EventAfterExit);
+            return;
+        }
+        // Time: per process monotonic; a step back is counted and the event applied at the
+        // process's latest time, so the state stays consistent.
+        let ts = {
+            let p = &mut self.procs[slot];
+            let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
+            let back = ev.ts_ns < p.last_ts;
+            p.last_ts = ts;
+            if back {
+                self.anomaly(Some(slot), Anomaly::TimeBackwards);
+            }
+            ts
+        };
+        if ts > self.now {
+            self.now = ts;
+        }
+        // Incident bookkeeping that precedes the event itself.
+        self.incident_pre(slot, ev, kind, ts);
+
+        if ev.failed() {
+            if kind != EventKind::MemInfo {
+                self.procs[slot].failed_calls += 1;
+                if ev.is_oom() {
+                    self.on_oom(slot, ev, api, ts);
+                }
+            }
+        } else {
+            match kind {
+                EventKind::Alloc => self.on_alloc(slot, ev, api, ts),
+                EventKind::Free => self.on_free(slot, ev),
+                EventKind::VmmCreate => self.on_create(slot, ev, api, ts),
+                EventKind::VmmRelease => self.on_release(slot, ev),
+                EventKind::VmmReserve => self.on_reserve(slot, ev),
+                EventKind::VmmAddressFree => self.on_address_free(slot, ev),
+                EventKind::VmmMap => self.on_map(slot, ev, ts),
+                EventKind::VmmUnmap => self.on_unmap(slot, ev),
+                EventKind::PoolCreate => self.on_pool_create(slot, ev),
+                EventKind::PoolDestroy => self.on_pool_destroy(slot, ev),
+                EventKind::PoolTrim => self.on_pool_trim(slot, ev),
+                EventKind::MemInfo => self.on_meminfo(slot, ev, ts),
+                EventKind::ProcessExit => {
+                    self.close_process(slot, ts);
+                    return;
+                }
+                EventKind::Dropped => {
+                    let p = &mut self.procs[slot];
+                    p.dropped_events = p.dropped_events.saturating_add(ev.size);
+                }
+                EventKind::ProcessStart => {}
+            }
+        }
+        self.incident_post(slot, ev);
+        let n = self.config.lead_up_events;
+        if n > 0 {
+            let p = &mut self.procs[slot];
+            if p.lead_up.len() >= n {
+                p.lead_up.pop_front();
+            }
+            p.lead_up.push_back(EventRecord::from(ev));
+        }
+    }
+
+    fn process_start(&mut self, pid: u32, start_time: u64, ppid: u32, ts: u64) {
+        if ts > self.now {
+            self.now = ts;
+        }
+        let slot = self.attach(pid, start_time, ts);
+        if let Some(s) = slot {
+            if ppid != 0 {
+                self.procs[s].ppid = ppid;
+            }
+        }
+    }
+
+    /// Finds or creates the process (pid, start_time); closes an older process of the same
+    /// pid (pid reuse). Returns None when it names a process that already exited.
+    fn attach(&mut self, pid: u32, start_time: u64, ts: u64) -> Option<usize> {
+        match self.by_pid.get(&pid).copied() {
+            Some(s) => {
+                let p = &mut self.procs[s];
+                if p.start_time == start_time || start_time == 0 {
+                    if !p.alive {
+                        self.anomaly(Some(s), Anomaly::EventAfterExit);
+                        return None;
+                    }
+                    Some(s)
+                } else if p.start_time == 0 && p.alive {
+                    p.start_time = start_time;
+                    Some(s)
+                } else {
+                    if p.alive {
+                        self.close_process(s, ts);
+                    }
+                    Some(self.new_process(pid, start_time))
+                }
+            }
+            None => Some(self.new_process(pid, start_time)),
+        }
+    }
+
+    /// Attaches what the reader knows about a process (command line, exe, parent).
+    pub fn process_info(&mut self, info: &ProcessInfo) {
+        let slot = self
+            .procs
+            .iter()
+            .rposition(|p| p.pid == info.pid && p.start_time == info.start_time && info.start_time != 0)
+            .or_else(|| self.attach(info.pid, info.start_time, self.now));
+        if let Some(s) = slot {
+            let p = &mut self.procs[s];
+            p.command = info.cmdline.join(" ");
+            p.exe = info.exe.clone();
+            if info.ppid != 0 {
+                p.ppid = info.ppid;
+            }
+        }
+    }
+
+    /// The process ended (from the agent's process watcher or the capture's end frame):
+    /// releases everything it held. Idempotent; a `start_time` of 0 matches the current
+    /// process of that pid.
+    pub fn process_exit(&mut self, pid: u32, start_time: u64, exit_status: Option<i32>, ts_ns: u64) {
+        let slot = self.procs.iter().rposition(|p| p.pid == pid && (start_time == 0 || p.start_time == start_time));
+        let slot = match slot {
+            Some(s) => s,
+            None => match self.by_pid.get(&pid).copied() {
+                Some(s) if self.procs[s].start_time == 0 && self.procs[s].alive => {
+                    self.procs[s].start_time = start_time;
+                    s
+                }
+                _ => return,
+            },
+        };
+        if ts_ns > self.now {
+            self.now = ts_ns;
+        }
+        if self.procs[slot].alive {
+            self.close_process(slot, ts_ns.max(self.procs[slot].last_ts));
+        }
+        if exit_status.is_some() {
+            self.procs[slot].exit_status = exit_status;
+        }
+    }
+
+    fn close_process(&mut self, slot: usize, ts: u64) {
+        let pid = self.procs[slot].pid;
+        self.allocs.retain(|k, _| k.0 != pid);
+        self.handles.retain(|k, _| k.0 != pid);
+        let range = (pid, 0)..=(pid, u64::MAX);
+        let keys: Vec<_> = self.reservations.range(range.clone()).map(|(k, _)| *k).collect();
+        for k in keys {
+            self.reservations.remove(&k);
+        }
+        let keys: Vec<_> = self.segments.range(range).map(|(k, _)| *k).collect();
+        for k in keys {
+            self.segments.remove(&k);
+        }
+        let keys: Vec<_> = self.pools.range((pid, false, 0)..=(pid, true, u64::MAX)).map(|(k, _)| *k).collect();
+        for k in keys {
+            self.pools.remove(&k);
+        }
+        let p = &mut self.procs[slot];
+        p.alive = false;
+        p.exit_ts = Some(ts);
+        p.by_class = [0; 8];
+        p.live_bytes = 0;
+        p.live_allocations = 0;
+        p.devices.clear();
+        p.arena_spans.clear();
+        p.free_in_arenas = 0;
+        p.open_incident = None;
+        p.awaiting_sample = None;
+    }
+
+    // ---- allocations -------------------------------------------------------------------
+
+    fn pool_key(pid: u32, device: i16, pool: u64) -> PoolKey {
+        if pool == 0 {
+            (pid, true, device as u16 as u64)
+        } else {
+            (pid, false, pool)
+        }
+    }
+
+    fn on_alloc(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        let Some(class) = api.mem_class().map(Class::from) else {
+            self.anomaly(Some(slot), Anomaly::AllocUnknownApi);
+            return;
+        };
+        if class == Class::Vmm || class == Class::Import {
+            // cuMemCreate / import reported as an alloc: treat as a handle creation.
+            self.on_create(slot, ev, api, ts);
+            return;
+        }
+        if ev.addr == 0 {
+            self.anomaly(Some(slot), Anomaly::AllocNull);
+            return;
+        }
+        let pid = ev.pid;
+        let pool = match api {
+            Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
+            _ => 0,
+        };
+        if let Some(old) = self.allocs.get(&(pid, ev.addr)).copied() {
+            self.anomaly(Some(slot), Anomaly::AllocOverLive);
+            self.remove_alloc(slot, pid, ev.addr, old);
+        }
+        let a = Alloc { size: ev.size, ts, pool, device: ev.device, class: class as u8 };
+        self.allocs.insert((pid, ev.addr), a);
+        let p = &mut self.procs[slot];
+        p.allocations += 1;
+        p.add_bytes(class, ev.device, ev.size, ts);
+        if class == Class::Pool {
+            let g = self.config.granularity;
+            let key = Self::pool_key(pid, ev.device, pool);
+            let before = self.pools.get(&key).map(|pl| pl.numbers(g));
+            let pl = self.pools.entry(key).or_insert(Pool {
+                device: ev.device,
+                live: 0,
+                count: 0,
+                hwm: 0,
+                destroyed: false,
+            });
+            pl.live = pl.live.saturating_add(ev.size);
+            pl.count += 1;
+            pl.hwm = pl.hwm.max(pl.live);
+            let after = pl.numbers(g);
+            self.procs[slot].arena_change(before, Some(after));
+        }
+    }
+
+    fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
+        self.allocs.remove(&(pid, addr));
+        let class = Class::from_index(a.class);
+        self.procs[slot].sub_bytes(class, a.device, a.size);
+        if class == Class::Pool {
+            let g = self.config.granularity;
+            let key = Self::pool_key(pid, a.device, a.pool);
+            if let Some(pl) = self.pools.get_mut(&key) {
+                let before = pl.numbers(g);
+                pl.live = pl.live.saturating_sub(a.size);
+                pl.count = pl.count.saturating_sub(1);
+                if pl.destroyed {
+                    pl.hwm = pl.live;
+                }
+                let remove = pl.destroyed && pl.count == 0;
+                let after = pl.numbers(g);
+                if remove {
+                    self.pools.remove(&key);
+                    self.procs[slot].arena_change(Some(before), None);
+                } else {
+                    self.procs[slot].arena_change(Some(before), Some(after));
+                }
+            }
+        }
+        if !self.segments.is_empty() {
+            if let Some(seg) = self.segments.remove(&(pid, addr)) {
+                self.procs[slot].arena_change(Some(seg.numbers()), None);
+            }
+        }
+    }
+
+    fn on_free(&mut self, slot: usize, ev: &Event) {
+        if ev.addr == 0 {
+            return; // cudaFree(NULL) is a no-op.
+        }
+        match self.allocs.get(&(ev.pid, ev.addr)).copied() {
+            Some(a) => self.remove_alloc(slot, ev.pid, ev.addr, a),
+            None => self.anomaly(Some(slot), Anomaly::FreeUnknown),
+        }
+    }
+
+    // ---- VMM ---------------------------------------------------------------------------
+
+    fn on_create(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        let class = if api == Api::cuMemImportFromShareableHandle { Class::Import } else { Class::Vmm };
+        let key = (ev.pid, ev.aux);
+        if self.handles.contains_key(&key) {
+            self.anomaly(Some(slot), Anomaly::VmmCreateDuplicate);
+            return;
+        }
+        self.handles
+            .insert(key, Handle { size: ev.size, ts, device: ev.device, class: class as u8, released: false, maps: 0 });
+        let p = &mut self.procs[slot];
+        p.allocations += 1;
+        p.add_bytes(class, ev.device, ev.size, ts);
+    }
+
+    fn drop_handle_if_done(&mut self, slot: usize, key: (u32, u64)) {
+        if let Some(h) = self.handles.get(&key) {
+            if h.released && h.maps == 0 {
+                let h = self.handles.remove(&key).expect("present");
+                self.procs[slot].sub_bytes(Class::from_index(h.class), h.device, h.size);
+            }
+        }
+    }
+
+    fn on_release(&mut self, slot: usize, ev: &Event) {
+        let key = (ev.pid, ev.aux);
+        match self.handles.get_mut(&key) {
+            None => self.anomaly(Some(slot), Anomaly::ReleaseUnknown),
+            Some(h) if h.released => self.anomaly(Some(slot), Anomaly::DoubleRelease),
+            Some(h) => {
+                h.released = true;
+                self.drop_handle_if_done(slot, key);
+            }
+        }
+    }
+
+    fn on_reserve(&mut self, slot: usize, ev: &Event) {
+        let pid = ev.pid;
+        if ev.size == 0 {
+            self.anomaly(Some(slot), Anomaly::ZeroSize);
+            return;
+        }
+        let Some(end) = ev.addr.checked_add(ev.size) else {
+            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+            return;
+        };
+        let prev_overlaps =
+            self.reservations.range((pid, 0)..=(pid, ev.addr)).next_back().is_some_and(|(k, r)| k.1 + r.size > ev.addr);
+        let next_overlaps = self.reservations.range((pid, ev.addr)..(pid, end)).next().is_some();
+        if prev_overlaps || next_overlaps {
+            self.anomaly(Some(slot), Anomaly::ReserveOverlap);
+            return;
+        }
+        let mut gaps = Gaps::default();
+        gaps.add(ev.size);
+        let r = Reservation { size: ev.size, device: ev.device, mappings: BTreeMap::new(), mapped: 0, gaps };
+        let n = r.numbers();
+        self.reservations.insert((pid, ev.addr), r);
+        self.procs[slot].arena_change(None, Some(n));
+    }
+
+    fn on_address_free(&mut self, slot: usize, ev: &Event) {
+        let key = (ev.pid, ev.addr);
+        match self.reservations.get(&key) {
+            None => self.anomaly(Some(slot), Anomaly::AddressFreeUnknown),
+            Some(r) if !r.mappings.is_empty() => self.anomaly(Some(slot), Anomaly::AddressFreeWhileMapped),
+            Some(_) => {
+                let r = self.reservations.remove(&key).expect("present");
+                self.procs[slot].arena_change(Some(r.numbers()), None);
+            }
+        }
+    }
+
+    /// The reservation of `pid` containing `addr`.
+    fn reservation_at(&self, pid: u32, addr: u64) -> Option<u64> {
+        self.reservations
+            .range((pid, 0)..=(pid, addr))
+            .next_back()
+            .filter(|(k, r)| addr - k.1 < r.size)
+            .map(|(k, _)| k.1)
+    }
+
+    fn on_map(&mut self, slot: usize, ev: &Event, ts: u64) {
+        let pid = ev.pid;
+        let (addr, size, hkey) = (ev.addr, ev.size, (ev.pid, ev.aux));
+        if size == 0 {
+            self.anomaly(Some(slot), Anomaly::ZeroSize);
+            return;
+        }
+        let Some(end) = addr.checked_add(size) else {
+            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+            return;
+        };
+        match self.handles.get(&hkey) {
+            None => {
+                self.anomaly(Some(slot), Anomaly::MapUnknownHandle);
+                return;
+            }
+            Some(h) if h.released => {
+                self.anomaly(Some(slot), Anomaly::MapReleasedHandle);
+                return;
+            }
+            Some(_) => {}
+        }
+        let Some(base) = self.reservation_at(pid, addr) else {
+            self.anomaly(Some(slot), Anomaly::MapOutsideReservation);
+            return;
+        };
+        let r = self.reservations.get_mut(&(pid, base)).expect("found");
+        if end > base + r.size {
+            self.anomaly(Some(slot), Anomaly::MapOutsideReservation);
+            return;
+        }
+        let prev = r.mappings.range(..=addr).next_back().is_some_and(|(a, m)| a + m.size > addr);
+        let next = r.mappings.range(addr..end).next().is_some();
+        if prev || next {
+            self.anomaly(Some(slot), Anomaly::MapOverlap);
+            return;
+        }
+        let before = r.numbers();
+        r.occupy_interval(base, addr, end);
+        r.mappings.insert(addr, Mapping { size, handle: ev.aux, offset: ev.stream, ts });
+        r.mapped += size;
+        let after = r.numbers();
+        self.procs[slot].arena_change(Some(before), Some(after));
+        if let Some(h) = self.handles.get_mut(&hkey) {
+            h.maps += 1;
+        }
+    }
+
+    fn on_unmap(&mut self, slot: usize, ev: &Event) {
+        let pid = ev.pid;
+        if ev.size == 0 {
+            self.anomaly(Some(slot), Anomaly::ZeroSize);
+            return;
+        }
+        let Some(base) = self.reservation_at(pid, ev.addr) else {
+            self.anomaly(Some(slot), Anomaly::UnmapNothing);
+            return;
+        };
+        let r = self.reservations.get_mut(&(pid, base)).expect("found");
+        let a = ev.addr;
+        let e = ev.addr.saturating_add(ev.size).min(base + r.size);
+        // Overlapping mappings: the one starting at or before `a` if it reaches past `a`,
+        // and every one starting inside (a, e).
+        let mut hit: Vec<u64> = Vec::new();
+        if let Some((ma, m)) = r.mappings.range(..=a).next_back() {
+            if ma + m.size > a {
+                hit.push(*ma);
+            }
+        }
+        if a < e {
+            hit.extend(r.mappings.range(a.saturating_add(1)..e).map(|(k, _)| *k));
+        }
+        if hit.is_empty() {
+            self.anomaly(Some(slot), Anomaly::UnmapNothing);
+            return;
+        }
+        let before = r.numbers();
+        let mut touched: Vec<(u64, i64)> = Vec::new();
+        for ms in hit {
+            let m = r.mappings.remove(&ms).expect("present");
+            let me = ms + m.size;
+            let fs = ms.max(a);
+            let fe = me.min(e).max(fs);
+            let mut delta: i64 = -1;
+            if ms < fs {
+                r.mappings.insert(ms, Mapping { size: fs - ms, ..m.clone() });
+                delta += 1;
+            }
+            if fe < me {
+                r.mappings.insert(fe, Mapping { size: me - fe, offset: m.offset + (fe - ms), ..m.clone() });
+                delta += 1;
+            }
+            r.mapped -= fe - fs;
+            if fe > fs {
+                r.free_interval(base, fs, fe);
+            }
+            touched.push((m.handle, delta));
+        }
+        let after = r.numbers();
+        self.procs[slot].arena_change(Some(before), Some(after));
+        for (h, delta) in touched {
+            let key = (pid, h);
+            if let Some(hd) = self.handles.get_mut(&key) {
+                hd.maps = (i64::from(hd.maps) + delta).max(0) as u32;
+            }
+            self.drop_handle_if_done(slot, key);
+        }
+    }
+
+    // ---- pools -------------------------------------------------------------------------
+
+    fn on_pool_create(&mut self, slot: usize, ev: &Event) {
+        let key = (ev.pid, false, ev.stream);
+        if ev.stream == 0 || self.pools.contains_key(&key) {
+            self.anomaly(Some(slot), Anomaly::PoolDuplicate);
+            return;
+        }
+        let pl = Pool { device: ev.device, live: 0, count: 0, hwm: 0, destroyed: false };
+        let n = pl.numbers(self.config.granularity);
+        self.pools.insert(key, pl);
+        self.procs[slot].arena_change(None, Some(n));
+    }
+
+    /// An explicit handle, or — for a handle never seen — the device's default pool (its
+    /// handle never appears in allocation events).
+    fn resolve_pool(&self, pid: u32, device: i16, handle: u64) -> Option<PoolKey> {
+        let k = (pid, false, handle);
+        if self.pools.contains_key(&k) {
+            return Some(k);
+        }
+        let d = Self::pool_key(pid, device, 0);
+        self.pools.contains_key(&d).then_some(d)
+    }
+
+    fn on_pool_destroy(&mut self, slot: usize, ev: &Event) {
+        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.stream) else {
+            self.anomaly(Some(slot), Anomaly::PoolUnknown);
+            return;
+        };
+        let g = self.config.granularity;
+        let pl = self.pools.get_mut(&key).expect("present");
+        let before = pl.numbers(g);
+        pl.destroyed = true;
+        pl.hwm = pl.live;
+        if pl.count == 0 {
+            self.pools.remove(&key);
+            self.procs[slot].arena_change(Some(before), None);
+        } else {
+            let after = pl.numbers(g);
+            self.procs[slot].arena_change(Some(before), Some(after));
+        }
+    }
+
+    fn on_pool_trim(&mut self, slot: usize, ev: &Event) {
+        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.stream) else {
+            self.anomaly(Some(slot), Anomaly::PoolUnknown);
+            return;
+        };
+        let g = self.config.granularity;
+        let pl = self.pools.get_mut(&key).expect("present");
+        let before = pl.numbers(g);
+        pl.hwm = pl.live.max(pl.hwm.min(ev.size));
+        let after = pl.numbers(g);
+        self.procs[slot].arena_change(Some(before), Some(after));
+    }
+
+    fn on_meminfo(&mut self, slot: usize, ev: &Event, ts: u64) {
+        self.devices.insert(ev.device, DeviceSample { total: ev.size, free: ev.addr, ts });
+        if let Some((idx, tid)) = self.procs[slot].awaiting_sample {
+            if tid == ev.tid && self.incidents[idx].view.device == ev.device {
+                self.procs[slot].awaiting_sample = None;
+                let inc = &mut self.incidents[idx];
+                inc.inputs.device_free = Some(ev.addr);
+                inc.inputs.device_total = Some(ev.size);
+                inc.view.device_free_bytes = Some(ev.addr);
+                inc.view.device_total_bytes = Some(ev.size);
+                inc.view.sample_ts_ns = Some(ts);
+                inc.view.sample_after_failure = true;
+                self.decide(idx);
+            }
+        }
+    }
+
+    // ---- incidents ---------------------------------------------------------------------
+
+    fn incident_pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        let p = &mut self.procs[slot];
+        if let Some((_, tid)) = p.awaiting_sample {
+            if tid == ev.tid && kind != EventKind::MemInfo {
+                p.awaiting_sample = None;
+            }
+        }
+        if let Some(idx) = p.open_incident {
+            let inc = &mut self.incidents[idx];
+            inc.events_since += 1;
+            if inc.events_since > self.config.incident_window_events
+                || ts.saturating_sub(inc.view.ts_ns) > self.config.incident_window_ns
+            {
+                p.open_incident = None;
+                return;
+            }
+            let is_retry = matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
+                && ev.size == inc.view.requested_bytes
+                && ev.api == Api::from_name(&inc.view.api).map(|a| a.code()).unwrap_or(u16::MAX);
+            if is_retry {
+                inc.view.retries += 1;
+                inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
+                if ev.failed() {
+                    inc.view.failures += 1;
+                    inc.view.outcome = Outcome::FailedAgain;
+                } else {
+                    inc.view.outcome = Outcome::Recovered;
+                    p.open_incident = None;
+                }
+            }
+        }
+    }
+
+    fn incident_post(&mut self, slot: usize, _ev: &Event) {
+        let p = &self.procs[slot];
+        if let Some(idx) = p.open_incident {
+            let inc = &mut self.incidents[idx];
+            if inc.view.retries == 0 {
+                inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
+            }
+        }
+    }
+
+    /// Idle bytes (pool reserve − live, framework cache) of process `pid` on `device`
+    /// (all devices when `device` is -1).
+    fn idle_of(&self, pid: u32, device: i16) -> u64 {
+        let g = self.config.granularity;
+        let pools: u64 = self
+            .pools
+            .range((pid, false, 0)..=(pid, true, u64::MAX))
+            .filter(|(_, p)| device < 0 || p.device == device)
+            .fold(0u64, |acc, (_, p)| acc.saturating_add(p.reserve(g) - p.live));
+        let segs: u64 = self
+            .segments
+            .range((pid, 0)..=(pid, u64::MAX))
+            .filter(|(_, s)| device < 0 || s.device == device)
+            .fold(0u64, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
+        pools.saturating_add(segs)
+    }
+
+    /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
+    fn arenas_of(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
+        let mut v: Vec<(u16, ArenaNumbers)> = self
+            .arenas()
+            .into_iter()
+            .filter(|a| a.pid == pid && (device < 0 || a.device == device))
+            .map(|a| {
+                let n = ArenaNumbers {
+                    kind: a.kind,
+                    base: a.base,
+                    free_in_arena: a.free_in_arena,
+                    largest_free_span: a.largest_free_span,
+                };
+                (a.device as u16, n)
+            })
+            .collect();
+        v.sort_by_key(|(d, a)| (a.kind, a.base, *d));
+        v.into_iter().map(|(_, a)| a).collect()
+    }
+
+    fn on_oom(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        self.procs[slot].oom_count += 1;
+        if self.procs[slot].open_incident.is_some() {
+            return; // a failed retry, already counted by incident_pre
+        }
+        let pid = ev.pid;
+        let own_idle = self.idle_of(pid, ev.device);
+        let other_idle: u64 = self
+            .procs
+            .iter()
+            .filter(|p| p.alive && p.pid != pid)
+            .map(|p| p.pid)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .fold(0u64, |acc, op| acc.saturating_add(self.idle_of(op, ev.device)));
+        let arenas = self.arenas_of(pid, ev.device);
+        let sample = self.devices.get(&ev.device).cloned();
+        let inputs = VerdictInputs {
+            requested: ev.size,
+            granularity: self.config.granularity,
+            device_free: sample.as_ref().map(|s| s.free),
+            device_total: sample.as_ref().map(|s| s.total),
+            own_idle,
+            other_idle,
+            arenas,
+        };
+        let p = &self.procs[slot];
+        let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
+        let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
+        let id = self.incidents.len() as u64 + 1;
+        let view = OomIncident {
+            id,
+            pid,
+            start_time: p.start_time,
+            command: p.command.clone(),
+            device: ev.device,
+            ts_ns: ts,
+            api: api.name().to_string(),
+            caller: ev.caller().map(Caller::name).unwrap_or("").to_string(),
+            requested_bytes: ev.size,
+            device_free_bytes: inputs.device_free,
+            device_total_bytes: inputs.device_total,
+            sample_ts_ns: sample.as_ref().map(|s| s.ts),
+            sample_after_failure: false,
+            verdict: Verdict::Unknown,
+            unknown_reason: None,
+            explanation: String::new(),
+            failures: 1,
+            retries: 0,
+            freed_bytes_between: 0,
+            outcome: Outcome::Open,
+            lead_up: p.lead_up.iter().copied().collect(),
+            own_idle_bytes: own_idle,
+            other_idle_bytes: other_idle,
+            arena_free_bytes,
+            arena_largest_free_span,
+        };
+        let idx = self.incidents.len();
+        self.incidents.push(IncidentState { view, inputs, slot, freed_mark: p.freed_total, events_since: 0 });
+        self.decide(idx);
+        let p = &mut self.procs[slot];
+        p.open_incident = Some(idx);
+        p.awaiting_sample = Some((idx, ev.tid));
+    }
+
+    fn decide(&mut self, idx: usize) {
+        let inc = &self.incidents[idx];
+        let (verdict, reason) = decide_verdict(&inc.inputs);
+        let cmd = &self.procs[inc.slot].command;
+        let text = explain(&ExplainCtx {
+            pid: inc.view.pid,
+            command: if cmd.is_empty() { &inc.view.command } else { cmd },
+            api: &inc.view.api,
+            device: inc.view.device,
+            ts_ns: inc.view.ts_ns,
+            sample_ts_ns: inc.view.sample_ts_ns,
+            sample_after_failure: inc.view.sample_after_failure,
+            inputs: &inc.inputs,
+            verdict,
+            unknown_reason: reason.as_deref(),
+        });
+        let inc = &mut self.incidents[idx];
+        inc.view.verdict = verdict;
+        inc.view.unknown_reason = reason;
+        inc.view.explanation = text;
+    }
+
+    // ---- framework segments ------------------------------------------------------------
+
+    /// Sets (replaces) the state of a framework segment — a region a framework sub-allocates
+    /// from, e.g. a PyTorch caching-allocator segment from a memory snapshot. `blocks` inside
+    /// `[base, base+size)`, non-overlapping; allocated blocks are occupied, everything else
+    /// (cached blocks and uncovered bytes) is free and counts as idle, reclaimable bytes.
+    /// A `size` of 0 removes the segment. The segment's own bytes are NOT added to live
+    /// bytes (the segment is itself a `cudaMalloc` already counted from events).
+    pub fn framework_segment(&mut self, pid: u32, device: i16, base: u64, size: u64, blocks: &[Block], ts_ns: u64) {
+        let slot = match self.by_pid.get(&pid) {
+            Some(&s) => s,
+            None => self.new_process(pid, 0),
+        };
+        if let Some(old) = self.segments.remove(&(pid, base)) {
+            self.procs[slot].arena_change(Some(old.numbers()), None);
+        }
+        if size == 0 || !self.procs[slot].alive {
+            return;
+        }
+        let Some(end) = base.checked_add(size) else {
+            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+            return;
+        };
+        let mut allocated: Vec<(u64, u64)> =
+            blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
+        allocated.sort_unstable();
+        let mut gaps = Gaps::default();
+        let mut cursor = base;
+        let mut occ = 0u64;
+        let mut count = 0u64;
+        let mut bad = false;
+        for (a, s) in allocated {
+            let e = a.saturating_add(s);
+            if a < cursor || e > end {
+                bad = true;
+                continue;
+            }
+            gaps.add(a - cursor);
+            occ += s;
+            count += 1;
+            cursor = e;
+        }
+        gaps.add(end - cursor);
+        if bad {
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+        }
+        let seg = Segment { size, device, ts: ts_ns, allocated: occ, blocks: count, gaps };
+        let n = seg.numbers();
+        self.segments.insert((pid, base), seg);
+        self.procs[slot].arena_change(None, Some(n));
+    }
+
+    // ---- queries -----------------------------------------------------------------------
+
+    /// The full state. O(live allocations + arenas).
+    pub fn snapshot(&self) -> ModelSnapshot {
+        let g = self.config.granularity;
+        let now = self.now;
+        // Histograms: one pass over live allocations and handles.
+        let mut sizes: FastMap<u32, Histogram> = FastMap::default();
+        let mut ages: FastMap<u32, Histogram> = FastMap::default();
+        let mut add = |pid: u32, size: u64, ts: u64| {
+            sizes.entry(pid).or_insert_with(|| Histogram::new(&self.config.size_buckets)).add(size);
+            ages.entry(pid).or_insert_with(|| Histogram::new(&self.config.age_buckets_ns)).add(now.saturating_sub(ts));
+        };
+        for (k, a) in &self.allocs {
+            add(k.0, a.size, a.ts);
+        }
+        for (k, h) in &self.handles {
+            add(k.0, h.size, h.ts);
+        }
+        let mut pool_idle: FastMap<u32, (u64, u64)> = FastMap::default();
+        let mut dev_pool_idle: BTreeMap<i16, u64> = BTreeMap::new();
+        for ((pid, _, _), p) in &self.pools {
+            let e = pool_idle.entry(*pid).or_default();
+            let r = p.reserve(g);
+            e.0 = e.0.saturating_add(r - p.live);
+            e.1 = e.1.saturating_add(r);
+            let d = dev_pool_idle.entry(p.device).or_default();
+            *d = d.saturating_add(r - p.live);
+        }
+        let mut seg_idle: FastMap<u32, u64> = FastMap::default();
+        for ((pid, _), s) in &self.segments {
+            let e = seg_idle.entry(*pid).or_default();
+            *e = e.saturating_add(s.size - s.allocated);
+        }
+        let mut processes = Vec::with_capacity(self.procs.len());
+        let mut dev_resident: BTreeMap<i16, u64> = BTreeMap::new();
+        for p in &self.procs {
+            let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
+            let (pi, pr) = if current { pool_idle.get(&p.pid).copied().unwrap_or((0, 0)) } else { (0, 0) };
+            let si = if current { seg_idle.get(&p.pid).copied().unwrap_or(0) } else { 0 };
+            let mut devices: Vec<DeviceBytes> = p
+                .devices
+                .iter()
+                .filter(|d| d.live > 0)
+                .map(|d| DeviceBytes { device: d.device, live_bytes: d.live })
+                .collect();
+            devices.sort_by_key(|d| d.device);
+            if p.alive {
+                for d in &p.devices {
+                    if d.resident > 0 {
+                        let e = dev_resident.entry(d.device).or_default();
+                        *e = e.saturating_add(d.resident);
+                    }
+                }
+            }
+            let largest = p.largest_free_span();
+            processes.push(ProcessView {
+                pid: p.pid,
+                start_time: p.start_time,
+                ppid: p.ppid,
+                command: p.command.clone(),
+                exe: p.exe.clone(),
+                alive: p.alive,
+                exit_status: p.exit_status,
+                exit_ts_ns: p.exit_ts,
+                incomplete: p.dropped_events > 0,
+                live_bytes: p.live_bytes,
+                live_by_class: ClassBytes::from_array(&p.by_class),
+                live_allocations: p.live_allocations,
+                peak_bytes: p.peak_bytes,
+                peak_ts_ns: p.peak_ts,
+                allocations: p.allocations,
+                frees: p.frees,
+                failed_calls: p.failed_calls,
+                oom_count: p.oom_count,
+                dropped_events: p.dropped_events,
+                anomalies: p.anomalies,
+                idle_bytes: pi.saturating_add(si),
+                pool_reserve_bytes: pr,
+                largest_free_span: largest,
+                free_in_arenas: p.free_in_arenas,
+                fragmentation: fragmentation(largest, p.free_in_arenas),
+                devices,
+                size_histogram: if current {
+                    sizes.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.size_buckets))
+                } else {
+                    Histogram::new(&self.config.size_buckets)
+                },
+                age_histogram: if current {
+                    ages.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.age_buckets_ns))
+                } else {
+                    Histogram::new(&self.config.age_buckets_ns)
+                },
+            });
+        }
+        let mut ordinals: Vec<i16> = self.devices.keys().copied().collect();
+        ordinals.extend(dev_resident.keys().copied());
+        ordinals.extend(dev_pool_idle.iter().filter(|(_, v)| **v > 0).map(|(k, _)| *k));
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        let devices = ordinals
+            .into_iter()
+            .map(|o| {
+                let s = self.devices.get(&o);
+                let pool_idle_bytes = dev_pool_idle.get(&o).copied().unwrap_or(0);
+                let traced = dev_resident.get(&o).copied().unwrap_or(0).saturating_add(pool_idle_bytes);
+                DeviceView {
+                    ordinal: o,
+                    total: s.map(|s| s.total),
+                    free: s.map(|s| s.free),
+                    sample_ts_ns: s.map(|s| s.ts),
+                    sample_stale: s.is_some_and(|s| now.saturating_sub(s.ts) > self.config.stale_sample_ns),
+                    traced_bytes: traced,
+                    pool_idle_bytes,
+                    untraced_bytes: s.map(|s| s.total.saturating_sub(s.free).saturating_sub(traced)),
+                }
+            })
+            .collect();
+        ModelSnapshot {
+            now_ns: now,
+            events: self.events,
+            devices,
+            processes,
+            arenas: self.arenas(),
+            incidents: self.incidents.iter().map(|i| i.view.clone()).collect(),
+            anomalies: self.anomaly_totals(),
+        }
+    }
+
+    pub fn anomaly_totals(&self) -> BTreeMap<String, u64> {
+        Anomaly::ALL
+            .iter()
+            .filter(|a| self.anomalies[**a as usize] > 0)
+            .map(|a| (a.name().to_string(), self.anomalies[*a as usize]))
+            .collect()
+    }
+
+    pub fn incidents(&self) -> Vec<OomIncident> {
+        self.incidents.iter().map(|i| i.view.clone()).collect()
+    }
+
+    fn start_of(&self, pid: u32) -> u64 {
+        self.by_pid.get(&pid).map(|s| self.procs[*s].start_time).unwrap_or(0)
+    }
+
+    /// Every arena, sorted by (pid, kind, base).
+    pub fn arenas(&self) -> Vec<ArenaView> {
+        let g = self.config.granularity;
+        let mut v = Vec::new();
+        for ((pid, base), r) in &self.reservations {
+            let (f, l) = r.numbers();
+            v.push(ArenaView {
+                pid: *pid,
+                start_time: self.start_of(*pid),
+                device: r.device,
+                kind: ArenaKind::VmmReservation,
+                base: *base,
+                size: r.size,
+                occupied: r.mapped,
+                free_in_arena: f,
+                largest_free_span: l,
+                fragmentation: fragmentation(l, f),
+                live_allocations: r.mappings.len() as u64,
+            });
+        }
+        for ((pid, default, h), p) in &self.pools {
+            let (f, l) = p.numbers(g);
+            v.push(ArenaView {
+                pid: *pid,
+                start_time: self.start_of(*pid),
+                device: p.device,
+                kind: ArenaKind::Pool,
+                base: if *default { 0 } else { *h },
+                size: p.reserve(g),
+                occupied: p.live,
+                free_in_arena: f,
+                largest_free_span: l,
+                fragmentation: 0.0,
+                live_allocations: p.count,
+            });
+        }
+        for ((pid, base), s) in &self.segments {
+            let (f, l) = s.numbers();
+            v.push(ArenaView {
+                pid: *pid,
+                start_time: self.start_of(*pid),
+                device: s.device,
+                kind: ArenaKind::FrameworkSegment,
+                base: *base,
+                size: s.size,
+                occupied: s.allocated,
+                free_in_arena: f,
+                largest_free_span: l,
+                fragmentation: fragmentation(l, f),
+                live_allocations: s.blocks,
+            });
+        }
+        v.sort_by_key(|a| (a.pid, a.kind, a.base, a.device));
+        v
+    }
+
+    /// The largest free span of one process over all its arenas: O(log arenas), no scan.
+    pub fn largest_free_span(&self, pid: u32) -> u64 {
+        self.by_pid.get(&pid).map(|s| self.procs[*s].largest_free_span()).unwrap_or(0)
+    }
+
+    /// The largest free span of one VMM reservation: O(log gaps), no scan.
+    pub fn reservation_largest_free_span(&self, pid: u32, base: u64) -> Option<u64> {
+        self.reservations.get(&(pid, base)).map(|r| r.gaps.largest())
+    }
+
+    /// All live allocations by address (of one process, or all), sorted by (addr, pid):
+    /// plain, pitch, managed, pool and IPC allocations, and VMM mappings (with their
+    /// reservation and handle). Arrays are left out (their "address" is a handle).
+    ///
+    /// Virtual gaps between plain allocations are NOT free VRAM: device pointers are virtual
+    /// addresses and the GPU pages physical memory, so a gap says nothing about what the next
+    /// `cudaMalloc` can get. Only gaps inside arenas (see [`Model::arenas`]) are free space.
+    pub fn layout(&self, pid: Option<u32>) -> Vec<LayoutEntry> {
+        let mut v = Vec::new();
+        for ((p, addr), a) in &self.allocs {
+            if pid.is_some_and(|x| x != *p) || a.class == Class::Array as u8 {
+                continue;
+            }
+            v.push(LayoutEntry {
+                addr: *addr,
+                size: a.size,
+                class: Class::from_index(a.class),
+                pid: *p,
+                device: a.device,
+                ts_ns: a.ts,
+                reservation: None,
+                handle: None,
+            });
+        }
+        for ((p, base), r) in &self.reservations {
+            if pid.is_some_and(|x| x != *p) {
+                continue;
+            }
+            for (addr, m) in &r.mappings {
+                let class = self.handles.get(&(*p, m.handle)).map(|h| Class::from_index(h.class)).unwrap_or(Class::Vmm);
+                v.push(LayoutEntry {
+                    addr: *addr,
+                    size: m.size,
+                    class,
+                    pid: *p,
+                    device: r.device,
+                    ts_ns: m.ts,
+                    reservation: Some(*base),
+                    handle: Some(m.handle),
+                });
+            }
+        }
+        v.sort_by_key(|e| (e.addr, e.pid));
+        v
+    }
+
+    /// The full state as bytes: a version byte, then postcard.
+    pub fn checkpoint(&self) -> Vec<u8> {
+        let out = vec![CHECKPOINT_VERSION];
+        match postcard::to_extend(self, out) {
+            Ok(v) => v,
+            Err(_) => vec![CHECKPOINT_VERSION],
+        }
+    }
+
+    pub fn restore(bytes: &[u8]) -> Result<Model, ModelError> {
+        let (&v, rest) = bytes.split_first().ok_or(ModelError::Empty)?;
+        if v != CHECKPOINT_VERSION {
+            return Err(ModelError::Version(v));
+        }
+        let m: Model = postcard::from_bytes(rest).map_err(|e| ModelError::Corrupt(e.to_string()))?;
+        if m.anomalies.len() != Anomaly::COUNT
+            || m.by_pid.values().any(|s| *s >= m.procs.len())
+            || m.incidents.iter().any(|i| i.slot >= m.procs.len())
+            || m.procs.iter().any(|p| {
+                p.open_incident.is_some_and(|i| i >= m.incidents.len())
+                    || p.awaiting_sample.is_some_and(|(i, _)| i >= m.incidents.len())
+            })
+        {
+            return Err(ModelError::Corrupt("inconsistent indices".into()));
+        }
+        Ok(m)
+    }
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model::new(ModelConfig::default())
+    }
+}

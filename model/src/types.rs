@@ -1,0 +1,568 @@
+//! Plain, serialisable types: configuration, views returned by queries, incidents.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use vramhook_protocol::{Event, MemClass};
+
+/// Model configuration. Part of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Physical page granularity used for the "granularity" verdict and to round pool
+    /// reserve estimates (default 2 MiB).
+    pub granularity: u64,
+    /// A retry more than this long after the first failure starts a new incident (default 2 s).
+    pub incident_window_ns: u64,
+    /// A retry more than this many events (of that process) after the first failure starts a
+    /// new incident (default 64).
+    pub incident_window_events: u32,
+    /// Events of the process kept before each failure for the post-mortem (default 16).
+    pub lead_up_events: usize,
+    /// A device sample older than this, relative to the latest event, is flagged stale (default 5 s).
+    pub stale_sample_ns: u64,
+    /// Upper bounds (inclusive) of the size histogram buckets; one more bucket holds the rest.
+    pub size_buckets: Vec<u64>,
+    /// Upper bounds (inclusive) of the age histogram buckets, in ns; one more bucket holds the rest.
+    pub age_buckets_ns: Vec<u64>,
+}
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        const S: u64 = 1_000_000_000;
+        ModelConfig {
+            granularity: 2 * MIB,
+            incident_window_ns: 2 * S,
+            incident_window_events: 64,
+            lead_up_events: 16,
+            stale_sample_ns: 5 * S,
+            size_buckets: vec![64 * KIB, MIB, 2 * MIB, 16 * MIB, 128 * MIB, GIB, 8 * GIB],
+            age_buckets_ns: vec![S / 1000, S / 10, S, 10 * S, 60 * S, 600 * S, 3600 * S],
+        }
+    }
+}
+
+/// Memory class, mirrored from the protocol's [`MemClass`] so that it serialises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Class {
+    Plain,
+    Pitch,
+    Managed,
+    Pool,
+    Vmm,
+    Array,
+    Ipc,
+    Import,
+}
+
+impl Class {
+    pub const ALL: [Class; 8] =
+        [Class::Plain, Class::Pitch, Class::Managed, Class::Pool, Class::Vmm, Class::Array, Class::Ipc, Class::Import];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn from_index(i: u8) -> Class {
+        Class::ALL[(i as usize) % 8]
+    }
+
+    /// Bytes this process owns (counted in `live_bytes`): everything but IPC-opened and
+    /// imported memory, which belongs to the exporting process.
+    pub fn owned(self) -> bool {
+        !matches!(self, Class::Ipc | Class::Import)
+    }
+
+    /// Bytes counted as resident on the device (`traced_bytes`): owned, and not managed
+    /// (managed memory migrates and may live in host memory).
+    pub fn resident(self) -> bool {
+        self.owned() && self != Class::Managed
+    }
+
+    pub fn name(self) -> &'static str {
+        MemClass::from(self).name()
+    }
+}
+
+impl From<MemClass> for Class {
+    fn from(c: MemClass) -> Class {
+        match c {
+            MemClass::Plain => Class::Plain,
+            MemClass::Pitch => Class::Pitch,
+            MemClass::Managed => Class::Managed,
+            MemClass::Pool => Class::Pool,
+            MemClass::Vmm => Class::Vmm,
+            MemClass::Array => Class::Array,
+            MemClass::Ipc => Class::Ipc,
+            MemClass::Import => Class::Import,
+        }
+    }
+}
+
+impl From<Class> for MemClass {
+    fn from(c: Class) -> MemClass {
+        MemClass::ALL[c.index()]
+    }
+}
+
+/// Live bytes by memory class.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassBytes {
+    pub plain: u64,
+    pub pitch: u64,
+    pub managed: u64,
+    /// Live stream-ordered pool allocations (not the pool's idle reserve).
+    pub pool: u64,
+    /// VMM physical handles (`cuMemCreate`) not yet both released and unmapped.
+    pub vmm: u64,
+    pub array: u64,
+    /// Ranges opened with `cuIpcOpenMemHandle` (another process's memory; not in `live_bytes`).
+    pub ipc: u64,
+    /// Handles imported with `cuMemImportFromShareableHandle` (not in `live_bytes`).
+    pub import: u64,
+}
+
+impl ClassBytes {
+    pub fn from_array(a: &[u64; 8]) -> ClassBytes {
+        ClassBytes {
+            plain: a[0],
+            pitch: a[1],
+            managed: a[2],
+            pool: a[3],
+            vmm: a[4],
+            array: a[5],
+            ipc: a[6],
+            import: a[7],
+        }
+    }
+}
+
+/// A copy of an event, serialisable (the protocol's `Event` is not).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub seq: u64,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: u8,
+    pub api: u16,
+    pub caller: u8,
+    pub result: u32,
+    pub device: i16,
+    pub addr: u64,
+    pub size: u64,
+    pub aux: u64,
+    pub stream: u64,
+}
+
+impl From<&Event> for EventRecord {
+    fn from(e: &Event) -> Self {
+        EventRecord {
+            seq: e.seq,
+            ts_ns: e.ts_ns,
+            pid: e.pid,
+            tid: e.tid,
+            kind: e.kind,
+            api: e.api,
+            caller: e.caller,
+            result: e.result,
+            device: e.device,
+            addr: e.addr,
+            size: e.size,
+            aux: e.aux,
+            stream: e.stream,
+        }
+    }
+}
+
+impl From<&EventRecord> for Event {
+    fn from(e: &EventRecord) -> Self {
+        Event {
+            seq: e.seq,
+            ts_ns: e.ts_ns,
+            pid: e.pid,
+            tid: e.tid,
+            kind: e.kind,
+            api: e.api,
+            caller: e.caller,
+            result: e.result,
+            device: e.device,
+            addr: e.addr,
+            size: e.size,
+            aux: e.aux,
+            stream: e.stream,
+        }
+    }
+}
+
+/// Counts per bucket. `counts.len() == bounds.len() + 1`; bucket `i` holds values `≤ bounds[i]`
+/// (and above `bounds[i-1]`); the last bucket holds values above every bound.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Histogram {
+    pub bounds: Vec<u64>,
+    pub counts: Vec<u64>,
+}
+
+impl Histogram {
+    pub fn new(bounds: &[u64]) -> Histogram {
+        Histogram { bounds: bounds.to_vec(), counts: vec![0; bounds.len() + 1] }
+    }
+
+    pub fn add(&mut self, value: u64) {
+        let i = self.bounds.partition_point(|b| *b < value);
+        self.counts[i] += 1;
+    }
+}
+
+/// One device as the driver reported it, plus what the traced processes hold on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceView {
+    /// Device ordinal; -1 collects bytes whose device was not known.
+    pub ordinal: i16,
+    /// Total bytes from the latest `cuMemGetInfo` sample; `None` before the first sample.
+    pub total: Option<u64>,
+    /// Free bytes from the latest sample.
+    pub free: Option<u64>,
+    pub sample_ts_ns: Option<u64>,
+    /// The sample is older than `stale_sample_ns` relative to the latest event seen.
+    pub sample_stale: bool,
+    /// Bytes held by live traced processes on this device: resident allocations (not managed,
+    /// not IPC/imported) plus the estimated idle reserve of their stream-ordered pools.
+    pub traced_bytes: u64,
+    /// Estimated idle (reclaimable) pool bytes included in `traced_bytes`.
+    pub pool_idle_bytes: u64,
+    /// `total − free − traced`, clamped at 0: processes we do not trace, driver contexts,
+    /// modules and library workspaces. `None` without a sample.
+    pub untraced_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceBytes {
+    pub device: i16,
+    /// Owned live bytes on this device (as in `ProcessView::live_bytes`).
+    pub live_bytes: u64,
+}
+
+/// One traced process (pid + start time).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessView {
+    pub pid: u32,
+    /// Process start time in clock ticks since boot; 0 while unknown.
+    pub start_time: u64,
+    pub ppid: u32,
+    /// Command line joined with spaces ("" until known).
+    pub command: String,
+    pub exe: String,
+    pub alive: bool,
+    pub exit_status: Option<i32>,
+    pub exit_ts_ns: Option<u64>,
+    /// Events were lost for this process: its numbers may be wrong.
+    pub incomplete: bool,
+    /// Bytes this process owns: every class except IPC-opened and imported memory.
+    pub live_bytes: u64,
+    pub live_by_class: ClassBytes,
+    /// Live allocations (allocations, pool allocations, arrays, IPC ranges, VMM handles).
+    pub live_allocations: u64,
+    pub peak_bytes: u64,
+    pub peak_ts_ns: u64,
+    /// Successful allocating calls (including `cuMemCreate`) since the process was first seen.
+    pub allocations: u64,
+    /// Successful releases (frees, and VMM handles whose bytes were returned).
+    pub frees: u64,
+    pub failed_calls: u64,
+    pub oom_count: u64,
+    pub dropped_events: u64,
+    pub anomalies: u64,
+    /// Estimated idle bytes this process could give back: pool reserve − live, plus
+    /// framework cache (segment bytes not in allocated blocks).
+    pub idle_bytes: u64,
+    /// Estimated reserve of its stream-ordered pools (live + idle).
+    pub pool_reserve_bytes: u64,
+    /// Largest free span over all its arenas.
+    pub largest_free_span: u64,
+    /// Free bytes inside its arenas (unmapped reservation space, pool idle, cached blocks).
+    pub free_in_arenas: u64,
+    /// `1 − largest_free_span / free_in_arenas`, 0 when nothing is free.
+    pub fragmentation: f64,
+    pub devices: Vec<DeviceBytes>,
+    pub size_histogram: Histogram,
+    /// Ages of live allocations at the snapshot time (latest event time).
+    pub age_histogram: Histogram,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ArenaKind {
+    /// A `cuMemAddressReserve` range; occupied = mapped ranges. Free = unmapped address space.
+    VmmReservation,
+    /// A stream-ordered pool. Size = estimated reserve, occupied = live allocations.
+    Pool,
+    /// A framework segment (PyTorch) with blocks, from a snapshot import.
+    FrameworkSegment,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArenaView {
+    pub pid: u32,
+    pub start_time: u64,
+    pub device: i16,
+    pub kind: ArenaKind,
+    /// Base address (reservation, segment); for a pool: its handle (0 = the device's default pool).
+    pub base: u64,
+    pub size: u64,
+    pub occupied: u64,
+    pub free_in_arena: u64,
+    pub largest_free_span: u64,
+    pub fragmentation: f64,
+    pub live_allocations: u64,
+}
+
+/// One live allocation, for address-layout pictures. Virtual gaps between plain allocations
+/// are NOT free VRAM: the GPU pages physical memory, so those gaps say nothing about what
+/// the next allocation can get.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutEntry {
+    pub addr: u64,
+    pub size: u64,
+    pub class: Class,
+    pub pid: u32,
+    pub device: i16,
+    pub ts_ns: u64,
+    /// VMM mappings: base of the reservation that holds them.
+    pub reservation: Option<u64>,
+    /// VMM mappings: the physical handle mapped there.
+    pub handle: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Verdict {
+    /// The device did not have the bytes, even counting every idle byte of traced processes.
+    Capacity,
+    /// This process held idle cached bytes (pool reserve, framework cache) that would have covered it.
+    Reclaimable,
+    /// Other traced processes held idle bytes that would have covered it.
+    OtherProcess,
+    /// An arena of this process had enough free bytes but no span large enough.
+    ArenaFragmentation,
+    /// The device had the requested bytes, but not once rounded up to the page granularity.
+    Granularity,
+    /// Not explained by the numbers known; see `unknown_reason`.
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// A retry of the same size succeeded.
+    Recovered,
+    /// A retry of the same size failed too.
+    FailedAgain,
+    /// No retry seen.
+    Open,
+}
+
+/// Free space of one arena at the moment of a failure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArenaNumbers {
+    pub kind: ArenaKind,
+    pub base: u64,
+    pub free_in_arena: u64,
+    pub largest_free_span: u64,
+}
+
+/// Everything a verdict is decided from (public so that another model can reuse the rule).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictInputs {
+    pub requested: u64,
+    pub granularity: u64,
+    pub device_free: Option<u64>,
+    pub device_total: Option<u64>,
+    /// This process's idle bytes on the device (pool reserve − live, framework cache).
+    pub own_idle: u64,
+    /// Other live traced processes' idle bytes on the device.
+    pub other_idle: u64,
+    /// This process's arenas on the device.
+    pub arenas: Vec<ArenaNumbers>,
+}
+
+/// One out-of-memory incident: a failure, possibly followed by frees and retries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomIncident {
+    pub id: u64,
+    pub pid: u32,
+    pub start_time: u64,
+    pub command: String,
+    pub device: i16,
+    /// Time of the first failure.
+    pub ts_ns: u64,
+    pub api: String,
+    pub caller: String,
+    pub requested_bytes: u64,
+    pub device_free_bytes: Option<u64>,
+    pub device_total_bytes: Option<u64>,
+    /// When the device sample used was taken.
+    pub sample_ts_ns: Option<u64>,
+    /// The sample is the one the interposer takes right after the failure.
+    pub sample_after_failure: bool,
+    pub verdict: Verdict,
+    pub unknown_reason: Option<String>,
+    pub explanation: String,
+    /// Failed calls in this incident (first failure plus failed retries).
+    pub failures: u64,
+    /// Retries of the same size seen.
+    pub retries: u64,
+    /// Bytes the process released between the first failure and the last retry.
+    pub freed_bytes_between: u64,
+    pub outcome: Outcome,
+    /// The last events of the process before the first failure, oldest first.
+    pub lead_up: Vec<EventRecord>,
+    pub own_idle_bytes: u64,
+    pub other_idle_bytes: u64,
+    /// Sum of free bytes in this process's arenas on the device, and the largest span among them.
+    pub arena_free_bytes: u64,
+    pub arena_largest_free_span: u64,
+}
+
+/// The full state, for an operator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSnapshot {
+    /// Latest event time seen (monotonic ns); ages are measured against it.
+    pub now_ns: u64,
+    pub events: u64,
+    pub devices: Vec<DeviceView>,
+    pub processes: Vec<ProcessView>,
+    pub arenas: Vec<ArenaView>,
+    pub incidents: Vec<OomIncident>,
+    /// Nonsense events, counted by reason and otherwise ignored.
+    pub anomalies: BTreeMap<String, u64>,
+}
+
+/// A block inside a framework segment (a PyTorch snapshot's block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Block {
+    pub addr: u64,
+    pub size: u64,
+    pub allocated: bool,
+}
+
+/// Reasons an event is counted as an anomaly and ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Anomaly {
+    UnknownKind,
+    UnknownApi,
+    AllocUnknownApi,
+    AllocNull,
+    AllocOverLive,
+    /// Free of an address not live (unknown, or already freed: a double free).
+    FreeUnknown,
+    VmmCreateDuplicate,
+    ReleaseUnknown,
+    DoubleRelease,
+    MapUnknownHandle,
+    MapReleasedHandle,
+    MapOutsideReservation,
+    MapOverlap,
+    UnmapNothing,
+    ReserveOverlap,
+    AddressFreeUnknown,
+    AddressFreeWhileMapped,
+    PoolDuplicate,
+    PoolUnknown,
+    TimeBackwards,
+    EventAfterExit,
+    AddressOverflow,
+    ZeroSize,
+    BadSegment,
+}
+
+impl Anomaly {
+    pub const COUNT: usize = 24;
+    pub const ALL: [Anomaly; Anomaly::COUNT] = [
+        Anomaly::UnknownKind,
+        Anomaly::UnknownApi,
+        Anomaly::AllocUnknownApi,
+        Anomaly::AllocNull,
+        Anomaly::AllocOverLive,
+        Anomaly::FreeUnknown,
+        Anomaly::VmmCreateDuplicate,
+        Anomaly::ReleaseUnknown,
+        Anomaly::DoubleRelease,
+        Anomaly::MapUnknownHandle,
+        Anomaly::MapReleasedHandle,
+        Anomaly::MapOutsideReservation,
+        Anomaly::MapOverlap,
+        Anomaly::UnmapNothing,
+        Anomaly::ReserveOverlap,
+        Anomaly::AddressFreeUnknown,
+        Anomaly::AddressFreeWhileMapped,
+        Anomaly::PoolDuplicate,
+        Anomaly::PoolUnknown,
+        Anomaly::TimeBackwards,
+        Anomaly::EventAfterExit,
+        Anomaly::AddressOverflow,
+        Anomaly::ZeroSize,
+        Anomaly::BadSegment,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Anomaly::UnknownKind => "unknown_kind",
+            Anomaly::UnknownApi => "unknown_api",
+            Anomaly::AllocUnknownApi => "alloc_unknown_api",
+            Anomaly::AllocNull => "alloc_null",
+            Anomaly::AllocOverLive => "alloc_over_live",
+            Anomaly::FreeUnknown => "free_unknown_address",
+            Anomaly::VmmCreateDuplicate => "vmm_create_duplicate",
+            Anomaly::ReleaseUnknown => "release_unknown_handle",
+            Anomaly::DoubleRelease => "double_release",
+            Anomaly::MapUnknownHandle => "map_unknown_handle",
+            Anomaly::MapReleasedHandle => "map_released_handle",
+            Anomaly::MapOutsideReservation => "map_outside_reservation",
+            Anomaly::MapOverlap => "map_overlap",
+            Anomaly::UnmapNothing => "unmap_of_nothing",
+            Anomaly::ReserveOverlap => "reserve_overlap",
+            Anomaly::AddressFreeUnknown => "address_free_unknown",
+            Anomaly::AddressFreeWhileMapped => "address_free_while_mapped",
+            Anomaly::PoolDuplicate => "pool_duplicate",
+            Anomaly::PoolUnknown => "pool_unknown",
+            Anomaly::TimeBackwards => "time_backwards",
+            Anomaly::EventAfterExit => "event_after_exit",
+            Anomaly::AddressOverflow => "address_overflow",
+            Anomaly::ZeroSize => "zero_size",
+            Anomaly::BadSegment => "bad_segment",
+        }
+    }
+}
+
+/// Human-readable bytes: "200.00 GiB", "20.00 MiB", "512 B".
+pub fn fmt_bytes(b: u64) -> String {
+    if b >= GIB {
+        format!("{:.2} GiB", b as f64 / GIB as f64)
+    } else if b >= MIB {
+        format!("{:.2} MiB", b as f64 / MIB as f64)
+    } else if b >= KIB {
+        format!("{:.2} KiB", b as f64 / KIB as f64)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// `1 − largest / free`, 0 when nothing is free.
+pub fn fragmentation(largest: u64, free: u64) -> f64 {
+    if free == 0 {
+        0.0
+    } else {
+        1.0 - (largest.min(free) as f64 / free as f64)
+    }
+}
+
+/// Round up to a multiple of `g` (saturating; `g == 0` leaves `v` as is).
+pub fn round_up(v: u64, g: u64) -> u64 {
+    if g == 0 {
+        return v;
+    }
+    match v % g {
+        0 => v,
+        r => v.saturating_add(g - r),
+    }
+}

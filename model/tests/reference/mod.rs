@@ -1,0 +1,1003 @@
+//! A brute-force reference model: flat vectors, every number recomputed by scanning at query
+//! time. Obviously correct, hopelessly slow. Shares only the verdict rule (`decide_verdict`)
+//! and the public view types with the real model.
+#![allow(dead_code, clippy::type_complexity)]
+
+use std::collections::BTreeMap;
+use vramhook_model::*;
+use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
+
+#[derive(Clone, Debug)]
+struct P {
+    pid: u32,
+    st: u64,
+    ppid: u32,
+    command: String,
+    exe: String,
+    alive: bool,
+    exit_status: Option<i32>,
+    exit_ts: Option<u64>,
+    peak: u64,
+    peak_ts: u64,
+    allocations: u64,
+    frees: u64,
+    failed: u64,
+    oom: u64,
+    dropped: u64,
+    anomalies: u64,
+    last_ts: u64,
+    lead_up: Vec<EventRecord>,
+    freed_total: u64,
+    open: Option<usize>,
+    awaiting: Option<(usize, u32)>,
+}
+
+#[derive(Clone, Debug)]
+struct A {
+    pid: u32,
+    addr: u64,
+    size: u64,
+    ts: u64,
+    pool: u64,
+    device: i16,
+    class: Class,
+}
+
+#[derive(Clone, Debug)]
+struct H {
+    pid: u32,
+    h: u64,
+    size: u64,
+    ts: u64,
+    device: i16,
+    class: Class,
+    released: bool,
+}
+
+#[derive(Clone, Debug)]
+struct R {
+    pid: u32,
+    base: u64,
+    size: u64,
+    device: i16,
+}
+
+#[derive(Clone, Debug)]
+struct M {
+    pid: u32,
+    addr: u64,
+    size: u64,
+    h: u64,
+    offset: u64,
+    ts: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Pl {
+    pid: u32,
+    default: bool,
+    id: u64,
+    device: i16,
+    hwm: u64,
+    destroyed: bool,
+}
+
+#[derive(Clone, Debug)]
+struct S {
+    pid: u32,
+    base: u64,
+    size: u64,
+    device: i16,
+    allocated: Vec<(u64, u64)>,
+}
+
+#[derive(Clone, Debug)]
+struct I {
+    view: OomIncident,
+    inputs: VerdictInputs,
+    freed_mark: u64,
+    events_since: u32,
+}
+
+pub struct Reference {
+    cfg: ModelConfig,
+    procs: Vec<P>,
+    allocs: Vec<A>,
+    handles: Vec<H>,
+    res: Vec<R>,
+    maps: Vec<M>,
+    pools: Vec<Pl>,
+    segs: Vec<S>,
+    samples: Vec<(i16, u64, u64, u64)>,
+    incidents: Vec<I>,
+    anomalies: BTreeMap<String, u64>,
+    now: u64,
+    events: u64,
+}
+
+fn newp(pid: u32, st: u64) -> P {
+    P {
+        pid,
+        st,
+        ppid: 0,
+        command: String::new(),
+        exe: String::new(),
+        alive: true,
+        exit_status: None,
+        exit_ts: None,
+        peak: 0,
+        peak_ts: 0,
+        allocations: 0,
+        frees: 0,
+        failed: 0,
+        oom: 0,
+        dropped: 0,
+        anomalies: 0,
+        last_ts: 0,
+        lead_up: vec![],
+        freed_total: 0,
+        open: None,
+        awaiting: None,
+    }
+}
+
+impl Reference {
+    pub fn new(cfg: ModelConfig) -> Reference {
+        Reference {
+            cfg,
+            procs: vec![],
+            allocs: vec![],
+            handles: vec![],
+            res: vec![],
+            maps: vec![],
+            pools: vec![],
+            segs: vec![],
+            samples: vec![],
+            incidents: vec![],
+            anomalies: BTreeMap::new(),
+            now: 0,
+            events: 0,
+        }
+    }
+
+    /// The current process of a pid: the last one created with that pid.
+    fn cur(&self, pid: u32) -> Option<usize> {
+        self.procs.iter().rposition(|p| p.pid == pid)
+    }
+
+    fn anom(&mut self, slot: Option<usize>, a: Anomaly) {
+        *self.anomalies.entry(a.name().to_string()).or_default() += 1;
+        if let Some(s) = slot {
+            self.procs[s].anomalies += 1;
+        }
+    }
+
+    fn newproc(&mut self, pid: u32, st: u64) -> usize {
+        self.procs.push(newp(pid, st));
+        self.procs.len() - 1
+    }
+
+    fn live_of(&self, pid: u32) -> u64 {
+        let a: u64 = self.allocs.iter().filter(|a| a.pid == pid && a.class.owned()).map(|a| a.size).sum();
+        let h: u64 = self.handles.iter().filter(|h| h.pid == pid && h.class.owned()).map(|h| h.size).sum();
+        a + h
+    }
+
+    fn pool_live(&self, p: &Pl) -> (u64, u64) {
+        let mut live = 0;
+        let mut n = 0;
+        for a in &self.allocs {
+            if a.pid == p.pid && a.class == Class::Pool {
+                let matches = if p.default { a.pool == 0 && a.device as u16 as u64 == p.id } else { a.pool == p.id };
+                if matches {
+                    live += a.size;
+                    n += 1;
+                }
+            }
+        }
+        (live, n)
+    }
+
+    fn pool_reserve(&self, p: &Pl) -> u64 {
+        round_up(p.hwm, self.cfg.granularity).max(self.pool_live(p).0)
+    }
+
+    fn res_gaps(&self, r: &R) -> Vec<u64> {
+        let mut ms: Vec<(u64, u64)> = self
+            .maps
+            .iter()
+            .filter(|m| m.pid == r.pid && m.addr >= r.base && m.addr < r.base + r.size)
+            .map(|m| (m.addr, m.size))
+            .collect();
+        ms.sort();
+        let mut gaps = vec![];
+        let mut c = r.base;
+        for (a, s) in ms {
+            if a > c {
+                gaps.push(a - c);
+            }
+            c = a + s;
+        }
+        if r.base + r.size > c {
+            gaps.push(r.base + r.size - c);
+        }
+        gaps
+    }
+
+    fn seg_gaps(s: &S) -> Vec<u64> {
+        let mut gaps = vec![];
+        let mut c = s.base;
+        for (a, sz) in &s.allocated {
+            if *a > c {
+                gaps.push(a - c);
+            }
+            c = a + sz;
+        }
+        if s.base + s.size > c {
+            gaps.push(s.base + s.size - c);
+        }
+        gaps
+    }
+
+    /// (kind, base, device, size, occupied, free, largest, count) for every arena of `pid`.
+    fn arenas_raw(&self, pid: Option<u32>) -> Vec<(u32, ArenaKind, u64, i16, u64, u64, u64, u64, u64)> {
+        let mut v = vec![];
+        for r in self.res.iter().filter(|r| pid.is_none_or(|p| p == r.pid)) {
+            let g = self.res_gaps(r);
+            let free: u64 = g.iter().sum();
+            let n = self.maps.iter().filter(|m| m.pid == r.pid && m.addr >= r.base && m.addr < r.base + r.size).count();
+            v.push((
+                r.pid,
+                ArenaKind::VmmReservation,
+                r.base,
+                r.device,
+                r.size,
+                r.size - free,
+                free,
+                g.iter().copied().max().unwrap_or(0),
+                n as u64,
+            ));
+        }
+        for p in self.pools.iter().filter(|p| pid.is_none_or(|x| x == p.pid)) {
+            let (live, n) = self.pool_live(p);
+            let res = self.pool_reserve(p);
+            let base = if p.default { 0 } else { p.id };
+            v.push((p.pid, ArenaKind::Pool, base, p.device, res, live, res - live, res - live, n));
+        }
+        for s in self.segs.iter().filter(|s| pid.is_none_or(|x| x == s.pid)) {
+            let g = Self::seg_gaps(s);
+            let free: u64 = g.iter().sum();
+            v.push((
+                s.pid,
+                ArenaKind::FrameworkSegment,
+                s.base,
+                s.device,
+                s.size,
+                s.size - free,
+                free,
+                g.iter().copied().max().unwrap_or(0),
+                s.allocated.len() as u64,
+            ));
+        }
+        v
+    }
+
+    fn idle_of(&self, pid: u32, device: i16) -> u64 {
+        self.arenas_raw(Some(pid))
+            .into_iter()
+            .filter(|a| a.1 != ArenaKind::VmmReservation && (device < 0 || a.3 == device))
+            .map(|a| a.6)
+            .sum()
+    }
+
+    pub fn apply(&mut self, ev: &Event) {
+        self.events += 1;
+        let Some(kind) = ev.kind() else {
+            self.anom(self.cur(ev.pid), Anomaly::UnknownKind);
+            return;
+        };
+        let Some(api) = ev.api() else {
+            self.anom(self.cur(ev.pid), Anomaly::UnknownApi);
+            return;
+        };
+        if kind == EventKind::ProcessStart {
+            self.now = self.now.max(ev.ts_ns);
+            if let Some(s) = self.attach(ev.pid, ev.aux, ev.ts_ns) {
+                if ev.addr as u32 != 0 {
+                    self.procs[s].ppid = ev.addr as u32;
+                }
+            }
+            return;
+        }
+        let slot = match self.cur(ev.pid) {
+            Some(s) => s,
+            None => self.newproc(ev.pid, 0),
+        };
+        if !self.procs[slot].alive {
+            self.anom(Some(slot), Anomaly::EventAfterExit);
+            return;
+        }
+        let back = ev.ts_ns < self.procs[slot].last_ts;
+        let ts = ev.ts_ns.max(self.procs[slot].last_ts);
+        self.procs[slot].last_ts = ts;
+        if back {
+            self.anom(Some(slot), Anomaly::TimeBackwards);
+        }
+        self.now = self.now.max(ts);
+        self.pre(slot, ev, kind, ts);
+        if ev.failed() {
+            if kind != EventKind::MemInfo {
+                self.procs[slot].failed += 1;
+                if ev.is_oom() {
+                    self.oom(slot, ev, api, ts);
+                }
+            }
+        } else {
+            match kind {
+                EventKind::Alloc => self.alloc(slot, ev, api, ts),
+                EventKind::Free => {
+                    if ev.addr != 0 {
+                        match self.allocs.iter().position(|a| a.pid == ev.pid && a.addr == ev.addr) {
+                            Some(i) => self.remove_alloc(slot, i),
+                            None => self.anom(Some(slot), Anomaly::FreeUnknown),
+                        }
+                    }
+                }
+                EventKind::VmmCreate => self.create(slot, ev, api, ts),
+                EventKind::VmmRelease => match self.handles.iter().position(|h| h.pid == ev.pid && h.h == ev.aux) {
+                    None => self.anom(Some(slot), Anomaly::ReleaseUnknown),
+                    Some(i) if self.handles[i].released => self.anom(Some(slot), Anomaly::DoubleRelease),
+                    Some(i) => {
+                        self.handles[i].released = true;
+                        self.gc_handles(slot);
+                    }
+                },
+                EventKind::VmmReserve => {
+                    if ev.size == 0 {
+                        self.anom(Some(slot), Anomaly::ZeroSize)
+                    } else if ev.addr.checked_add(ev.size).is_none() {
+                        self.anom(Some(slot), Anomaly::AddressOverflow)
+                    } else if self
+                        .res
+                        .iter()
+                        .any(|r| r.pid == ev.pid && r.base < ev.addr + ev.size && r.base + r.size > ev.addr)
+                    {
+                        self.anom(Some(slot), Anomaly::ReserveOverlap)
+                    } else {
+                        self.res.push(R { pid: ev.pid, base: ev.addr, size: ev.size, device: ev.device });
+                    }
+                }
+                EventKind::VmmAddressFree => match self.res.iter().position(|r| r.pid == ev.pid && r.base == ev.addr) {
+                    None => self.anom(Some(slot), Anomaly::AddressFreeUnknown),
+                    Some(i) => {
+                        let r = self.res[i].clone();
+                        if self.maps.iter().any(|m| m.pid == r.pid && m.addr >= r.base && m.addr < r.base + r.size) {
+                            self.anom(Some(slot), Anomaly::AddressFreeWhileMapped)
+                        } else {
+                            self.res.remove(i);
+                        }
+                    }
+                },
+                EventKind::VmmMap => self.map(slot, ev, ts),
+                EventKind::VmmUnmap => self.unmap(slot, ev),
+                EventKind::PoolCreate => {
+                    if ev.stream == 0 || self.pools.iter().any(|p| p.pid == ev.pid && !p.default && p.id == ev.stream) {
+                        self.anom(Some(slot), Anomaly::PoolDuplicate)
+                    } else {
+                        self.pools.push(Pl {
+                            pid: ev.pid,
+                            default: false,
+                            id: ev.stream,
+                            device: ev.device,
+                            hwm: 0,
+                            destroyed: false,
+                        })
+                    }
+                }
+                EventKind::PoolDestroy | EventKind::PoolTrim => match self.resolve_pool(ev) {
+                    None => self.anom(Some(slot), Anomaly::PoolUnknown),
+                    Some(i) => {
+                        let live = self.pool_live(&self.pools[i]).0;
+                        let p = &mut self.pools[i];
+                        if kind == EventKind::PoolDestroy {
+                            p.destroyed = true;
+                        } else {
+                            p.hwm = live.max(p.hwm.min(ev.size));
+                        }
+                    }
+                },
+                EventKind::MemInfo => {
+                    self.samples.retain(|s| s.0 != ev.device);
+                    self.samples.push((ev.device, ev.size, ev.addr, ts));
+                    if let Some((idx, tid)) = self.procs[slot].awaiting {
+                        if tid == ev.tid && self.incidents[idx].view.device == ev.device {
+                            self.procs[slot].awaiting = None;
+                            let inc = &mut self.incidents[idx];
+                            inc.inputs.device_free = Some(ev.addr);
+                            inc.inputs.device_total = Some(ev.size);
+                            inc.view.device_free_bytes = Some(ev.addr);
+                            inc.view.device_total_bytes = Some(ev.size);
+                            inc.view.sample_ts_ns = Some(ts);
+                            inc.view.sample_after_failure = true;
+                            let (v, r) = decide_verdict(&inc.inputs);
+                            inc.view.verdict = v;
+                            inc.view.unknown_reason = r;
+                        }
+                    }
+                }
+                EventKind::ProcessExit => {
+                    self.close(slot, ts);
+                    return;
+                }
+                EventKind::Dropped => self.procs[slot].dropped = self.procs[slot].dropped.saturating_add(ev.size),
+                EventKind::ProcessStart => {}
+            }
+        }
+        self.settle(slot, ts);
+        if let Some(idx) = self.procs[slot].open {
+            if self.incidents[idx].view.retries == 0 {
+                self.incidents[idx].view.freed_bytes_between =
+                    self.procs[slot].freed_total - self.incidents[idx].freed_mark;
+            }
+        }
+        let n = self.cfg.lead_up_events;
+        if n > 0 {
+            let l = &mut self.procs[slot].lead_up;
+            if l.len() >= n {
+                l.remove(0);
+            }
+            l.push(EventRecord::from(ev));
+        }
+    }
+
+    /// After every event: pool high-water marks, destroyed pools, peak.
+    fn settle(&mut self, slot: usize, ts: u64) {
+        for i in 0..self.pools.len() {
+            let (live, _) = self.pool_live(&self.pools[i]);
+            let p = &mut self.pools[i];
+            if p.destroyed {
+                p.hwm = live;
+            } else {
+                p.hwm = p.hwm.max(live);
+            }
+        }
+        let keep: Vec<bool> = self.pools.iter().map(|p| !(p.destroyed && self.pool_live(p).1 == 0)).collect();
+        let mut it = keep.into_iter();
+        self.pools.retain(|_| it.next().unwrap());
+        let live = self.live_of(self.procs[slot].pid);
+        let p = &mut self.procs[slot];
+        if live > p.peak {
+            p.peak = live;
+            p.peak_ts = ts;
+        }
+    }
+
+    fn resolve_pool(&self, ev: &Event) -> Option<usize> {
+        self.pools
+            .iter()
+            .position(|p| p.pid == ev.pid && !p.default && p.id == ev.stream)
+            .or_else(|| self.pools.iter().position(|p| p.pid == ev.pid && p.default && p.id == ev.device as u16 as u64))
+    }
+
+    fn attach(&mut self, pid: u32, st: u64, ts: u64) -> Option<usize> {
+        match self.cur(pid) {
+            None => Some(self.newproc(pid, st)),
+            Some(s) => {
+                let p = &self.procs[s];
+                if p.st == st || st == 0 {
+                    if !p.alive {
+                        self.anom(Some(s), Anomaly::EventAfterExit);
+                        return None;
+                    }
+                    Some(s)
+                } else if p.st == 0 && p.alive {
+                    self.procs[s].st = st;
+                    Some(s)
+                } else {
+                    if p.alive {
+                        self.close(s, ts);
+                    }
+                    Some(self.newproc(pid, st))
+                }
+            }
+        }
+    }
+
+    pub fn process_info(&mut self, info: &ProcessInfo) {
+        let slot = self
+            .procs
+            .iter()
+            .rposition(|p| p.pid == info.pid && p.st == info.start_time && info.start_time != 0)
+            .or_else(|| self.attach(info.pid, info.start_time, self.now));
+        if let Some(s) = slot {
+            let p = &mut self.procs[s];
+            p.command = info.cmdline.join(" ");
+            p.exe = info.exe.clone();
+            if info.ppid != 0 {
+                p.ppid = info.ppid;
+            }
+        }
+    }
+
+    pub fn process_exit(&mut self, pid: u32, st: u64, status: Option<i32>, ts: u64) {
+        let slot = match self.procs.iter().rposition(|p| p.pid == pid && (st == 0 || p.st == st)) {
+            Some(s) => s,
+            None => match self.cur(pid) {
+                Some(s) if self.procs[s].st == 0 && self.procs[s].alive => {
+                    self.procs[s].st = st;
+                    s
+                }
+                _ => return,
+            },
+        };
+        self.now = self.now.max(ts);
+        if self.procs[slot].alive {
+            let t = ts.max(self.procs[slot].last_ts);
+            self.close(slot, t);
+        }
+        if status.is_some() {
+            self.procs[slot].exit_status = status;
+        }
+    }
+
+    fn close(&mut self, slot: usize, ts: u64) {
+        let pid = self.procs[slot].pid;
+        self.allocs.retain(|a| a.pid != pid);
+        self.handles.retain(|a| a.pid != pid);
+        self.res.retain(|a| a.pid != pid);
+        self.maps.retain(|a| a.pid != pid);
+        self.pools.retain(|a| a.pid != pid);
+        self.segs.retain(|a| a.pid != pid);
+        let p = &mut self.procs[slot];
+        p.alive = false;
+        p.exit_ts = Some(ts);
+        p.open = None;
+        p.awaiting = None;
+    }
+
+    fn alloc(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        let Some(class) = api.mem_class().map(Class::from) else {
+            return self.anom(Some(slot), Anomaly::AllocUnknownApi);
+        };
+        if class == Class::Vmm || class == Class::Import {
+            return self.create(slot, ev, api, ts);
+        }
+        if ev.addr == 0 {
+            return self.anom(Some(slot), Anomaly::AllocNull);
+        }
+        if let Some(i) = self.allocs.iter().position(|a| a.pid == ev.pid && a.addr == ev.addr) {
+            self.anom(Some(slot), Anomaly::AllocOverLive);
+            self.remove_alloc(slot, i);
+        }
+        let pool = match api {
+            Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
+            _ => 0,
+        };
+        if class == Class::Pool {
+            let (default, id) = if pool == 0 { (true, ev.device as u16 as u64) } else { (false, pool) };
+            if !self.pools.iter().any(|p| p.pid == ev.pid && p.default == default && p.id == id) {
+                self.pools.push(Pl { pid: ev.pid, default, id, device: ev.device, hwm: 0, destroyed: false });
+            }
+        }
+        self.allocs.push(A { pid: ev.pid, addr: ev.addr, size: ev.size, ts, pool, device: ev.device, class });
+        self.procs[slot].allocations += 1;
+        // hwm for the pool is updated in settle(); a pool's hwm is a max over time, so a
+        // per-event update equals the model's per-alloc update.
+    }
+
+    fn remove_alloc(&mut self, slot: usize, i: usize) {
+        let a = self.allocs.remove(i);
+        self.procs[slot].frees += 1;
+        self.procs[slot].freed_total += a.size;
+        if a.class == Class::Pool {
+            // a destroyed pool's hwm follows live; emulate the model's per-free update
+            let (default, id) = if a.pool == 0 { (true, a.device as u16 as u64) } else { (false, a.pool) };
+            if let Some(pi) = self.pools.iter().position(|p| p.pid == a.pid && p.default == default && p.id == id) {
+                let (live, n) = self.pool_live(&self.pools[pi]);
+                if self.pools[pi].destroyed {
+                    self.pools[pi].hwm = live;
+                    if n == 0 {
+                        self.pools.remove(pi);
+                    }
+                }
+            }
+        }
+        if let Some(si) = self.segs.iter().position(|s| s.pid == a.pid && s.base == a.addr) {
+            self.segs.remove(si);
+        }
+    }
+
+    fn create(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        let class = if api == Api::cuMemImportFromShareableHandle { Class::Import } else { Class::Vmm };
+        if self.handles.iter().any(|h| h.pid == ev.pid && h.h == ev.aux) {
+            return self.anom(Some(slot), Anomaly::VmmCreateDuplicate);
+        }
+        self.handles.push(H { pid: ev.pid, h: ev.aux, size: ev.size, ts, device: ev.device, class, released: false });
+        self.procs[slot].allocations += 1;
+    }
+
+    fn gc_handles(&mut self, slot: usize) {
+        let mut i = 0;
+        while i < self.handles.len() {
+            let h = &self.handles[i];
+            if h.released && !self.maps.iter().any(|m| m.pid == h.pid && m.h == h.h) {
+                let h = self.handles.remove(i);
+                self.procs[slot].frees += 1;
+                self.procs[slot].freed_total += h.size;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn res_at(&self, pid: u32, addr: u64) -> Option<R> {
+        self.res.iter().find(|r| r.pid == pid && r.base <= addr && addr < r.base + r.size).cloned()
+    }
+
+    fn map(&mut self, slot: usize, ev: &Event, ts: u64) {
+        if ev.size == 0 {
+            return self.anom(Some(slot), Anomaly::ZeroSize);
+        }
+        let Some(end) = ev.addr.checked_add(ev.size) else {
+            return self.anom(Some(slot), Anomaly::AddressOverflow);
+        };
+        match self.handles.iter().find(|h| h.pid == ev.pid && h.h == ev.aux) {
+            None => return self.anom(Some(slot), Anomaly::MapUnknownHandle),
+            Some(h) if h.released => return self.anom(Some(slot), Anomaly::MapReleasedHandle),
+            _ => {}
+        }
+        let Some(r) = self.res_at(ev.pid, ev.addr) else {
+            return self.anom(Some(slot), Anomaly::MapOutsideReservation);
+        };
+        if end > r.base + r.size {
+            return self.anom(Some(slot), Anomaly::MapOutsideReservation);
+        }
+        if self.maps.iter().any(|m| m.pid == ev.pid && m.addr < end && m.addr + m.size > ev.addr) {
+            return self.anom(Some(slot), Anomaly::MapOverlap);
+        }
+        self.maps.push(M { pid: ev.pid, addr: ev.addr, size: ev.size, h: ev.aux, offset: ev.stream, ts });
+    }
+
+    fn unmap(&mut self, slot: usize, ev: &Event) {
+        if ev.size == 0 {
+            return self.anom(Some(slot), Anomaly::ZeroSize);
+        }
+        let Some(r) = self.res_at(ev.pid, ev.addr) else {
+            return self.anom(Some(slot), Anomaly::UnmapNothing);
+        };
+        let a = ev.addr;
+        let e = ev.addr.saturating_add(ev.size).min(r.base + r.size);
+        let hit: Vec<usize> = (0..self.maps.len())
+            .filter(|i| {
+                let m = &self.maps[*i];
+                m.pid == ev.pid && m.addr < e && m.addr + m.size > a
+            })
+            .collect();
+        if hit.is_empty() {
+            return self.anom(Some(slot), Anomaly::UnmapNothing);
+        }
+        let mut new = vec![];
+        for i in hit.iter().rev() {
+            let m = self.maps.remove(*i);
+            let me = m.addr + m.size;
+            if m.addr < a {
+                new.push(M { size: a - m.addr, ..m.clone() });
+            }
+            if e < me {
+                new.push(M { addr: e, size: me - e, offset: m.offset + (e - m.addr), ..m.clone() });
+            }
+        }
+        self.maps.extend(new);
+        self.gc_handles(slot);
+    }
+
+    pub fn framework_segment(&mut self, pid: u32, device: i16, base: u64, size: u64, blocks: &[Block], _ts: u64) {
+        let slot = match self.cur(pid) {
+            Some(s) => s,
+            None => self.newproc(pid, 0),
+        };
+        self.segs.retain(|s| !(s.pid == pid && s.base == base));
+        if size == 0 || !self.procs[slot].alive {
+            return;
+        }
+        let Some(end) = base.checked_add(size) else {
+            return self.anom(Some(slot), Anomaly::AddressOverflow);
+        };
+        let mut al: Vec<(u64, u64)> =
+            blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
+        al.sort();
+        let mut kept = vec![];
+        let mut c = base;
+        let mut bad = false;
+        for (a, s) in al {
+            let e = a.saturating_add(s);
+            if a < c || e > end {
+                bad = true;
+                continue;
+            }
+            kept.push((a, s));
+            c = e;
+        }
+        if bad {
+            self.anom(Some(slot), Anomaly::BadSegment);
+        }
+        self.segs.push(S { pid, base, size, device, allocated: kept });
+    }
+
+    // ---- incidents (same rules, brute-force inputs) ----
+
+    fn pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        if let Some((_, tid)) = self.procs[slot].awaiting {
+            if tid == ev.tid && kind != EventKind::MemInfo {
+                self.procs[slot].awaiting = None;
+            }
+        }
+        if let Some(idx) = self.procs[slot].open {
+            let freed = self.procs[slot].freed_total;
+            let inc = &mut self.incidents[idx];
+            inc.events_since += 1;
+            if inc.events_since > self.cfg.incident_window_events
+                || ts.saturating_sub(inc.view.ts_ns) > self.cfg.incident_window_ns
+            {
+                self.procs[slot].open = None;
+                return;
+            }
+            if matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
+                && ev.size == inc.view.requested_bytes
+                && Some(ev.api) == Api::from_name(&inc.view.api).map(|a| a.code())
+            {
+                inc.view.retries += 1;
+                inc.view.freed_bytes_between = freed - inc.freed_mark;
+                if ev.failed() {
+                    inc.view.failures += 1;
+                    inc.view.outcome = Outcome::FailedAgain;
+                } else {
+                    inc.view.outcome = Outcome::Recovered;
+                    self.procs[slot].open = None;
+                }
+            }
+        }
+    }
+
+    fn oom(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        self.procs[slot].oom += 1;
+        if self.procs[slot].open.is_some() {
+            return;
+        }
+        let pid = ev.pid;
+        let own = self.idle_of(pid, ev.device);
+        let others: Vec<u32> = self.procs.iter().filter(|p| p.alive && p.pid != pid).map(|p| p.pid).collect();
+        let other: u64 = others.iter().map(|p| self.idle_of(*p, ev.device)).sum();
+        let mut raw: Vec<_> =
+            self.arenas_raw(Some(pid)).into_iter().filter(|a| ev.device < 0 || a.3 == ev.device).collect();
+        raw.sort_by_key(|a| (a.1, a.2, a.3 as u16));
+        let arenas: Vec<ArenaNumbers> = raw
+            .into_iter()
+            .map(|a| ArenaNumbers { kind: a.1, base: a.2, free_in_arena: a.6, largest_free_span: a.7 })
+            .collect();
+        let sample = self.samples.iter().find(|s| s.0 == ev.device).copied();
+        let inputs = VerdictInputs {
+            requested: ev.size,
+            granularity: self.cfg.granularity,
+            device_free: sample.map(|s| s.2),
+            device_total: sample.map(|s| s.1),
+            own_idle: own,
+            other_idle: other,
+            arenas,
+        };
+        let (verdict, reason) = decide_verdict(&inputs);
+        let p = &self.procs[slot];
+        let view = OomIncident {
+            id: self.incidents.len() as u64 + 1,
+            pid,
+            start_time: p.st,
+            command: p.command.clone(),
+            device: ev.device,
+            ts_ns: ts,
+            api: api.name().into(),
+            caller: ev.caller().map(Caller::name).unwrap_or("").into(),
+            requested_bytes: ev.size,
+            device_free_bytes: inputs.device_free,
+            device_total_bytes: inputs.device_total,
+            sample_ts_ns: sample.map(|s| s.3),
+            sample_after_failure: false,
+            verdict,
+            unknown_reason: reason,
+            explanation: String::new(),
+            failures: 1,
+            retries: 0,
+            freed_bytes_between: 0,
+            outcome: Outcome::Open,
+            lead_up: p.lead_up.clone(),
+            own_idle_bytes: own,
+            other_idle_bytes: other,
+            arena_free_bytes: inputs.arenas.iter().map(|a| a.free_in_arena).sum(),
+            arena_largest_free_span: inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0),
+        };
+        self.incidents.push(I { view, inputs, freed_mark: p.freed_total, events_since: 0 });
+        let idx = self.incidents.len() - 1;
+        self.procs[slot].open = Some(idx);
+        self.procs[slot].awaiting = Some((idx, ev.tid));
+    }
+
+    // ---- queries ----
+
+    pub fn snapshot(&self) -> ModelSnapshot {
+        let g = self.cfg.granularity;
+        let cur_of = |pid: u32| self.cur(pid);
+        let mut processes = vec![];
+        for (i, p) in self.procs.iter().enumerate() {
+            let current = p.alive && cur_of(p.pid) == Some(i);
+            let mine_a: Vec<&A> =
+                if p.alive { self.allocs.iter().filter(|a| a.pid == p.pid).collect() } else { vec![] };
+            let mine_h: Vec<&H> =
+                if p.alive { self.handles.iter().filter(|h| h.pid == p.pid).collect() } else { vec![] };
+            let mut by = [0u64; 8];
+            for a in &mine_a {
+                by[a.class.index()] += a.size;
+            }
+            for h in &mine_h {
+                by[h.class.index()] += h.size;
+            }
+            let live: u64 = Class::ALL.iter().filter(|c| c.owned()).map(|c| by[c.index()]).sum();
+            let mut devs: BTreeMap<i16, u64> = BTreeMap::new();
+            for a in mine_a.iter().filter(|a| a.class.owned()) {
+                *devs.entry(a.device).or_default() += a.size;
+            }
+            for h in mine_h.iter().filter(|h| h.class.owned()) {
+                *devs.entry(h.device).or_default() += h.size;
+            }
+            let arenas = if p.alive { self.arenas_raw(Some(p.pid)) } else { vec![] };
+            let free: u64 = arenas.iter().map(|a| a.6).sum();
+            let largest = arenas.iter().map(|a| a.7).max().unwrap_or(0);
+            let pool_res: u64 =
+                self.pools.iter().filter(|x| current && x.pid == p.pid).map(|x| self.pool_reserve(x)).sum();
+            let idle: u64 = if current { self.idle_of(p.pid, -1) } else { 0 };
+            let mut sh = Histogram::new(&self.cfg.size_buckets);
+            let mut ah = Histogram::new(&self.cfg.age_buckets_ns);
+            if current {
+                for (s, t) in mine_a.iter().map(|a| (a.size, a.ts)).chain(mine_h.iter().map(|h| (h.size, h.ts))) {
+                    sh.add(s);
+                    ah.add(self.now.saturating_sub(t));
+                }
+            }
+            processes.push(ProcessView {
+                pid: p.pid,
+                start_time: p.st,
+                ppid: p.ppid,
+                command: p.command.clone(),
+                exe: p.exe.clone(),
+                alive: p.alive,
+                exit_status: p.exit_status,
+                exit_ts_ns: p.exit_ts,
+                incomplete: p.dropped > 0,
+                live_bytes: live,
+                live_by_class: ClassBytes::from_array(&by),
+                live_allocations: (mine_a.len() + mine_h.len()) as u64,
+                peak_bytes: p.peak,
+                peak_ts_ns: p.peak_ts,
+                allocations: p.allocations,
+                frees: p.frees,
+                failed_calls: p.failed,
+                oom_count: p.oom,
+                dropped_events: p.dropped,
+                anomalies: p.anomalies,
+                idle_bytes: idle,
+                pool_reserve_bytes: pool_res,
+                largest_free_span: largest,
+                free_in_arenas: free,
+                fragmentation: fragmentation(largest, free),
+                devices: devs
+                    .into_iter()
+                    .filter(|d| d.1 > 0)
+                    .map(|(device, live_bytes)| DeviceBytes { device, live_bytes })
+                    .collect(),
+                size_histogram: sh,
+                age_histogram: ah,
+            });
+        }
+        // devices
+        let mut resident: BTreeMap<i16, u64> = BTreeMap::new();
+        for a in self.allocs.iter().filter(|a| a.class.resident()) {
+            *resident.entry(a.device).or_default() += a.size;
+        }
+        for h in self.handles.iter().filter(|h| h.class.resident()) {
+            *resident.entry(h.device).or_default() += h.size;
+        }
+        let mut pidle: BTreeMap<i16, u64> = BTreeMap::new();
+        for p in &self.pools {
+            *pidle.entry(p.device).or_default() += self.pool_reserve(p) - self.pool_live(p).0;
+        }
+        let mut ords: Vec<i16> = self.samples.iter().map(|s| s.0).collect();
+        ords.extend(resident.iter().filter(|x| *x.1 > 0).map(|x| *x.0));
+        ords.extend(pidle.iter().filter(|x| *x.1 > 0).map(|x| *x.0));
+        ords.sort();
+        ords.dedup();
+        let devices = ords
+            .into_iter()
+            .map(|o| {
+                let s = self.samples.iter().find(|s| s.0 == o);
+                let pi = pidle.get(&o).copied().unwrap_or(0);
+                let traced = resident.get(&o).copied().unwrap_or(0) + pi;
+                DeviceView {
+                    ordinal: o,
+                    total: s.map(|s| s.1),
+                    free: s.map(|s| s.2),
+                    sample_ts_ns: s.map(|s| s.3),
+                    sample_stale: s.is_some_and(|s| self.now.saturating_sub(s.3) > self.cfg.stale_sample_ns),
+                    traced_bytes: traced,
+                    pool_idle_bytes: pi,
+                    untraced_bytes: s.map(|s| s.1.saturating_sub(s.2).saturating_sub(traced)),
+                }
+            })
+            .collect();
+        let mut arenas: Vec<ArenaView> = self
+            .arenas_raw(None)
+            .into_iter()
+            .map(|a| ArenaView {
+                pid: a.0,
+                start_time: self.cur(a.0).map(|s| self.procs[s].st).unwrap_or(0),
+                device: a.3,
+                kind: a.1,
+                base: a.2,
+                size: a.4,
+                occupied: a.5,
+                free_in_arena: a.6,
+                largest_free_span: a.7,
+                fragmentation: if a.1 == ArenaKind::Pool { 0.0 } else { fragmentation(a.7, a.6) },
+                live_allocations: a.8,
+            })
+            .collect();
+        arenas.sort_by_key(|a| (a.pid, a.kind, a.base, a.device));
+        let _ = g;
+        ModelSnapshot {
+            now_ns: self.now,
+            events: self.events,
+            devices,
+            processes,
+            arenas,
+            incidents: self.incidents.iter().map(|i| i.view.clone()).collect(),
+            anomalies: self.anomalies.clone(),
+        }
+    }
+
+    pub fn layout(&self, pid: Option<u32>) -> Vec<LayoutEntry> {
+        let mut v: Vec<LayoutEntry> = self
+            .allocs
+            .iter()
+            .filter(|a| pid.is_none_or(|p| p == a.pid) && a.class != Class::Array)
+            .map(|a| LayoutEntry {
+                addr: a.addr,
+                size: a.size,
+                class: a.class,
+                pid: a.pid,
+                device: a.device,
+                ts_ns: a.ts,
+                reservation: None,
+                handle: None,
+            })
+            .collect();
+        for m in self.maps.iter().filter(|m| pid.is_none_or(|p| p == m.pid)) {
+            let r = self.res_at(m.pid, m.addr).expect("mapping inside a reservation");
+            let class =
+                self.handles.iter().find(|h| h.pid == m.pid && h.h == m.h).map(|h| h.class).unwrap_or(Class::Vmm);
+            v.push(LayoutEntry {
+                addr: m.addr,
+                size: m.size,
+                class,
+                pid: m.pid,
+                device: r.device,
+                ts_ns: m.ts,
+                reservation: Some(r.base),
+                handle: Some(m.h),
+            });
+        }
+        v.sort_by_key(|e| (e.addr, e.pid));
+        v
+    }
+
+    /// Brute-force largest span of one process: scan every gap of every arena.
+    pub fn largest_free_span(&self, pid: u32) -> u64 {
+        self.arenas_raw(Some(pid)).iter().map(|a| a.7).max().unwrap_or(0)
+    }
+}
