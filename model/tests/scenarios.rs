@@ -1,0 +1,518 @@
+//! Hand-built event streams in the patterns of real stacks, one per verdict and per
+//! memory mechanism.
+
+use vramhook_model::*;
+use vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY;
+use vramhook_protocol::{Api, Event, EventKind, ProcessInfo};
+
+const TOTAL: u64 = 150_110_011_392; // 139.80 GiB
+
+/// Builds one process's stream with a running clock and sequence.
+struct Proc {
+    pid: u32,
+    seq: u64,
+    ts: u64,
+    out: Vec<Event>,
+}
+
+impl Proc {
+    fn new(pid: u32, start_ts: u64) -> Proc {
+        let mut p = Proc { pid, seq: 0, ts: start_ts, out: vec![] };
+        p.push(EventKind::ProcessStart, Api::Interposer, 0, 1, 1000 + pid as u64, 0, 0);
+        p
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        kind: EventKind,
+        api: Api,
+        result: u32,
+        addr: u64,
+        aux: u64,
+        size: u64,
+        stream: u64,
+    ) -> &mut Self {
+        self.ts += 1_000_000; // 1 ms
+        self.out.push(Event {
+            seq: self.seq,
+            ts_ns: self.ts,
+            pid: self.pid,
+            tid: self.pid,
+            kind: kind.code(),
+            api: api.code(),
+            caller: 0,
+            result,
+            device: 0,
+            addr,
+            size,
+            aux,
+            stream,
+        });
+        self.seq += 1;
+        self
+    }
+    fn alloc(&mut self, api: Api, addr: u64, size: u64) -> &mut Self {
+        self.push(EventKind::Alloc, api, 0, addr, 0, size, 0)
+    }
+    fn oom(&mut self, api: Api, size: u64) -> &mut Self {
+        self.push(EventKind::Alloc, api, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
+    }
+    fn free(&mut self, api: Api, addr: u64) -> &mut Self {
+        self.push(EventKind::Free, api, 0, addr, 0, 0, 0)
+    }
+    fn meminfo(&mut self, free: u64) -> &mut Self {
+        self.push(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, free, 0, TOTAL, 0)
+    }
+    fn reserve(&mut self, base: u64, size: u64) -> &mut Self {
+        self.push(EventKind::VmmReserve, Api::cuMemAddressReserve, 0, base, 0, size, 0)
+    }
+    fn create(&mut self, handle: u64, size: u64) -> &mut Self {
+        self.push(EventKind::VmmCreate, Api::cuMemCreate, 0, 0, handle, size, 0)
+    }
+    fn create_oom(&mut self, size: u64) -> &mut Self {
+        self.push(EventKind::VmmCreate, Api::cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
+    }
+    fn map(&mut self, addr: u64, size: u64, handle: u64) -> &mut Self {
+        self.push(EventKind::VmmMap, Api::cuMemMap, 0, addr, handle, size, 0)
+    }
+    fn unmap(&mut self, addr: u64, size: u64) -> &mut Self {
+        self.push(EventKind::VmmUnmap, Api::cuMemUnmap, 0, addr, 0, size, 0)
+    }
+    fn release(&mut self, handle: u64) -> &mut Self {
+        self.push(EventKind::VmmRelease, Api::cuMemRelease, 0, 0, handle, 0, 0)
+    }
+    fn trim(&mut self, pool: u64, keep: u64) -> &mut Self {
+        self.push(EventKind::PoolTrim, Api::cuMemPoolTrimTo, 0, 0, 0, keep, pool)
+    }
+}
+
+fn run(streams: &[&Proc]) -> Model {
+    let mut all: Vec<Event> = streams.iter().flat_map(|p| p.out.iter().copied()).collect();
+    all.sort_by_key(|e| e.ts_ns);
+    let mut m = Model::default();
+    for (i, p) in streams.iter().enumerate() {
+        m.process_info(&ProcessInfo {
+            pid: p.pid,
+            ppid: 1,
+            uid: 0,
+            start_time: 1000 + p.pid as u64,
+            run_id: 0,
+            exe: "/usr/bin/python3".into(),
+            cmdline: vec!["python3".into(), format!("train{i}.py")],
+        });
+    }
+    for e in &all {
+        m.apply(e);
+    }
+    m
+}
+
+fn proc_view(m: &Model, pid: u32) -> ProcessView {
+    m.snapshot().processes.into_iter().rev().find(|p| p.pid == pid).expect("process")
+}
+
+/// PyTorch default allocator: 200 GiB fails, cached segments freed, retry fails again:
+/// one incident, capacity, FailedAgain, with the numbers in the explanation.
+#[test]
+fn pytorch_retry_is_one_capacity_incident() {
+    let mut p = Proc::new(4242, 0);
+    let mut cached = 0;
+    for i in 0..20u64 {
+        let size = (7 + i * 7) << 20;
+        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), size);
+        cached += if i % 2 == 0 { size } else { 0 };
+    }
+    p.meminfo(TOTAL - (2 << 30));
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612); // 138.53 GiB
+    for i in (0..20u64).step_by(2) {
+        p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
+    }
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612 + cached);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    assert_eq!(s.incidents.len(), 1, "{:#?}", s.incidents);
+    let inc = &s.incidents[0];
+    assert_eq!(inc.verdict, Verdict::Capacity);
+    assert_eq!(inc.failures, 2);
+    assert_eq!(inc.retries, 1);
+    assert_eq!(inc.outcome, Outcome::FailedAgain);
+    assert_eq!(inc.freed_bytes_between, cached);
+    assert_eq!(inc.device_free_bytes, Some(148_746_798_612));
+    assert!(inc.sample_after_failure);
+    assert_eq!(inc.lead_up.len(), 16);
+    assert!(inc.explanation.contains("process 4242 (python3 train0.py) asked for 200.00 GiB"), "{}", inc.explanation);
+    assert!(inc.explanation.contains("138.53 GiB free of 139.80 GiB"), "{}", inc.explanation);
+    let pv = proc_view(&m, 4242);
+    assert_eq!(pv.oom_count, 2);
+    assert_eq!(pv.failed_calls, 2);
+    assert_eq!(pv.live_allocations, 10);
+    assert_eq!(pv.frees, 10);
+}
+
+/// Expandable segments: 20 MiB pages created and mapped until the device is full; the next
+/// page fails; pages are unmapped and released; the retry succeeds: Recovered.
+#[test]
+fn expandable_segments_recover() {
+    const PAGE: u64 = 20 << 20;
+    let base = 0x7e00_0000_0000;
+    let mut p = Proc::new(7, 0);
+    p.reserve(base, 1 << 40);
+    for i in 0..50u64 {
+        p.create(100 + i, PAGE).map(base + i * PAGE, PAGE, 100 + i);
+    }
+    p.create_oom(PAGE).meminfo(10 << 20);
+    for i in 40..50u64 {
+        p.unmap(base + i * PAGE, PAGE).release(100 + i);
+    }
+    p.create(500, PAGE);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    assert_eq!(s.incidents.len(), 1);
+    let inc = &s.incidents[0];
+    assert_eq!(inc.verdict, Verdict::Capacity, "{}", inc.explanation);
+    assert_eq!(inc.outcome, Outcome::Recovered);
+    assert_eq!(inc.freed_bytes_between, 10 * PAGE);
+    let pv = proc_view(&m, 7);
+    assert_eq!(pv.live_by_class.vmm, 41 * PAGE);
+    let arena = &s.arenas[0];
+    assert_eq!(arena.kind, ArenaKind::VmmReservation);
+    assert_eq!(arena.occupied, 40 * PAGE);
+    assert_eq!(arena.largest_free_span, (1 << 40) - 40 * PAGE);
+    assert_eq!(arena.fragmentation, 0.0);
+}
+
+/// ggml's VMM pool: reserve 32 GiB, then create + map + release at once; the bytes stay
+/// until unmapped.
+#[test]
+fn ggml_release_after_map() {
+    let base = 0x7d00_0000_0000;
+    let mut p = Proc::new(11, 0);
+    p.reserve(base, 32 << 30);
+    for i in 0..8u64 {
+        p.create(i + 1, 4 << 20).map(base + i * (4 << 20), 4 << 20, i + 1).release(i + 1);
+    }
+    let m = run(&[&p]);
+    let pv = proc_view(&m, 11);
+    assert_eq!(pv.live_by_class.vmm, 32 << 20);
+    assert_eq!(pv.live_bytes, 32 << 20);
+    assert_eq!(m.layout(Some(11)).len(), 8);
+    let mut p2 = Proc { out: vec![], ..p };
+    p2.unmap(base, 32 << 20); // one unmap covering all eight mappings
+    let mut m = m;
+    for e in &p2.out {
+        m.apply(e);
+    }
+    let pv = proc_view(&m, 11);
+    assert_eq!(pv.live_bytes, 0);
+    assert_eq!(pv.live_allocations, 0);
+    assert_eq!(pv.largest_free_span, 32 << 30);
+    assert!(m.snapshot().anomalies.is_empty());
+    // Reservation is address space, not memory.
+    let s = m.snapshot();
+    assert_eq!(s.devices.iter().map(|d| d.traced_bytes).sum::<u64>(), 0);
+}
+
+/// Async pool keeps its reserve after frees (reclaimable), trim releases it, retry succeeds.
+#[test]
+fn async_pool_reclaimable_then_trim() {
+    let mut p = Proc::new(21, 0);
+    p.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000, 4 << 30);
+    p.alloc(Api::cuMemAllocAsync, 0x1001_0000_0000, (4 << 30) - 4096);
+    p.free(Api::cuMemFreeAsync, 0x1000_0000_0000).free(Api::cuMemFreeAsync, 0x1001_0000_0000);
+    let m = run(&[&p]);
+    let pv = proc_view(&m, 21);
+    assert_eq!(pv.live_bytes, 0);
+    assert_eq!(pv.idle_bytes, 8 << 30, "reserve is high-water live rounded up to 2 MiB");
+    assert_eq!(pv.pool_reserve_bytes, 8 << 30);
+    let s = m.snapshot();
+    assert_eq!(s.devices[0].traced_bytes, 8 << 30);
+    assert_eq!(s.devices[0].pool_idle_bytes, 8 << 30);
+
+    p.meminfo(1 << 30);
+    p.oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    p.trim(0xdead, 0); // the default pool's handle never appears in allocs
+    p.alloc(Api::cuMemAlloc_v2, 0x2000_0000_0000, 3 << 30);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    let inc = &s.incidents[0];
+    assert_eq!(inc.verdict, Verdict::Reclaimable, "{}", inc.explanation);
+    assert_eq!(inc.own_idle_bytes, 8 << 30);
+    assert_eq!(inc.outcome, Outcome::Recovered);
+    let pv = proc_view(&m, 21);
+    assert_eq!(pv.idle_bytes, 0);
+    assert!(s.anomalies.is_empty(), "{:?}", s.anomalies);
+}
+
+/// Another process's idle pool bytes would have covered it.
+#[test]
+fn other_process_idle_pool() {
+    let mut a = Proc::new(31, 0);
+    a.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000, 8 << 30).free(Api::cuMemFreeAsync, 0x1000_0000_0000);
+    let mut b = Proc::new(32, 500_000);
+    b.ts = 100_000_000;
+    b.meminfo(1 << 30).oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    let m = run(&[&a, &b]);
+    let inc = &m.snapshot().incidents[0];
+    assert_eq!(inc.pid, 32);
+    assert_eq!(inc.verdict, Verdict::OtherProcess, "{}", inc.explanation);
+    assert_eq!(inc.other_idle_bytes, 8 << 30);
+    assert_eq!(inc.outcome, Outcome::Open);
+}
+
+/// A VMM reservation mapped in a checkerboard: free space in pieces.
+#[test]
+fn vmm_arena_fragmentation() {
+    let base = 0x7c00_0000_0000;
+    let mut p = Proc::new(41, 0);
+    p.reserve(base, 64 << 20);
+    for i in 0..16u64 {
+        p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
+    }
+    p.meminfo(4 << 20).create_oom(8 << 20).meminfo(4 << 20);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    let a = &s.arenas[0];
+    assert_eq!((a.free_in_arena, a.largest_free_span), (32 << 20, 2 << 20));
+    assert!((a.fragmentation - 0.9375).abs() < 1e-12);
+    let inc = &s.incidents[0];
+    assert_eq!(inc.verdict, Verdict::ArenaFragmentation, "{}", inc.explanation);
+    assert!(inc.explanation.contains("largest free span was only 2.00 MiB"), "{}", inc.explanation);
+    assert_eq!(m.largest_free_span(41), 2 << 20);
+    assert_eq!(m.reservation_largest_free_span(41, base), Some(2 << 20));
+}
+
+/// A PyTorch segment (from a snapshot import) with cached blocks in pieces.
+#[test]
+fn framework_segment_fragmentation_and_reclaimable() {
+    let seg = 0x7b00_0000_0000;
+    let mut p = Proc::new(51, 0);
+    p.alloc(Api::cuMemAlloc_v2, seg, 1 << 30);
+    let mut m = run(&[&p]);
+    // 1 GiB segment: 64 MiB allocated, 64 MiB cached, alternating.
+    let blocks: Vec<Block> =
+        (0..16u64).map(|i| Block { addr: seg + i * (64 << 20), size: 64 << 20, allocated: i % 2 == 0 }).collect();
+    m.framework_segment(51, 0, seg, 1 << 30, &blocks, 0);
+    let pv = proc_view(&m, 51);
+    assert_eq!(pv.idle_bytes, 512 << 20);
+    assert_eq!(pv.free_in_arenas, 512 << 20);
+    assert_eq!(pv.largest_free_span, 64 << 20);
+    assert_eq!(pv.live_bytes, 1 << 30, "segment bytes are not counted twice");
+    let mut q = Proc { out: vec![], ..p };
+    q.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 200 << 20).meminfo(100 << 20);
+    for e in &q.out {
+        m.apply(e);
+    }
+    assert_eq!(m.snapshot().incidents[0].verdict, Verdict::ArenaFragmentation);
+    // Contiguous cache: reclaimable instead.
+    let blocks = [Block { addr: seg, size: 512 << 20, allocated: true }];
+    m.framework_segment(51, 0, seg, 1 << 30, &blocks, 0);
+    let mut r = Proc { out: vec![], ..q };
+    r.ts += 10_000_000_000; // outside the incident window
+    r.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20);
+    for e in &r.out {
+        m.apply(e);
+    }
+    let s = m.snapshot();
+    assert_eq!(s.incidents.len(), 2);
+    assert_eq!(s.incidents[1].verdict, Verdict::Reclaimable, "{}", s.incidents[1].explanation);
+    // Freeing the segment's cudaMalloc removes the arena.
+    let mut f = Proc { out: vec![], ..r };
+    f.free(Api::cuMemFree_v2, seg);
+    for e in &f.out {
+        m.apply(e);
+    }
+    assert!(m.arenas().is_empty());
+}
+
+#[test]
+fn granularity_and_unknown() {
+    let mut p = Proc::new(61, 0);
+    p.meminfo(3 * (1 << 20) + (1 << 19)); // 3.5 MiB free
+    p.oom(Api::cuMemAlloc_v2, 3 * (1 << 20) + 4096).meminfo(3 * (1 << 20) + (1 << 19));
+    let m = run(&[&p]);
+    let inc = &m.snapshot().incidents[0];
+    assert_eq!(inc.verdict, Verdict::Granularity, "{}", inc.explanation);
+
+    let mut q = Proc::new(62, 0);
+    q.oom(Api::cuMemAlloc_v2, 1 << 30);
+    let m = run(&[&q]);
+    let inc = &m.snapshot().incidents[0];
+    assert_eq!(inc.verdict, Verdict::Unknown);
+    assert!(inc.unknown_reason.as_deref().unwrap().contains("no device memory sample"));
+
+    let mut r = Proc::new(63, 0);
+    r.meminfo(100 << 30).oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(100 << 30);
+    let m = run(&[&r]);
+    let inc = &m.snapshot().incidents[0];
+    assert_eq!(inc.verdict, Verdict::Unknown);
+    assert!(inc.unknown_reason.as_deref().unwrap().contains("not explained"));
+}
+
+/// The precedence rule on its own.
+#[test]
+fn verdict_precedence() {
+    let base = VerdictInputs {
+        requested: 10 << 20,
+        granularity: 2 << 20,
+        device_free: Some(4 << 20),
+        device_total: Some(TOTAL),
+        own_idle: 0,
+        other_idle: 0,
+        arenas: vec![],
+    };
+    let v = |i: &VerdictInputs| decide_verdict(i).0;
+    assert_eq!(v(&base), Verdict::Capacity);
+    assert_eq!(v(&VerdictInputs { other_idle: 6 << 20, ..base.clone() }), Verdict::OtherProcess);
+    // Own idle wins over other processes' idle.
+    assert_eq!(v(&VerdictInputs { own_idle: 6 << 20, other_idle: 60 << 20, ..base.clone() }), Verdict::Reclaimable);
+    // Fragmentation wins over reclaimable.
+    let frag = ArenaNumbers {
+        kind: ArenaKind::FrameworkSegment,
+        base: 0,
+        free_in_arena: 20 << 20,
+        largest_free_span: 2 << 20,
+    };
+    assert_eq!(
+        v(&VerdictInputs { own_idle: 20 << 20, arenas: vec![frag.clone()], ..base.clone() }),
+        Verdict::ArenaFragmentation
+    );
+    // Granularity wins over everything once the bytes were there.
+    assert_eq!(
+        v(&VerdictInputs {
+            requested: (10 << 20) + 1,
+            device_free: Some(11 << 20),
+            arenas: vec![frag],
+            ..base.clone()
+        }),
+        Verdict::Granularity
+    );
+    assert_eq!(v(&VerdictInputs { device_free: None, own_idle: 1 << 40, ..base.clone() }), Verdict::Unknown);
+    assert_eq!(v(&VerdictInputs { device_free: Some(12 << 20), ..base }), Verdict::Unknown);
+}
+
+#[test]
+fn exit_releases_everything_and_pid_reuse() {
+    let mut p = Proc::new(71, 0);
+    p.alloc(Api::cuMemAlloc_v2, 0x1000, 1 << 20).alloc(Api::cuMemAllocAsync, 0x200000, 1 << 20);
+    p.reserve(0x1_0000_0000, 1 << 30).create(1, 2 << 20).map(0x1_0000_0000, 2 << 20, 1);
+    let mut m = run(&[&p]);
+    assert_eq!(proc_view(&m, 71).live_bytes, 4 << 20);
+    // pid reuse: a ProcessStart with a new start time closes the old process.
+    m.apply(&Event {
+        pid: 71,
+        kind: EventKind::ProcessStart.code(),
+        api: Api::Interposer.code(),
+        aux: 99_999,
+        ts_ns: p.ts + 1,
+        ..Event::default()
+    });
+    let s = m.snapshot();
+    let old: Vec<_> = s.processes.iter().filter(|x| x.pid == 71).collect();
+    assert_eq!(old.len(), 2);
+    assert!(!old[0].alive && old[0].live_bytes == 0 && old[0].peak_bytes == 4 << 20);
+    assert!(old[1].alive && old[1].start_time == 99_999);
+    assert!(s.arenas.is_empty());
+    assert!(m.layout(None).is_empty());
+    m.process_exit(71, 1071, Some(0), p.ts + 2);
+    assert_eq!(m.snapshot().processes[0].exit_status, Some(0));
+    m.process_exit(71, 99_999, Some(137), p.ts + 3);
+    let s = m.snapshot();
+    assert_eq!(s.processes[1].exit_status, Some(137));
+    assert!(!s.processes[1].alive);
+}
+
+#[test]
+fn anomalies_are_counted_not_applied() {
+    let mut p = Proc::new(81, 0);
+    p.alloc(Api::cuMemAlloc_v2, 0x1000, 4096);
+    p.free(Api::cuMemFree_v2, 0x1000).free(Api::cuMemFree_v2, 0x1000); // double free
+    p.free(Api::cuMemFree_v2, 0x9999); // unknown
+    p.unmap(0x5000, 4096); // nothing mapped
+    p.release(77);
+    p.out.push(Event { pid: 81, kind: 200, ts_ns: p.ts, ..Event::default() }); // newer format
+    p.out.push(Event { pid: 81, kind: 1, api: 4000, ts_ns: p.ts, ..Event::default() });
+    let mut m = run(&[&p]);
+    m.apply(&Event {
+        pid: 81,
+        kind: 1,
+        api: 1,
+        addr: 0x2000,
+        size: 1,
+        ts_ns: 5, // time going backwards: counted, applied at the process's latest time
+        ..Event::default()
+    });
+    let s = m.snapshot();
+    let a = &s.anomalies;
+    assert_eq!(a["free_unknown_address"], 2);
+    assert_eq!(a["unmap_of_nothing"], 1);
+    assert_eq!(a["release_unknown_handle"], 1);
+    assert_eq!(a["unknown_kind"], 1);
+    assert_eq!(a["unknown_api"], 1);
+    assert_eq!(a["time_backwards"], 1);
+    let pv = proc_view(&m, 81);
+    assert_eq!(pv.anomalies, 7);
+    assert_eq!(pv.live_bytes, 1);
+}
+
+#[test]
+fn device_view_untraced_and_stale() {
+    let mut p = Proc::new(91, 0);
+    p.meminfo(TOTAL - (10 << 30)).alloc(Api::cuMemAlloc_v2, 0x1000, 4 << 30);
+    p.alloc(Api::cuMemAllocManaged, 0x10_0000_0000, 1 << 30);
+    let m = run(&[&p]);
+    let d = &m.snapshot().devices[0];
+    assert_eq!(d.traced_bytes, 4 << 30, "managed memory is not counted as resident");
+    assert_eq!(d.untraced_bytes, Some(6 << 30));
+    assert!(!d.sample_stale);
+    let mut q = Proc { out: vec![], ..p };
+    q.ts += 60_000_000_000;
+    q.free(Api::cuMemFree_v2, 0x1000);
+    let mut m = m;
+    for e in &q.out {
+        m.apply(e);
+    }
+    let d = &m.snapshot().devices[0];
+    assert!(d.sample_stale);
+    assert_eq!(d.untraced_bytes, Some(10 << 30));
+}
+
+#[test]
+fn dropped_events_flag_incomplete() {
+    let mut p = Proc::new(95, 0);
+    p.push(EventKind::Dropped, Api::Interposer, 0, 0, 0, 12, 0);
+    let m = run(&[&p]);
+    let pv = proc_view(&m, 95);
+    assert_eq!(pv.dropped_events, 12);
+    assert!(pv.incomplete);
+}
+
+#[test]
+fn checkpoint_round_trip_mid_incident() {
+    let mut p = Proc::new(4242, 0);
+    for i in 0..10u64 {
+        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 100 << 20);
+    }
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30);
+    for i in 0..10u64 {
+        p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
+    }
+    p.alloc(Api::cuMemAlloc_v2, 0x1, 200 << 30);
+    let whole = run(&[&p]);
+    for cut in 0..p.out.len() {
+        let mut m = Model::default();
+        for e in &p.out[..cut] {
+            m.apply(e);
+        }
+        let bytes = m.checkpoint();
+        let mut r = Model::restore(&bytes).unwrap();
+        for e in &p.out[cut..] {
+            r.apply(e);
+        }
+        let mut w = Model::default();
+        for e in &p.out {
+            w.apply(e);
+        }
+        assert_eq!(r.snapshot(), w.snapshot(), "cut at {cut}");
+    }
+    assert_eq!(whole.snapshot().incidents[0].outcome, Outcome::Recovered);
+}
