@@ -1,1 +1,368 @@
-//! The analyzer (being written).
+//! vramhook's offline analyzer: replays capture files and PyTorch memory snapshots through
+//! the same [`vramhook_model::Model`] the live agent uses, and reports the post-mortem as
+//! text, JSON (see `schema/report.schema.json`), one self-contained HTML page, or a Perfetto
+//! (Chrome trace JSON) file.
+//!
+//! Memory stays bounded whatever the input size: captures are streamed frame by frame,
+//! timelines are downsampled to at most `max_points` buckets (keeping minimum and maximum),
+//! and lists (layout entries, corrupt frames, lead-up events) are capped.
+
+pub mod html;
+pub mod perfetto;
+pub mod pickle;
+mod replay;
+pub mod report;
+pub mod series;
+pub mod text;
+pub mod torch;
+
+pub use replay::Replayer;
+pub use report::*;
+
+use std::fs::File;
+use std::io::{BufReader, Cursor, Read};
+use std::path::Path;
+use vramhook_model::{fmt_bytes, ModelConfig};
+use vramhook_protocol::record::{Api, EventKind};
+
+/// What to analyse and how.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Stop at the first corrupt frame (the caller exits with code 2).
+    pub strict: bool,
+    /// Report window, ns after the first event (events before `from` still build the state).
+    pub from_ns: Option<u64>,
+    /// Replay stops after this many ns past the first event.
+    pub to_ns: Option<u64>,
+    /// Layout at this many ns after the first event (default: the first OOM, else the peak).
+    pub at_ns: Option<u64>,
+    /// Report only these pids (the model still sees every process: verdicts need them).
+    pub pids: Vec<u32>,
+    /// Points per timeline.
+    pub max_points: usize,
+    pub model: ModelConfig,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            strict: false,
+            from_ns: None,
+            to_ns: None,
+            at_ns: None,
+            pids: Vec::new(),
+            max_points: series::DEFAULT_POINTS,
+            model: ModelConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyzeError {
+    #[error("cannot open {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("{path}: corrupt frame at byte {offset}: {reason}")]
+    Corrupt { path: String, offset: u64, reason: String },
+    #[error("{path}: {message}")]
+    Snapshot { path: String, message: String },
+}
+
+/// Input detection: a capture starts with "VRHKCAPT", a pickle with PROTO (0x80).
+fn is_pickle(head: &[u8]) -> bool {
+    head.first() == Some(&0x80)
+}
+
+/// Analyses files in order, as one stream (rotated captures continue each other; a PyTorch
+/// snapshot is imported into the same model).
+pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, AnalyzeError> {
+    let mut r = Replayer::new(opts.clone());
+    for path in paths {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let mut file =
+            File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+        let mut head = [0u8; 1];
+        let n = file.read(&mut head).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+        drop(file);
+        if n == 1 && is_pickle(&head) {
+            let bytes = read_bounded(path, torch::MAX_SNAPSHOT_BYTES)
+                .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
+            torch::import(&mut r, &name, &bytes)?;
+        } else {
+            let file =
+                File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+            r.capture(&name, BufReader::with_capacity(1 << 20, file))?;
+        }
+    }
+    Ok(finish(r))
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    if len > max {
+        return Err(format!("{} bytes is more than the {} a snapshot may have", len, max));
+    }
+    let mut out = Vec::with_capacity(len as usize);
+    file.take(max).read_to_end(&mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Analyses one in-memory input (a capture or a snapshot pickle). For tests and fuzzing.
+pub fn analyze_bytes(name: &str, bytes: &[u8], opts: &Options) -> Result<Report, AnalyzeError> {
+    let mut r = Replayer::new(opts.clone());
+    if is_pickle(bytes) {
+        torch::import(&mut r, name, bytes)?;
+    } else {
+        r.capture(name, Cursor::new(bytes))?;
+    }
+    Ok(finish(r))
+}
+
+pub(crate) fn event_line(e: &vramhook_model::EventRecord) -> EventLine {
+    EventLine {
+        ts_ns: e.ts_ns,
+        tid: e.tid,
+        kind: EventKind::from_code(e.kind).map_or_else(|| format!("kind{}", e.kind), |k| k.name().to_string()),
+        api: Api::from_code(e.api).map_or_else(|| format!("api{}", e.api), |a| a.name().to_string()),
+        result: e.result,
+        device: e.device,
+        addr: e.addr,
+        size: e.size,
+    }
+}
+
+pub fn verdict_name(v: vramhook_model::Verdict) -> &'static str {
+    use vramhook_model::Verdict::*;
+    match v {
+        Capacity => "capacity",
+        Reclaimable => "reclaimable",
+        OtherProcess => "other_process",
+        ArenaFragmentation => "arena_fragmentation",
+        Granularity => "granularity",
+        Unknown => "unknown",
+    }
+}
+
+/// Builds the report from the replay's final state.
+pub fn finish(mut r: Replayer) -> Report {
+    // One last sample at the end of the window.
+    let end_ts = r.last_ts;
+    r.sample(end_ts);
+    let snap = r.model.snapshot();
+    let first = r.first_ts.unwrap_or(0);
+    let from = r.from_abs;
+    let to = r.to_abs.min(r.last_ts.max(first));
+    let mut processes = Vec::new();
+    let mut leaks = Vec::new();
+    let mut timelines = Timelines::default();
+    for (slot, view) in snap.processes.iter().enumerate() {
+        if !r.pid_selected(view.pid) {
+            continue;
+        }
+        let exit = r.exits.get(&slot);
+        let at_end = exit.map_or(view, |e| &e.view);
+        // A process that never did anything is not worth a line.
+        if view.allocations == 0 && view.failed_calls == 0 && at_end.live_bytes == 0 && view.command.is_empty() {
+            continue;
+        }
+        let (device, devices) = r.proc_main_device(slot);
+        let (ring_dropped, lost) = r.ends.get(&view.pid).copied().unwrap_or((0, 0));
+        let dropped = view.dropped_events.max(ring_dropped);
+        let command = if view.command.is_empty() { view.exe.clone() } else { view.command.clone() };
+        processes.push(ProcessReport {
+            pid: view.pid,
+            start_time: view.start_time,
+            ppid: view.ppid,
+            command: command.clone(),
+            device,
+            devices,
+            peak_bytes: view.peak_bytes,
+            peak_ts_ns: view.peak_ts_ns,
+            final_live_bytes: at_end.live_bytes,
+            final_live_allocations: at_end.live_allocations,
+            exited: !view.alive,
+            exit_status: view.exit_status,
+            exit_ts_ns: view.exit_ts_ns,
+            allocations: view.allocations,
+            frees: view.frees,
+            failed_calls: view.failed_calls,
+            oom_count: view.oom_count,
+            dropped_events: dropped,
+            lost_in_flight: lost,
+            incomplete: dropped > 0 || lost > 0,
+            anomalies: view.anomalies,
+            idle_bytes: at_end.idle_bytes,
+            fragmentation: at_end.fragmentation,
+            largest_free_span: at_end.largest_free_span,
+            size_histogram: at_end.size_histogram.clone(),
+            age_histogram: at_end.age_histogram.clone(),
+        });
+        if let Some(series) = r.proc_series(slot) {
+            if r.track_pid(slot) == Some(view.pid) {
+                timelines.processes.push(ProcessTimeline {
+                    pid: view.pid,
+                    command: command.clone(),
+                    live_bytes: series.points_in(from, to.max(from)),
+                });
+            }
+        }
+        // Leaks: live at exit, or growing without bound.
+        let largest = exit.map(|e| e.top.iter().map(replay::layout_item).collect()).unwrap_or_default();
+        if exit.is_some() && at_end.live_bytes > 0 {
+            leaks.push(LeakReport {
+                pid: view.pid,
+                command: command.clone(),
+                kind: "live_at_exit".into(),
+                bytes: at_end.live_bytes,
+                allocations: at_end.live_allocations,
+                growth_bytes_per_s: None,
+                detail: format!(
+                    "{} in {} allocations never freed before the process exited (the driver reclaims them at exit; \
+                     in a long-running process they would stay held)",
+                    fmt_bytes(at_end.live_bytes),
+                    at_end.live_allocations
+                ),
+                largest,
+            });
+        } else if let Some((rate, bytes)) = r.proc_series(slot).and_then(growing) {
+            leaks.push(LeakReport {
+                pid: view.pid,
+                command: command.clone(),
+                kind: "growing".into(),
+                bytes,
+                allocations: view.live_allocations,
+                growth_bytes_per_s: Some(rate),
+                detail: format!(
+                    "live bytes rose in every quarter of its life, to {} ({}/s): growing without bound",
+                    fmt_bytes(bytes),
+                    fmt_bytes(rate as u64)
+                ),
+                largest: Vec::new(),
+            });
+        }
+    }
+    let mut top: Vec<Holder> = processes
+        .iter()
+        .filter(|p| p.peak_bytes > 0)
+        .map(|p| Holder {
+            pid: p.pid,
+            command: p.command.clone(),
+            peak_bytes: p.peak_bytes,
+            final_live_bytes: p.final_live_bytes,
+        })
+        .collect();
+    top.sort_by_key(|h| std::cmp::Reverse(h.peak_bytes));
+    top.truncate(10);
+    let ooms: Vec<OomReport> = snap
+        .incidents
+        .iter()
+        .filter(|i| r.pid_selected(i.pid) && i.ts_ns >= from && i.ts_ns <= r.to_abs)
+        .map(|i| OomReport {
+            id: i.id,
+            ts_ns: i.ts_ns,
+            pid: i.pid,
+            command: i.command.clone(),
+            device: i.device,
+            api: i.api.clone(),
+            caller: i.caller.clone(),
+            requested_bytes: i.requested_bytes,
+            device_free_bytes: i.device_free_bytes,
+            device_total_bytes: i.device_total_bytes,
+            verdict: i.verdict,
+            verdict_name: verdict_name(i.verdict).into(),
+            unknown_reason: i.unknown_reason.clone(),
+            explanation: i.explanation.clone(),
+            failures: i.failures,
+            retries: i.retries,
+            freed_bytes_between: i.freed_bytes_between,
+            outcome: i.outcome,
+            own_idle_bytes: i.own_idle_bytes,
+            other_idle_bytes: i.other_idle_bytes,
+            arena_free_bytes: i.arena_free_bytes,
+            arena_largest_free_span: i.arena_largest_free_span,
+            lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
+        })
+        .collect();
+    let (devices, dev_tl) = r.device_reports();
+    timelines.devices = dev_tl;
+    let mut notes = std::mem::take(&mut r.notes);
+    for i in &r.inputs {
+        if let Some(n) = i.truncated_at {
+            notes.push(format!("{}: truncated at byte {n}; everything before the cut was analysed", i.path));
+        }
+        for c in &i.corrupt_frames {
+            notes.push(format!(
+                "{}: corrupt frame at byte {} ({}), {}",
+                i.path,
+                c.offset,
+                c.reason,
+                match c.skipped_bytes {
+                    Some(s) => format!("skipped {s} bytes to the next frame"),
+                    None => "no frame after it".to_string(),
+                }
+            ));
+        }
+        if i.corrupt_frames_unlisted > 0 {
+            notes.push(format!("{}: {} more corrupt frames skipped", i.path, i.corrupt_frames_unlisted));
+        }
+        if i.unknown_frames > 0 {
+            notes.push(format!("{}: {} frames of an unknown (newer) type skipped", i.path, i.unknown_frames));
+        }
+        if let Some(e) = &i.error {
+            notes.push(format!("{}: {e}", i.path));
+        }
+    }
+    let dropped: u64 = processes.iter().map(|p| p.dropped_events + p.lost_in_flight).sum();
+    if dropped > 0 {
+        notes.push(format!("{dropped} events were lost (ring full or writer died): processes marked incomplete"));
+    }
+    if r.tracked_overflow() {
+        notes.push("more than 512 processes: only the first have their own timeline".into());
+    }
+    if r.stopped {
+        notes.push("replay stopped at --to".into());
+    }
+    let layout = r.layout.take().map(|mut l| {
+        l.entries.retain(|e| r.pid_selected(e.pid));
+        l
+    });
+    Report {
+        schema_version: SCHEMA_VERSION,
+        generator: format!("vramhook-analyzer {}", env!("CARGO_PKG_VERSION")),
+        inputs: std::mem::take(&mut r.inputs),
+        time: TimeRange { first_ts_ns: first, last_ts_ns: r.last_ts.max(first), from_ns: from.max(first), to_ns: to },
+        events: r.applied,
+        devices,
+        processes,
+        top_holders: top,
+        ooms,
+        fragmentation: r.arena_reports(),
+        leaks,
+        timelines,
+        layout,
+        anomalies: snap.anomalies.clone(),
+        notes,
+    }
+}
+
+/// Growing without bound: each quarter of the series starts higher than the previous one
+/// ended at its lowest, and the last quarter's minimum exceeds the first quarter's maximum.
+/// Returns (bytes per second, latest bytes).
+fn growing(s: &series::Series) -> Option<(f64, u64)> {
+    let pts = s.points();
+    if pts.len() < 8 {
+        return None;
+    }
+    let q = pts.len() / 4;
+    let quarter = |i: usize| &pts[i * q..if i == 3 { pts.len() } else { (i + 1) * q }];
+    let mins: Vec<f64> = (0..4).map(|i| quarter(i).iter().map(|p| p.min).fold(f64::MAX, f64::min)).collect();
+    let first_max = quarter(0).iter().map(|p| p.max).fold(0.0, f64::max);
+    if !(mins.windows(2).all(|w| w[1] > w[0]) && mins[3] > first_max) {
+        return None;
+    }
+    let (a, b) = (pts[0], pts[pts.len() - 1]);
+    let dt = (b.t_ns.saturating_sub(a.t_ns)) as f64 / 1e9;
+    let rate = if dt > 0.0 { (b.last - a.last) / dt } else { 0.0 };
+    Some((rate.max(0.0), b.last as u64))
+}

@@ -1,5 +1,6 @@
 //! `vramhook`: the one command users type.
 
+mod analyze;
 mod demo;
 mod dump;
 mod run;
@@ -29,6 +30,11 @@ enum Command {
     Dump(dump::DumpArgs),
     /// Trace a demo workload on the simulated CUDA driver (no GPU needed).
     Demo(demo::DemoArgs),
+    /// Post-mortem of captures and PyTorch memory snapshots: every OOM with its verdict,
+    /// leaks, fragmentation, timelines; as text, --json, --html (plots) or --perfetto.
+    ///
+    /// Exit code 2 when nothing could be read, or with --strict at the first corrupt frame.
+    Analyze(analyze::AnalyzeArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +43,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Dump(args) => dump::dump(args),
         Command::Demo(args) => demo::demo(args),
+        Command::Analyze(args) => analyze::analyze(args),
     };
     match result {
         Ok(code) => code,

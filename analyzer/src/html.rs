@@ -1,0 +1,4 @@
+//! todo
+pub fn render(_r: &crate::Report) -> String {
+    String::new()
+}

@@ -1,0 +1,559 @@
+//! The replay engine: streams inputs frame by frame into one [`Model`], sampling the model's
+//! own numbers into bounded series. Every number in the report comes from the model.
+
+use crate::report::*;
+use crate::series::Series;
+use crate::{AnalyzeError, Options};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek};
+use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
+use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo};
+use vramhook_protocol::record::{Event, EventKind};
+
+/// Processes with their own timeline; more are counted in device totals only.
+const MAX_TRACKED_PROCS: usize = 512;
+/// Arenas with their own fragmentation series.
+const MAX_TRACKED_ARENAS: usize = 256;
+/// Layout entries kept in the report (the largest).
+const MAX_LAYOUT_ENTRIES: usize = 5000;
+const MAX_LAYOUT_ARENAS: usize = 500;
+/// Corrupt frames listed per input.
+const MAX_CORRUPT_LISTED: usize = 100;
+
+struct ProcTrack {
+    pid: u32,
+    series: Series,
+    dev_max: Vec<(i16, u64)>,
+    last: u64,
+}
+
+#[derive(Default)]
+struct DevTrack {
+    live: Series,
+    free: Series,
+    total: Option<u64>,
+    free_latest: Option<u64>,
+    min_free: Option<u64>,
+    peak_live: u64,
+    last_live: u64,
+}
+
+struct ArenaTrack {
+    pid: u32,
+    device: i16,
+    kind: ArenaKind,
+    base: u64,
+    size: u64,
+    frag: Series,
+    largest: Series,
+    free: Series,
+}
+
+pub(crate) struct ExitInfo {
+    pub view: ProcessView,
+    pub top: Vec<LayoutEntry>,
+}
+
+pub struct Replayer {
+    pub(crate) model: Model,
+    pub(crate) opts: Options,
+    pub(crate) applied: u64,
+    next_sample: u64,
+    pub(crate) first_ts: Option<u64>,
+    pub(crate) last_ts: u64,
+    pub(crate) from_abs: u64,
+    pub(crate) to_abs: u64,
+    at_abs: Option<u64>,
+    /// Events at or after this time take the slow path (layout capture, end of window).
+    watch_ts: u64,
+    pub(crate) stopped: bool,
+    procs: HashMap<usize, ProcTrack>,
+    devs: BTreeMap<i16, DevTrack>,
+    arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
+    /// Keyed by the model's process index (its position in `snapshot().processes`).
+    pub(crate) exits: HashMap<usize, ExitInfo>,
+    pub(crate) layout: Option<LayoutReport>,
+    layout_fixed: bool,
+    peak_captured: u64,
+    pub(crate) ends: BTreeMap<u32, (u64, u64)>,
+    pub(crate) inputs: Vec<InputReport>,
+    pub(crate) notes: Vec<String>,
+    tracked_overflow: bool,
+}
+
+impl Replayer {
+    pub fn new(opts: Options) -> Replayer {
+        Replayer {
+            model: Model::new(opts.model.clone()),
+            opts,
+            applied: 0,
+            next_sample: 1,
+            first_ts: None,
+            last_ts: 0,
+            from_abs: 0,
+            to_abs: u64::MAX,
+            at_abs: None,
+            watch_ts: u64::MAX,
+            stopped: false,
+            procs: HashMap::new(),
+            devs: BTreeMap::new(),
+            arenas: BTreeMap::new(),
+            exits: HashMap::new(),
+            layout: None,
+            layout_fixed: false,
+            peak_captured: 0,
+            ends: BTreeMap::new(),
+            inputs: Vec::new(),
+            notes: Vec::new(),
+            tracked_overflow: false,
+        }
+    }
+
+    fn start_clock(&mut self, ts: u64) {
+        self.first_ts = Some(ts);
+        self.from_abs = self.opts.from_ns.map_or(0, |f| ts.saturating_add(f));
+        self.to_abs = self.opts.to_ns.map_or(u64::MAX, |t| ts.saturating_add(t));
+        self.at_abs = self.opts.at_ns.map(|a| ts.saturating_add(a));
+        self.watch_ts = self.to_abs.min(self.at_abs.unwrap_or(u64::MAX));
+    }
+
+    /// Applies one event (the hot path).
+    #[inline]
+    pub fn event(&mut self, ev: &Event) {
+        if self.stopped {
+            return;
+        }
+        if self.first_ts.is_none() {
+            self.start_clock(ev.ts_ns);
+        }
+        let special = ev.result != 0 || ev.kind == EventKind::ProcessExit as u8 || ev.kind == EventKind::MemInfo as u8;
+        if (ev.ts_ns >= self.watch_ts || special) && !self.slow_pre(ev) {
+            return;
+        }
+        if ev.ts_ns > self.last_ts {
+            self.last_ts = ev.ts_ns;
+        }
+        self.model.apply(ev);
+        self.applied += 1;
+        if self.applied >= self.next_sample {
+            self.sample(self.last_ts);
+        }
+    }
+
+    /// Returns false when the event must not be applied (past `--to`).
+    #[cold]
+    fn slow_pre(&mut self, ev: &Event) -> bool {
+        if ev.ts_ns > self.to_abs {
+            self.stopped = true;
+            return false;
+        }
+        if let Some(at) = self.at_abs {
+            if ev.ts_ns >= at && !self.layout_fixed {
+                self.capture_layout(at, "--at");
+                self.layout_fixed = true;
+            }
+        }
+        if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
+            // The state the failing call met, then the failure itself.
+            self.sample(ev.ts_ns);
+            if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
+                self.capture_layout(ev.ts_ns, "first OOM");
+                self.layout_fixed = true;
+            }
+            self.next_sample = self.applied + 1;
+        }
+        if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
+            self.remember_exit(ev.pid, 0);
+            self.next_sample = self.applied + 1;
+        }
+        if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
+            let d = self.devs.entry(ev.device).or_default();
+            d.total = Some(ev.size);
+            d.free_latest = Some(ev.addr);
+            d.min_free = Some(d.min_free.map_or(ev.addr, |m| m.min(ev.addr)));
+            d.free.push(ev.ts_ns, ev.addr as f64);
+        }
+        true
+    }
+
+    pub(crate) fn pid_selected(&self, pid: u32) -> bool {
+        self.opts.pids.is_empty() || self.opts.pids.contains(&pid)
+    }
+
+    pub fn process_info(&mut self, info: &ProcessInfo) {
+        if !self.stopped {
+            self.model.process_info(info);
+        }
+    }
+
+    pub fn process_end(&mut self, end: &ProcessEnd) {
+        if self.stopped {
+            return;
+        }
+        let e = self.ends.entry(end.pid).or_default();
+        e.0 = e.0.saturating_add(end.dropped);
+        e.1 = e.1.saturating_add(end.lost_in_flight);
+        self.remember_exit(end.pid, end.start_time);
+        self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
+        if end.ts_ns > self.last_ts && end.ts_ns <= self.to_abs {
+            self.last_ts = end.ts_ns;
+        }
+        self.sample(self.last_ts);
+    }
+
+    /// Keeps what the process held just before the model releases it.
+    fn remember_exit(&mut self, pid: u32, start_time: u64) {
+        let snap = self.model.snapshot();
+        let Some(slot) = snap.processes.iter().rposition(|p| {
+            p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
+        }) else {
+            return;
+        };
+        self.sample_from(&snap, self.last_ts);
+        let mut top = self.model.layout(Some(pid));
+        top.sort_unstable_by_key(|e| std::cmp::Reverse(e.size));
+        top.truncate(10);
+        let view = snap.processes[slot].clone();
+        self.exits.insert(slot, ExitInfo { view, top });
+    }
+
+    fn capture_layout(&mut self, ts: u64, reason: &str) {
+        let mut entries = self.model.layout(None);
+        if !self.opts.pids.is_empty() {
+            entries.retain(|e| self.opts.pids.contains(&e.pid));
+        }
+        let total = entries.len();
+        if total > MAX_LAYOUT_ENTRIES {
+            entries.select_nth_unstable_by(MAX_LAYOUT_ENTRIES, |a, b| b.size.cmp(&a.size));
+            entries.truncate(MAX_LAYOUT_ENTRIES);
+            entries.sort_unstable_by_key(|e| (e.addr, e.pid));
+        }
+        let mut arenas: Vec<LayoutArena> = self
+            .model
+            .arenas()
+            .into_iter()
+            .filter(|a| self.pid_selected(a.pid))
+            .map(|a| LayoutArena {
+                pid: a.pid,
+                device: a.device,
+                kind: a.kind,
+                base: a.base,
+                size: a.size,
+                occupied: a.occupied,
+                free_in_arena: a.free_in_arena,
+                largest_free_span: a.largest_free_span,
+                fragmentation: a.fragmentation,
+            })
+            .collect();
+        arenas.truncate(MAX_LAYOUT_ARENAS);
+        self.layout = Some(LayoutReport {
+            ts_ns: ts,
+            reason: reason.to_string(),
+            entries: entries.iter().map(layout_item).collect(),
+            entries_omitted: (total - entries.len()) as u64,
+            arenas,
+        });
+    }
+
+    /// Records the model's numbers now, and schedules the next sample so that sampling
+    /// costs a bounded fraction of the replay (`snapshot` is O(live state)).
+    pub(crate) fn sample(&mut self, ts: u64) {
+        let snap = self.model.snapshot();
+        self.sample_from(&snap, ts);
+    }
+
+    fn sample_from(&mut self, snap: &ModelSnapshot, ts: u64) {
+        let live = self.model.live_allocation_count() as u64;
+        let state = live * 2 + snap.processes.len() as u64 + snap.arenas.len() as u64;
+        let stride = if state < 128 { 1 } else { state }.max(self.applied / 4096);
+        self.next_sample = self.applied + stride;
+        let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
+        let mut total_live = 0u64;
+        for (slot, p) in snap.processes.iter().enumerate() {
+            for d in &p.devices {
+                *dev_live.entry(d.device).or_default() += d.live_bytes;
+            }
+            total_live = total_live.saturating_add(p.live_bytes);
+            let tracked = self.procs.contains_key(&slot);
+            if !tracked {
+                if p.live_bytes == 0 && !p.alive {
+                    continue;
+                }
+                if self.procs.len() >= MAX_TRACKED_PROCS {
+                    self.tracked_overflow = true;
+                    continue;
+                }
+                self.procs.insert(
+                    slot,
+                    ProcTrack {
+                        pid: p.pid,
+                        series: Series::new(self.opts.max_points),
+                        dev_max: Vec::new(),
+                        last: u64::MAX,
+                    },
+                );
+            }
+            let Some(t) = self.procs.get_mut(&slot) else { continue };
+            if t.last == 0 && p.live_bytes == 0 && !p.alive {
+                continue;
+            }
+            t.series.push(ts, p.live_bytes as f64);
+            t.last = p.live_bytes;
+            for d in &p.devices {
+                match t.dev_max.iter_mut().find(|x| x.0 == d.device) {
+                    Some(x) => x.1 = x.1.max(d.live_bytes),
+                    None => t.dev_max.push((d.device, d.live_bytes)),
+                }
+            }
+        }
+        for d in &snap.devices {
+            let t = self.devs.entry(d.ordinal).or_default();
+            if d.total.is_some() {
+                t.total = d.total;
+            }
+        }
+        for (dev, t) in self.devs.iter_mut() {
+            let v = dev_live.remove(dev).unwrap_or(0);
+            if v != 0 || t.last_live != 0 || t.live.is_empty() {
+                t.live.push(ts, v as f64);
+            }
+            t.last_live = v;
+            t.peak_live = t.peak_live.max(v);
+        }
+        for (dev, v) in dev_live {
+            let t = self.devs.entry(dev).or_default();
+            t.live.push(ts, v as f64);
+            t.last_live = v;
+            t.peak_live = t.peak_live.max(v);
+        }
+        for a in &snap.arenas {
+            let key = (a.pid, a.device, a.kind, a.base);
+            if !self.arenas.contains_key(&key) {
+                if self.arenas.len() >= MAX_TRACKED_ARENAS {
+                    continue;
+                }
+                let n = self.opts.max_points;
+                self.arenas.insert(
+                    key,
+                    ArenaTrack {
+                        pid: a.pid,
+                        device: a.device,
+                        kind: a.kind,
+                        base: a.base,
+                        size: a.size,
+                        frag: Series::new(n),
+                        largest: Series::new(n),
+                        free: Series::new(n),
+                    },
+                );
+            }
+            if let Some(t) = self.arenas.get_mut(&key) {
+                t.size = t.size.max(a.size);
+                t.frag.push(ts, a.fragmentation);
+                t.largest.push(ts, a.largest_free_span as f64);
+                t.free.push(ts, a.free_in_arena as f64);
+            }
+        }
+        if !self.layout_fixed
+            && total_live > 0
+            && total_live > self.peak_captured.saturating_add(self.peak_captured / 10)
+        {
+            self.peak_captured = total_live;
+            if ts >= self.from_abs {
+                self.capture_layout(ts, "peak");
+            }
+        }
+    }
+
+    /// Streams one capture. Errors only in strict mode (a corrupt frame).
+    pub fn capture<R: Read + Seek>(&mut self, path: &str, input: R) -> Result<(), AnalyzeError> {
+        let mut rep = InputReport {
+            path: path.to_string(),
+            kind: "capture".into(),
+            status: "complete".into(),
+            host: None,
+            format_version: None,
+            wall_start_ns: None,
+            bytes_read: 0,
+            frames: 0,
+            events: 0,
+            truncated_at: None,
+            corrupt_frames: Vec::new(),
+            corrupt_frames_unlisted: 0,
+            unknown_frames: 0,
+            error: None,
+            pytorch: None,
+        };
+        let mut reader = match CaptureReader::new(input) {
+            Ok(r) => r,
+            Err(e) => {
+                rep.status =
+                    if matches!(e, CaptureError::Truncated(_)) { "truncated".into() } else { "unreadable".into() };
+                if let CaptureError::Truncated(n) = e {
+                    rep.truncated_at = Some(n);
+                }
+                rep.error = Some(e.to_string());
+                self.inputs.push(rep);
+                return Ok(());
+            }
+        };
+        rep.host = Some(reader.header().host.clone());
+        rep.format_version = Some(reader.header().version);
+        let header = reader.header().clone();
+        let first_before = self.first_ts;
+        loop {
+            if self.stopped {
+                break;
+            }
+            match reader.next_frame() {
+                Ok(None) => break,
+                Ok(Some(frame)) => {
+                    rep.frames += 1;
+                    match frame {
+                        Frame::Events(records) => {
+                            rep.events += records.len() as u64;
+                            for raw in records {
+                                self.event(&Event::from_raw(raw));
+                            }
+                        }
+                        Frame::Process(info) => self.process_info(&info),
+                        Frame::ProcessEnd(end) => self.process_end(&end),
+                        Frame::Checkpoint(bytes) => {
+                            // A capture that starts mid-stream (a rotated file): resume from
+                            // the writer's model. Later checkpoints add nothing to a full replay.
+                            if self.model.events() == 0 && self.applied == 0 {
+                                match Model::restore(bytes) {
+                                    Ok(m) => {
+                                        self.model = m;
+                                        self.notes.push(format!("{path}: replay resumed from a model checkpoint"));
+                                    }
+                                    Err(e) => self.notes.push(format!("{path}: checkpoint ignored: {e}")),
+                                }
+                            }
+                        }
+                        Frame::Note(_) => {}
+                        Frame::Unknown(_) => rep.unknown_frames += 1,
+                        Frame::End { .. } => {}
+                    }
+                }
+                Err(CaptureError::Truncated(n)) => {
+                    rep.status = "truncated".into();
+                    rep.truncated_at = Some(n);
+                    break;
+                }
+                Err(CaptureError::Corrupt { offset, reason }) => {
+                    if self.opts.strict {
+                        rep.status = "corrupt".into();
+                        self.inputs.push(rep);
+                        return Err(AnalyzeError::Corrupt { path: path.to_string(), offset, reason });
+                    }
+                    rep.status = "corrupt".into();
+                    let skipped = match reader.resync() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            rep.error = Some(e.to_string());
+                            None
+                        }
+                    };
+                    if rep.corrupt_frames.len() < MAX_CORRUPT_LISTED {
+                        rep.corrupt_frames.push(CorruptFrame { offset, reason, skipped_bytes: skipped });
+                    } else {
+                        rep.corrupt_frames_unlisted += 1;
+                    }
+                    if skipped.is_none() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    rep.status = "unreadable".into();
+                    rep.error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        rep.bytes_read = reader.offset();
+        if first_before.is_none() {
+            if let Some(f) = self.first_ts {
+                rep.wall_start_ns = Some(header.wall_time_ns(f));
+            }
+        }
+        self.inputs.push(rep);
+        Ok(())
+    }
+
+    pub(crate) fn arena_reports(&self) -> Vec<ArenaReport> {
+        self.arenas
+            .values()
+            .filter(|a| self.pid_selected(a.pid))
+            .map(|a| ArenaReport {
+                pid: a.pid,
+                device: a.device,
+                kind: a.kind,
+                base: a.base,
+                size: a.size,
+                max_fragmentation: a.frag.max().unwrap_or(0.0),
+                min_largest_free_span: a.largest.points().iter().map(|p| p.min as u64).min().unwrap_or(0),
+                fragmentation: a.frag.points_in(self.from_abs, self.to_abs),
+                largest_free_span: a.largest.points_in(self.from_abs, self.to_abs),
+                free_in_arena: a.free.points_in(self.from_abs, self.to_abs),
+            })
+            .collect()
+    }
+
+    pub(crate) fn proc_series(&self, slot: usize) -> Option<&Series> {
+        self.procs.get(&slot).map(|t| &t.series)
+    }
+
+    pub(crate) fn proc_main_device(&self, slot: usize) -> (i16, Vec<i16>) {
+        match self.procs.get(&slot) {
+            Some(t) if !t.dev_max.is_empty() => {
+                let mut devs: Vec<i16> = t.dev_max.iter().map(|d| d.0).collect();
+                devs.sort_unstable();
+                let main = t.dev_max.iter().max_by_key(|d| (d.1, -d.0)).map(|d| d.0).unwrap_or(-1);
+                (main, devs)
+            }
+            _ => (-1, Vec::new()),
+        }
+    }
+
+    pub(crate) fn device_reports(&self) -> (Vec<DeviceReport>, Vec<DeviceTimeline>) {
+        let mut reps = Vec::new();
+        let mut tls = Vec::new();
+        for (dev, t) in &self.devs {
+            reps.push(DeviceReport {
+                device: *dev,
+                total_bytes: t.total,
+                free_bytes: t.free_latest,
+                min_free_bytes: t.min_free,
+                peak_live_bytes: t.peak_live,
+            });
+            tls.push(DeviceTimeline {
+                device: *dev,
+                total_bytes: t.total,
+                live_bytes: t.live.points_in(self.from_abs, self.to_abs),
+                free_bytes: t.free.points_in(self.from_abs, self.to_abs),
+            });
+        }
+        (reps, tls)
+    }
+
+    pub(crate) fn tracked_overflow(&self) -> bool {
+        self.tracked_overflow
+    }
+
+    pub(crate) fn track_pid(&self, slot: usize) -> Option<u32> {
+        self.procs.get(&slot).map(|t| t.pid)
+    }
+}
+
+pub(crate) fn layout_item(e: &LayoutEntry) -> LayoutItem {
+    LayoutItem {
+        addr: e.addr,
+        size: e.size,
+        class: format!("{:?}", e.class).to_lowercase(),
+        pid: e.pid,
+        device: e.device,
+        ts_ns: e.ts_ns,
+        reservation: e.reservation,
+    }
+}

@@ -1,0 +1,274 @@
+//! The report: everything `vramhook analyze` says, serialisable as the `--json` output.
+//! The schema is `analyzer/schema/report.schema.json`; bump [`SCHEMA_VERSION`] on any
+//! incompatible change.
+
+use crate::series::Point;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
+
+/// Version of the JSON report's schema.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub generator: String,
+    pub inputs: Vec<InputReport>,
+    pub time: TimeRange,
+    /// Events applied to the model (all inputs).
+    pub events: u64,
+    pub devices: Vec<DeviceReport>,
+    pub processes: Vec<ProcessReport>,
+    /// Processes by peak bytes, largest first (at most 10).
+    pub top_holders: Vec<Holder>,
+    pub ooms: Vec<OomReport>,
+    pub fragmentation: Vec<ArenaReport>,
+    pub leaks: Vec<LeakReport>,
+    pub timelines: Timelines,
+    pub layout: Option<LayoutReport>,
+    /// Nonsense events the model ignored, by reason.
+    pub anomalies: BTreeMap<String, u64>,
+    /// Plain statements about anything that makes the numbers less than complete.
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InputReport {
+    pub path: String,
+    /// "capture" or "pytorch_snapshot".
+    pub kind: String,
+    /// "complete", "truncated", "corrupt" (frames were skipped), "unreadable".
+    pub status: String,
+    pub host: Option<String>,
+    pub format_version: Option<u16>,
+    /// Wall-clock ns (Unix epoch) of the first event, when the capture says.
+    pub wall_start_ns: Option<u64>,
+    pub bytes_read: u64,
+    pub frames: u64,
+    pub events: u64,
+    /// "truncated at byte N": the file stops without an end frame; everything before N was read.
+    pub truncated_at: Option<u64>,
+    pub corrupt_frames: Vec<CorruptFrame>,
+    /// Corrupt frames beyond the listed ones.
+    pub corrupt_frames_unlisted: u64,
+    /// Frames of a type this reader does not know (from a newer writer), skipped.
+    pub unknown_frames: u64,
+    /// Set when nothing could be read: bad magic, a newer format version, an I/O error.
+    pub error: Option<String>,
+    /// PyTorch snapshots: the importer's totals (bytes reserved in segments, allocated in blocks).
+    pub pytorch: Option<PytorchTotals>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CorruptFrame {
+    pub offset: u64,
+    pub reason: String,
+    /// Bytes skipped to the next frame (None: no frame followed).
+    pub skipped_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PytorchTotals {
+    pub segments: u64,
+    pub blocks: u64,
+    pub trace_entries: u64,
+    /// Sum of segment sizes (PyTorch's memory_reserved).
+    pub reserved_bytes: u64,
+    /// Sum of allocated blocks (PyTorch's memory_allocated).
+    pub allocated_bytes: u64,
+    /// Reserved but unallocated, as the model computes it (its framework-cache idle bytes).
+    pub reserved_unallocated_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TimeRange {
+    /// Monotonic ns of the first event seen; every other time is on the same clock.
+    pub first_ts_ns: u64,
+    pub last_ts_ns: u64,
+    /// The window the report covers (after --from/--to).
+    pub from_ns: u64,
+    pub to_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReport {
+    pub device: i16,
+    pub total_bytes: Option<u64>,
+    /// Latest driver sample of free bytes.
+    pub free_bytes: Option<u64>,
+    /// Lowest free bytes the driver reported.
+    pub min_free_bytes: Option<u64>,
+    /// Highest sum of live bytes of traced processes on this device (sampled).
+    pub peak_live_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub start_time: u64,
+    pub ppid: u32,
+    pub command: String,
+    /// The device it held most memory on (-1 when unknown).
+    pub device: i16,
+    pub devices: Vec<i16>,
+    pub peak_bytes: u64,
+    pub peak_ts_ns: u64,
+    /// Live bytes just before it exited (or at the end of the capture if it did not).
+    pub final_live_bytes: u64,
+    pub final_live_allocations: u64,
+    pub exited: bool,
+    pub exit_status: Option<i32>,
+    pub exit_ts_ns: Option<u64>,
+    pub allocations: u64,
+    pub frees: u64,
+    pub failed_calls: u64,
+    pub oom_count: u64,
+    pub dropped_events: u64,
+    pub lost_in_flight: u64,
+    /// Events were lost: its numbers may be wrong.
+    pub incomplete: bool,
+    pub anomalies: u64,
+    /// Idle cached bytes at exit/end (pool reserve − live, framework cache).
+    pub idle_bytes: u64,
+    pub fragmentation: f64,
+    pub largest_free_span: u64,
+    /// Sizes and ages of allocations live at exit (or at the end).
+    pub size_histogram: Histogram,
+    pub age_histogram: Histogram,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub command: String,
+    pub peak_bytes: u64,
+    pub final_live_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EventLine {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub kind: String,
+    pub api: String,
+    pub result: u32,
+    pub device: i16,
+    pub addr: u64,
+    pub size: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OomReport {
+    pub id: u64,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    pub api: String,
+    pub caller: String,
+    pub requested_bytes: u64,
+    pub device_free_bytes: Option<u64>,
+    pub device_total_bytes: Option<u64>,
+    pub verdict: Verdict,
+    pub verdict_name: String,
+    pub unknown_reason: Option<String>,
+    pub explanation: String,
+    pub failures: u64,
+    pub retries: u64,
+    pub freed_bytes_between: u64,
+    pub outcome: Outcome,
+    pub own_idle_bytes: u64,
+    pub other_idle_bytes: u64,
+    pub arena_free_bytes: u64,
+    pub arena_largest_free_span: u64,
+    /// The process's last events before the failure, oldest first.
+    pub lead_up: Vec<EventLine>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ArenaReport {
+    pub pid: u32,
+    pub device: i16,
+    pub kind: ArenaKind,
+    pub base: u64,
+    pub size: u64,
+    pub max_fragmentation: f64,
+    pub min_largest_free_span: u64,
+    /// `[t_ns, min, max, last]` of fragmentation (0..1).
+    pub fragmentation: Vec<Point>,
+    pub largest_free_span: Vec<Point>,
+    pub free_in_arena: Vec<Point>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LeakReport {
+    pub pid: u32,
+    pub command: String,
+    /// "live_at_exit" or "growing".
+    pub kind: String,
+    pub bytes: u64,
+    pub allocations: u64,
+    /// Growing: bytes per second over the process's life.
+    pub growth_bytes_per_s: Option<f64>,
+    pub detail: String,
+    /// The largest allocations still live (at most 10).
+    pub largest: Vec<LayoutItem>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timelines {
+    pub processes: Vec<ProcessTimeline>,
+    pub devices: Vec<DeviceTimeline>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessTimeline {
+    pub pid: u32,
+    pub command: String,
+    /// `[t_ns, min, max, last]` of live bytes.
+    pub live_bytes: Vec<Point>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceTimeline {
+    pub device: i16,
+    pub total_bytes: Option<u64>,
+    pub live_bytes: Vec<Point>,
+    pub free_bytes: Vec<Point>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LayoutItem {
+    pub addr: u64,
+    pub size: u64,
+    pub class: String,
+    pub pid: u32,
+    pub device: i16,
+    pub ts_ns: u64,
+    pub reservation: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LayoutArena {
+    pub pid: u32,
+    pub device: i16,
+    pub kind: ArenaKind,
+    pub base: u64,
+    pub size: u64,
+    pub occupied: u64,
+    pub free_in_arena: u64,
+    pub largest_free_span: u64,
+    pub fragmentation: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LayoutReport {
+    pub ts_ns: u64,
+    /// Why this moment: "first OOM", "--at", "peak".
+    pub reason: String,
+    pub entries: Vec<LayoutItem>,
+    /// Entries left out to keep the report bounded (the smallest go first).
+    pub entries_omitted: u64,
+    pub arenas: Vec<LayoutArena>,
+}

@@ -1,0 +1,323 @@
+//! The text report: what an operator reads first.
+
+use crate::report::*;
+use std::fmt::Write;
+use vramhook_model::fmt_bytes;
+
+/// Seconds since the first event, "+1.234567s".
+pub fn rel(report: &Report, ts: u64) -> String {
+    let d = ts.saturating_sub(report.time.first_ts_ns);
+    format!("+{}.{:06}s", d / 1_000_000_000, (d % 1_000_000_000) / 1000)
+}
+
+/// "2026-11-29 03:04:05 UTC" from Unix ns.
+pub fn utc(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn opt_bytes(v: Option<u64>) -> String {
+    v.map_or_else(|| "?".to_string(), fmt_bytes)
+}
+
+/// A command for a narrow column: the program's file name, then its arguments.
+pub fn display_command(cmd: &str) -> String {
+    let mut parts = cmd.splitn(2, ' ');
+    let prog = parts.next().unwrap_or("");
+    let base = prog.rsplit('/').next().unwrap_or(prog);
+    match parts.next() {
+        Some(rest) => format!("{base} {rest}"),
+        None => base.to_string(),
+    }
+}
+
+fn short(s: &str, n: usize) -> String {
+    let s = &display_command(s);
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+fn hist_line(h: &vramhook_model::Histogram, label: impl Fn(u64) -> String) -> String {
+    let mut parts = Vec::new();
+    for (i, c) in h.counts.iter().enumerate() {
+        if *c == 0 {
+            continue;
+        }
+        let name = match h.bounds.get(i) {
+            Some(b) => format!("≤{}", label(*b)),
+            None => format!(">{}", h.bounds.last().map_or_else(String::new, |b| label(*b))),
+        };
+        parts.push(format!("{name}: {c}"));
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn dur(ns: u64) -> String {
+    if ns >= 3_600_000_000_000 {
+        format!("{}h", ns / 3_600_000_000_000)
+    } else if ns >= 60_000_000_000 {
+        format!("{}min", ns / 60_000_000_000)
+    } else if ns >= 1_000_000_000 {
+        format!("{}s", ns / 1_000_000_000)
+    } else if ns >= 1_000_000 {
+        format!("{}ms", ns / 1_000_000)
+    } else {
+        format!("{}µs", ns / 1000)
+    }
+}
+
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "vramhook analyze — post-mortem");
+    let _ = writeln!(o, "==============================");
+    for i in &r.inputs {
+        let _ = write!(o, "input  {} ({}): {}", i.path, i.kind, i.status);
+        if let Some(n) = i.truncated_at {
+            let _ = write!(o, ", truncated at byte {n}");
+        }
+        let _ = writeln!(o, ", {} events in {} frames, {} bytes read", i.events, i.frames, i.bytes_read);
+        if let Some(h) = &i.host {
+            let _ = write!(o, "       host {h:?}");
+            if let Some(w) = i.wall_start_ns {
+                let _ = write!(o, ", first event at {}", utc(w));
+            }
+            let _ = writeln!(o);
+        }
+        if let Some(e) = &i.error {
+            let _ = writeln!(o, "       error: {e}");
+        }
+        if let Some(p) = &i.pytorch {
+            let _ = writeln!(
+                o,
+                "       PyTorch snapshot: {} segments, {} blocks, {} trace entries; reserved {}, allocated {}, reserved but unallocated {}",
+                p.segments,
+                p.blocks,
+                p.trace_entries,
+                fmt_bytes(p.reserved_bytes),
+                fmt_bytes(p.allocated_bytes),
+                fmt_bytes(p.reserved_unallocated_bytes)
+            );
+        }
+    }
+    let span = r.time.last_ts_ns.saturating_sub(r.time.first_ts_ns);
+    let _ = writeln!(o, "events {} over {:.3}s", r.events, span as f64 / 1e9);
+
+    if !r.notes.is_empty() {
+        let _ = writeln!(o, "\nNOTES");
+        for n in &r.notes {
+            let _ = writeln!(o, "  ! {n}");
+        }
+    }
+
+    let _ = writeln!(o, "\nDEVICES");
+    if r.devices.is_empty() {
+        let _ = writeln!(o, "  (no device seen)");
+    }
+    for d in &r.devices {
+        let _ = writeln!(
+            o,
+            "  device {:>2}: total {}, free {} (lowest {}), traced live peak {}",
+            d.device,
+            opt_bytes(d.total_bytes),
+            opt_bytes(d.free_bytes),
+            opt_bytes(d.min_free_bytes),
+            fmt_bytes(d.peak_live_bytes)
+        );
+    }
+
+    let _ = writeln!(o, "\nPROCESSES");
+    let _ = writeln!(
+        o,
+        "  {:>7} {:<28} {:>3} {:>11} {:>11} {:>7} {:>7} {:>6} {:>7}  exit",
+        "pid", "command", "dev", "peak", "final live", "allocs", "frees", "failed", "dropped"
+    );
+    for p in &r.processes {
+        let exit = match (p.exited, p.exit_status) {
+            (true, Some(s)) => format!("status {s}"),
+            (true, None) => "exited".into(),
+            (false, _) => "running at end".into(),
+        };
+        let _ = writeln!(
+            o,
+            "  {:>7} {:<28} {:>3} {:>11} {:>11} {:>7} {:>7} {:>6} {:>7}  {}{}",
+            p.pid,
+            short(&p.command, 28),
+            p.device,
+            fmt_bytes(p.peak_bytes),
+            fmt_bytes(p.final_live_bytes),
+            p.allocations,
+            p.frees,
+            p.failed_calls,
+            p.dropped_events + p.lost_in_flight,
+            exit,
+            if p.incomplete { " (INCOMPLETE: events lost)" } else { "" }
+        );
+    }
+
+    if !r.top_holders.is_empty() {
+        let _ = writeln!(o, "\nTOP HOLDERS (by peak)");
+        for (i, h) in r.top_holders.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "  {}. pid {} {}: peak {}, {} at exit/end",
+                i + 1,
+                h.pid,
+                short(&h.command, 40),
+                fmt_bytes(h.peak_bytes),
+                fmt_bytes(h.final_live_bytes)
+            );
+        }
+    }
+
+    let _ = writeln!(o, "\nOOM INCIDENTS ({})", r.ooms.len());
+    if r.ooms.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for (n, i) in r.ooms.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "  #{} at {} — pid {} ({}) on device {}: {} requested {}, device free {} of {}",
+            n + 1,
+            rel(r, i.ts_ns),
+            i.pid,
+            short(&i.command, 40),
+            i.device,
+            if i.caller.is_empty() { i.api.clone() } else { format!("{} via {}", i.api, i.caller) },
+            fmt_bytes(i.requested_bytes),
+            opt_bytes(i.device_free_bytes),
+            opt_bytes(i.device_total_bytes)
+        );
+        let _ = writeln!(o, "     verdict: {}", i.verdict_name.to_uppercase());
+        for line in i.explanation.lines() {
+            let _ = writeln!(o, "     {line}");
+        }
+        let _ = writeln!(
+            o,
+            "     outcome: {:?} after {} failure(s), {} retr{}; {} freed in between; idle: own {}, other processes {}",
+            i.outcome,
+            i.failures,
+            i.retries,
+            if i.retries == 1 { "y" } else { "ies" },
+            fmt_bytes(i.freed_bytes_between),
+            fmt_bytes(i.own_idle_bytes),
+            fmt_bytes(i.other_idle_bytes)
+        );
+        if !i.lead_up.is_empty() {
+            let _ = writeln!(o, "     lead-up (last {} events of the process):", i.lead_up.len());
+            for e in &i.lead_up {
+                let _ = writeln!(
+                    o,
+                    "       {} tid {:<6} {:<12} {:<22} {:>11} at {:#x}{}",
+                    rel(r, e.ts_ns),
+                    e.tid,
+                    e.kind,
+                    e.api,
+                    fmt_bytes(e.size),
+                    e.addr,
+                    if e.result != 0 {
+                        format!("  -> {}", vramhook_protocol::record::result_name(e.result))
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(o, "\nLEAKS ({})", r.leaks.len());
+    if r.leaks.is_empty() {
+        let _ = writeln!(o, "  none: everything was freed before exit and nothing grew without bound");
+    }
+    for l in &r.leaks {
+        let _ = writeln!(o, "  pid {} {} [{}]: {}", l.pid, short(&l.command, 40), l.kind, l.detail);
+        for e in l.largest.iter().take(5) {
+            let _ = writeln!(
+                o,
+                "     {:>11} at {:#x} ({}) allocated {}",
+                fmt_bytes(e.size),
+                e.addr,
+                e.class,
+                rel(r, e.ts_ns)
+            );
+        }
+    }
+
+    let _ = writeln!(o, "\nFRAGMENTATION ({} arenas)", r.fragmentation.len());
+    if r.fragmentation.is_empty() {
+        let _ = writeln!(
+            o,
+            "  no arenas (VMM reservations, pools, framework segments); gaps between plain allocations are virtual, not free VRAM"
+        );
+    }
+    for a in r.fragmentation.iter().take(20) {
+        let last = a.fragmentation.last().map_or(0.0, |p| p.last);
+        let span = a.largest_free_span.last().map_or(0, |p| p.last as u64);
+        let _ = writeln!(
+            o,
+            "  pid {} dev {} {:?} {:#x} size {}: fragmentation {:.2} (max {:.2}), largest free span {} (min {})",
+            a.pid,
+            a.device,
+            a.kind,
+            a.base,
+            fmt_bytes(a.size),
+            last,
+            a.max_fragmentation,
+            fmt_bytes(span),
+            fmt_bytes(a.min_largest_free_span)
+        );
+    }
+    if r.fragmentation.len() > 20 {
+        let _ = writeln!(o, "  … {} more in --json", r.fragmentation.len() - 20);
+    }
+
+    let _ = writeln!(o, "\nHISTOGRAMS (allocations live at exit or end)");
+    for p in &r.processes {
+        let _ = writeln!(o, "  pid {} sizes: {}", p.pid, hist_line(&p.size_histogram, fmt_bytes));
+        let _ = writeln!(o, "  pid {} ages:  {}", p.pid, hist_line(&p.age_histogram, dur));
+    }
+
+    if let Some(l) = &r.layout {
+        let _ = writeln!(
+            o,
+            "\nLAYOUT at {} ({}): {} live allocations{}, {} arenas (see --html for the picture)",
+            rel(r, l.ts_ns),
+            l.reason,
+            l.entries.len(),
+            if l.entries_omitted > 0 { format!(" (+{} smallest omitted)", l.entries_omitted) } else { String::new() },
+            l.arenas.len()
+        );
+    }
+
+    let _ = writeln!(o, "\nANOMALIES");
+    if r.anomalies.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for (k, v) in &r.anomalies {
+        let _ = writeln!(o, "  {k}: {v}");
+    }
+    let lost: u64 = r.processes.iter().map(|p| p.dropped_events + p.lost_in_flight).sum();
+    let _ = writeln!(o, "  dropped events: {lost}");
+    o
+}

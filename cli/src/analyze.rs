@@ -1,0 +1,109 @@
+//! `vramhook analyze`: the offline post-mortem of captures and PyTorch memory snapshots.
+
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vramhook_analyzer::{analyze as run_analysis, html, perfetto, text, AnalyzeError, Options};
+
+#[derive(clap::Args, Debug)]
+pub struct AnalyzeArgs {
+    /// Capture files (.vhc) and/or PyTorch memory snapshots (pickles from
+    /// torch.cuda.memory._dump_snapshot), replayed in order as one stream.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Print the report as JSON (schema: analyzer/schema/report.schema.json) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write one self-contained HTML page with plots to this file.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
+    /// Also write a Chrome trace JSON (counter tracks) that Perfetto's viewer opens.
+    #[arg(long, value_name = "OUT")]
+    pub perfetto: Option<PathBuf>,
+    /// Stop at the first corrupt frame with exit code 2 (default: report it and skip it).
+    #[arg(long)]
+    pub strict: bool,
+    /// Report from this time after the first event (e.g. 1.5s, 200ms, 30; plain numbers are seconds).
+    #[arg(long, value_parser = parse_time)]
+    pub from: Option<u64>,
+    /// Stop the replay at this time after the first event.
+    #[arg(long, value_parser = parse_time)]
+    pub to: Option<u64>,
+    /// Address layout at this time after the first event (default: the first OOM, else the peak).
+    #[arg(long, value_parser = parse_time)]
+    pub at: Option<u64>,
+    /// Report only this process (repeatable). The model still replays every process.
+    #[arg(long = "pid")]
+    pub pids: Vec<u32>,
+    /// Points kept per timeline (min and max are preserved when downsampling).
+    #[arg(long, default_value_t = 2000)]
+    pub points: usize,
+}
+
+/// "1.5s", "200ms", "30us", "100ns", "2min", or a plain number of seconds → ns.
+pub fn parse_time(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("not a time: {s:?} (try 1.5s, 200ms)"))?;
+    let mul = match unit.trim() {
+        "" | "s" => 1e9,
+        "ms" => 1e6,
+        "us" | "µs" => 1e3,
+        "ns" => 1.0,
+        "min" | "m" => 60e9,
+        "h" => 3600e9,
+        u => return Err(format!("unknown time unit {u:?} (use ns, us, ms, s, min, h)")),
+    };
+    let ns = v * mul;
+    if !ns.is_finite() || ns < 0.0 || ns > 1.8e19 {
+        return Err(format!("time out of range: {s:?}"));
+    }
+    Ok(ns as u64)
+}
+
+pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
+    let opts = Options {
+        strict: args.strict,
+        from_ns: args.from,
+        to_ns: args.to,
+        at_ns: args.at,
+        pids: args.pids.clone(),
+        max_points: args.points.clamp(16, 100_000),
+        ..Options::default()
+    };
+    let report = match run_analysis(&args.files, &opts) {
+        Ok(r) => r,
+        Err(e @ AnalyzeError::Corrupt { .. }) => {
+            eprintln!("vramhook analyze: {e} (--strict)");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Nothing at all could be read (bad magic, newer version, I/O): say so and fail.
+    if report.inputs.iter().all(|i| i.status == "unreadable") {
+        let reasons: Vec<String> = report
+            .inputs
+            .iter()
+            .map(|i| format!("{}: {}", i.path, i.error.as_deref().unwrap_or("unreadable")))
+            .collect();
+        bail!("{}", reasons.join("; "));
+    }
+    if let Some(out) = &args.html {
+        std::fs::write(out, html::render(&report)).with_context(|| format!("cannot write {}", out.display()))?;
+        eprintln!("vramhook analyze: wrote {}", out.display());
+    }
+    if let Some(out) = &args.perfetto {
+        std::fs::write(out, perfetto::render(&report)).with_context(|| format!("cannot write {}", out.display()))?;
+        eprintln!("vramhook analyze: wrote {} (open it at ui.perfetto.dev)", out.display());
+    }
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut stdout, &report).context("cannot write JSON")?;
+        writeln!(stdout)?;
+    } else {
+        stdout.write_all(text::render(&report).as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
