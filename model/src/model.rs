@@ -3,7 +3,7 @@
 use crate::types::*;
 use crate::verdict::{decide_verdict, explain, ExplainCtx};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
 
@@ -210,7 +210,8 @@ struct Process {
     anomalies: u64,
     devices: Vec<DevBytes>,
     last_ts: u64,
-    lead_up: VecDeque<EventRecord>,
+    lead_up: Vec<EventRecord>,
+    lead_head: usize,
     freed_total: u64,
     open_incident: Option<usize>,
     awaiting_sample: Option<(usize, u32)>,
@@ -242,7 +243,8 @@ impl Process {
             anomalies: 0,
             devices: Vec::new(),
             last_ts: 0,
-            lead_up: VecDeque::new(),
+            lead_up: Vec::new(),
+            lead_head: 0,
             freed_total: 0,
             open_incident: None,
             awaiting_sample: None,
@@ -364,6 +366,8 @@ pub struct Model {
     anomalies: Vec<u64>,
     now: u64,
     events: u64,
+    #[serde(skip)]
+    pid_cache: Option<(u32, usize)>,
 }
 
 impl Model {
@@ -382,6 +386,7 @@ impl Model {
             anomalies: vec![0; Anomaly::COUNT],
             now: 0,
             events: 0,
+            pid_cache: None,
         }
     }
 
@@ -410,6 +415,7 @@ impl Model {
         let slot = self.procs.len();
         self.procs.push(Process::new(pid, start_time));
         self.by_pid.insert(pid, slot);
+        self.pid_cache = Some((pid, slot));
         slot
     }
 
@@ -428,9 +434,16 @@ impl Model {
             self.process_start(ev.pid, ev.aux, ev.addr as u32, ev.ts_ns);
             return;
         }
-        let slot = match self.by_pid.get(&ev.pid) {
-            Some(&s) => s,
-            None => self.new_process(ev.pid, 0),
+        let slot = match self.pid_cache {
+            Some((p, s)) if p == ev.pid => s,
+            _ => {
+                let s = match self.by_pid.get(&ev.pid) {
+                    Some(&s) => s,
+                    None => self.new_process(ev.pid, 0),
+                };
+                self.pid_cache = Some((ev.pid, s));
+                s
+            }
         };
         if !self.procs[slot].alive {
             self.anomaly(Some(slot), Anomaly::EventAfterExit);
@@ -490,10 +503,13 @@ impl Model {
         let n = self.config.lead_up_events;
         if n > 0 {
             let p = &mut self.procs[slot];
-            if p.lead_up.len() >= n {
-                p.lead_up.pop_front();
+            if p.lead_up.len() < n {
+                p.lead_up.push(EventRecord::from(ev));
+            } else {
+                let h = p.lead_head % p.lead_up.len();
+                p.lead_up[h] = EventRecord::from(ev);
+                p.lead_head = (h + 1) % p.lead_up.len();
             }
-            p.lead_up.push_back(EventRecord::from(ev));
         }
     }
 
@@ -637,12 +653,11 @@ impl Model {
             Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
             _ => 0,
         };
-        if let Some(old) = self.allocs.get(&(pid, ev.addr)).copied() {
+        let a = Alloc { size: ev.size, ts, pool, device: ev.device, class: class as u8 };
+        if let Some(old) = self.allocs.insert((pid, ev.addr), a) {
             self.anomaly(Some(slot), Anomaly::AllocOverLive);
             self.remove_alloc(slot, pid, ev.addr, old);
         }
-        let a = Alloc { size: ev.size, ts, pool, device: ev.device, class: class as u8 };
-        self.allocs.insert((pid, ev.addr), a);
         let p = &mut self.procs[slot];
         p.allocations += 1;
         p.add_bytes(class, ev.device, ev.size, ts);
@@ -665,8 +680,8 @@ impl Model {
         }
     }
 
+    /// Accounts for an allocation already taken out of `allocs`.
     fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
-        self.allocs.remove(&(pid, addr));
         let class = Class::from_index(a.class);
         self.procs[slot].sub_bytes(class, a.device, a.size);
         if class == Class::Pool {
@@ -700,7 +715,7 @@ impl Model {
         if ev.addr == 0 {
             return; // cudaFree(NULL) is a no-op.
         }
-        match self.allocs.get(&(ev.pid, ev.addr)).copied() {
+        match self.allocs.remove(&(ev.pid, ev.addr)) {
             Some(a) => self.remove_alloc(slot, ev.pid, ev.addr, a),
             None => self.anomaly(Some(slot), Anomaly::FreeUnknown),
         }
@@ -1105,7 +1120,10 @@ impl Model {
             retries: 0,
             freed_bytes_between: 0,
             outcome: Outcome::Open,
-            lead_up: p.lead_up.iter().copied().collect(),
+            lead_up: {
+                let h = p.lead_head.min(p.lead_up.len());
+                p.lead_up[h..].iter().chain(&p.lead_up[..h]).copied().collect()
+            },
             own_idle_bytes: own_idle,
             other_idle_bytes: other_idle,
             arena_free_bytes,
