@@ -148,6 +148,8 @@ pub struct ProcessEnd {
     /// Exit status as `wait` reported it, or `None` when the reader could not know.
     pub exit_status: Option<i32>,
     pub start_time: u64,
+    /// Monotonic ns at which the reader closed the stream (the process was gone by then).
+    pub ts_ns: u64,
     pub delivered: u64,
     /// Events the writer dropped because the ring was full.
     pub dropped: u64,
@@ -158,14 +160,21 @@ pub struct ProcessEnd {
 }
 
 impl ProcessEnd {
-    const SIZE: usize = 56;
+    const SIZE: usize = 64;
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(Self::SIZE);
         out.extend_from_slice(&self.pid.to_le_bytes());
         out.extend_from_slice(&self.exit_status.unwrap_or(i32::MIN).to_le_bytes());
-        for v in [self.start_time, self.delivered, self.dropped, self.lost_in_flight, self.malformed, self.hook_misses]
-        {
+        for v in [
+            self.start_time,
+            self.ts_ns,
+            self.delivered,
+            self.dropped,
+            self.lost_in_flight,
+            self.malformed,
+            self.hook_misses,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out
@@ -179,6 +188,7 @@ impl ProcessEnd {
             pid,
             exit_status: (status != i32::MIN).then_some(status),
             start_time: r.u64()?,
+            ts_ns: r.u64()?,
             delivered: r.u64()?,
             dropped: r.u64()?,
             lost_in_flight: r.u64()?,
