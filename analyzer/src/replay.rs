@@ -195,9 +195,6 @@ impl Replayer {
         e.1 = e.1.saturating_add(end.lost_in_flight);
         self.remember_exit(end.pid, end.start_time);
         self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
-        if end.ts_ns > self.last_ts && end.ts_ns <= self.to_abs {
-            self.last_ts = end.ts_ns;
-        }
         self.sample(self.last_ts);
     }
 

@@ -1,0 +1,131 @@
+//! The report's numbers and shape on a synthetic two-process capture.
+
+mod common;
+use common::*;
+use vramhook_analyzer::{analyze_bytes, perfetto, text, Options};
+
+fn proc(r: &vramhook_analyzer::Report, pid: u32) -> &vramhook_analyzer::ProcessReport {
+    r.processes.iter().find(|p| p.pid == pid).expect("process in report")
+}
+
+#[test]
+fn scenario_report_has_every_section_and_matches_the_schema() {
+    let (bytes, _) = scenario();
+    let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
+    assert_valid(&r);
+    assert_eq!(r.inputs[0].status, "complete");
+    assert_eq!(r.schema_version, 1);
+    let p = proc(&r, 100);
+    assert_eq!(p.command, "python train.py");
+    assert_eq!(p.device, 0);
+    assert_eq!(p.allocations, 40);
+    assert_eq!(p.frees, 13 + 2);
+    assert_eq!(p.failed_calls, 2);
+    // 40 × 100 MiB minus 13 frees before the OOM: the peak; two more frees after it.
+    assert_eq!(p.peak_bytes, 27 * 100 * MIB);
+    assert_eq!(p.final_live_bytes, 25 * 100 * MIB, "live just before exit, not the model's 0 after it");
+    assert!(p.exited);
+    assert_eq!(p.exit_status, Some(1));
+    let q = proc(&r, 200);
+    assert_eq!(q.dropped_events, 3);
+    assert!(q.incomplete);
+    assert_eq!(q.allocations, 8);
+    assert_eq!(q.final_live_bytes, 4 * 512 * MIB);
+
+    assert_eq!(r.ooms.len(), 1, "fail, free, retry is one incident");
+    let o = &r.ooms[0];
+    assert_eq!(o.pid, 100);
+    assert_eq!(o.requested_bytes, 200 * GIB);
+    assert_eq!(o.device_free_bytes, Some(9 * GIB));
+    assert_eq!(o.verdict_name, "capacity");
+    assert!(!o.explanation.is_empty());
+    assert!(!o.lead_up.is_empty() && o.lead_up.len() <= 16);
+
+    let a = r.fragmentation.iter().find(|a| a.pid == 200).expect("pid 200's reservation");
+    assert_eq!(a.size, 4 * GIB);
+    assert!(a.max_fragmentation > 0.5, "every other chunk unmapped: {}", a.max_fragmentation);
+    assert_eq!(a.min_largest_free_span, 0, "fully mapped for a while");
+    assert_eq!(a.largest_free_span.last().map(|p| p.last), Some((512 * MIB) as f64));
+    assert_eq!(r.anomalies.get("unmap_of_nothing"), Some(&1), "the scenario unmaps past the reservation once");
+
+    assert!(r.leaks.iter().any(|l| l.pid == 100 && l.kind == "live_at_exit" && l.bytes == 25 * 100 * MIB));
+    let l = r.layout.as_ref().expect("layout");
+    assert_eq!(l.reason, "first OOM");
+    assert_eq!(l.entries.iter().filter(|e| e.pid == 100).map(|e| e.size).sum::<u64>(), 27 * 100 * MIB);
+    assert!(r.timelines.processes.iter().all(|t| !t.live_bytes.is_empty()));
+    assert!(r.timelines.devices[0].free_bytes.len() >= 2);
+
+    let t = text::render(&r);
+    for needle in ["OOM INCIDENTS (1)", "verdict: CAPACITY", "LEAKS", "FRAGMENTATION", "INCOMPLETE", "200.00 GiB"] {
+        assert!(t.contains(needle), "text report lacks {needle:?}:\n{t}");
+    }
+}
+
+#[test]
+fn filters_by_pid_and_time() {
+    let (bytes, _) = scenario();
+    let opts = Options { pids: vec![200], ..Options::default() };
+    let r = analyze_bytes("s.vhc", &bytes, &opts).expect("analyze");
+    assert_valid(&r);
+    assert!(r.processes.iter().all(|p| p.pid == 200));
+    assert!(r.ooms.is_empty());
+    // Stop 50 ms in: pid 100 has made only a few allocations, no OOM yet.
+    let opts = Options { to_ns: Some(50_000_000), ..Options::default() };
+    let r = analyze_bytes("s.vhc", &bytes, &opts).expect("analyze");
+    assert_valid(&r);
+    assert!(r.ooms.is_empty());
+    assert!(proc(&r, 100).allocations < 10);
+    assert!(r.notes.iter().any(|n| n.contains("--to")));
+    // Layout at a chosen moment.
+    let opts = Options { at_ns: Some(30_000_000), ..Options::default() };
+    let r = analyze_bytes("s.vhc", &bytes, &opts).expect("analyze");
+    assert_eq!(r.layout.as_ref().map(|l| l.reason.as_str()), Some("--at"));
+}
+
+#[test]
+fn truncated_capture_is_analysed_up_to_the_cut() {
+    let (bytes, offsets) = scenario();
+    // Cut in the middle of the frame that holds the OOM.
+    let cut = (offsets[offsets.len() - 4] + 40) as usize;
+    let r = analyze_bytes("cut.vhc", &bytes[..cut], &Options::default()).expect("analyze");
+    assert_valid(&r);
+    assert_eq!(r.inputs[0].status, "truncated");
+    let at = r.inputs[0].truncated_at.expect("truncated_at");
+    assert_eq!(at, offsets[offsets.len() - 4]);
+    assert!(r.notes.iter().any(|n| n.contains(&format!("truncated at byte {at}"))));
+    assert_eq!(proc(&r, 100).allocations, 40, "every event before the cut was applied");
+    assert!(text::render(&r).contains(&format!("truncated at byte {at}")));
+}
+
+#[test]
+fn perfetto_trace_has_counters_and_oom_instants() {
+    let (bytes, _) = scenario();
+    let r = analyze_bytes("s.vhc", &bytes, &Options::default()).expect("analyze");
+    let v: serde_json::Value = serde_json::from_str(&perfetto::render(&r)).expect("trace is JSON");
+    let evs = v["traceEvents"].as_array().expect("traceEvents");
+    let counters: Vec<_> = evs.iter().filter(|e| e["ph"] == "C").collect();
+    assert!(counters.iter().any(|e| e["pid"] == 100 && e["name"] == "live bytes"));
+    assert!(counters.iter().any(|e| e["name"] == "device free bytes"));
+    let peak = counters
+        .iter()
+        .filter(|e| e["pid"] == 100)
+        .filter_map(|e| e["args"]["bytes"].as_u64())
+        .max()
+        .expect("pid 100 counters");
+    assert_eq!(peak, 27 * 100 * MIB, "downsampling keeps the peak");
+    let ooms: Vec<_> = evs.iter().filter(|e| e["ph"] == "i").collect();
+    assert_eq!(ooms.len(), 1);
+    assert!(ooms[0]["name"].as_str().unwrap_or("").contains("capacity"));
+    assert!(evs.iter().all(|e| e["ts"].is_number() || e["ph"] == "M"));
+}
+
+#[test]
+fn newer_version_and_garbage_say_so() {
+    let (mut bytes, _) = scenario();
+    bytes[8] = 9; // format version 9
+    let r = analyze_bytes("new.vhc", &bytes, &Options::default()).expect("analyze");
+    assert_eq!(r.inputs[0].status, "unreadable");
+    assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("version 9 is newer"), "{:?}", r.inputs[0].error);
+    let r = analyze_bytes("junk", b"hello world, not a capture", &Options::default()).expect("analyze");
+    assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("bad magic"));
+}
