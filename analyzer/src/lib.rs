@@ -7,6 +7,7 @@
 //! timelines are downsampled to at most `max_points` buckets (keeping minimum and maximum),
 //! and lists (layout entries, corrupt frames, lead-up events) are capped.
 
+pub mod fuzzing;
 pub mod html;
 pub mod perfetto;
 pub mod pickle;

@@ -7,6 +7,7 @@ use vramhook_protocol::record::{Api, Event, EventKind};
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
 
+#[allow(clippy::too_many_arguments)]
 pub fn ev(pid: u32, ts: u64, kind: EventKind, api: Api, addr: u64, size: u64, aux: u64, result: u32) -> Event {
     Event {
         seq: 0,

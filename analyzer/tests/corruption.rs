@@ -1,0 +1,155 @@
+//! The corruption suite: truncations at every byte, random bit flips, spliced files,
+//! strict mode. Seeded and fast; nothing may panic, and nothing readable may be lost.
+
+mod common;
+use common::*;
+use vramhook_analyzer::{analyze_bytes, fuzzing, AnalyzeError, Options};
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn events_applied(bytes: &[u8]) -> u64 {
+    analyze_bytes("x.vhc", bytes, &Options::default()).expect("non-strict never fails").events
+}
+
+#[test]
+fn truncation_at_every_byte() {
+    let (bytes, offsets) = scenario();
+    let full = events_applied(&bytes);
+    let mut last_events = 0;
+    for cut in 0..bytes.len() {
+        let r = analyze_bytes("cut.vhc", &bytes[..cut], &Options::default()).expect("non-strict never fails");
+        let i = &r.inputs[0];
+        if cut < 64 + 8 {
+            assert!(i.status == "truncated" || i.status == "unreadable", "cut {cut}: {}", i.status);
+            continue;
+        }
+        assert_eq!(i.status, "truncated", "cut at {cut}");
+        let at = i.truncated_at.expect("truncated_at");
+        assert!(at <= cut as u64, "cut {cut} reported at {at}");
+        // The cut is reported at the start of the frame it falls in: a frame boundary.
+        assert!(offsets.contains(&at), "cut {cut}: {at} is not a frame boundary");
+        assert!(r.notes.iter().any(|n| n.contains(&format!("truncated at byte {at}"))));
+        assert!(r.events >= last_events, "fewer events with more bytes at cut {cut}");
+        last_events = r.events;
+    }
+    assert!(last_events <= full);
+}
+
+#[test]
+fn random_bit_flips_never_panic_and_report_offsets() {
+    let (bytes, _) = scenario();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut corrupt_seen = 0;
+    for _ in 0..1500 {
+        let mut b = bytes.clone();
+        for _ in 0..1 + rng.below(8) {
+            let i = rng.below(b.len());
+            b[i] ^= 1 << rng.below(8);
+        }
+        let r = analyze_bytes("flip.vhc", &b, &Options::default()).expect("non-strict never fails");
+        for c in &r.inputs[0].corrupt_frames {
+            assert!(c.offset < b.len() as u64);
+            assert!(!c.reason.is_empty());
+            corrupt_seen += 1;
+        }
+        fuzzing::capture_reader(&b);
+        // Strict: either fine, or one corrupt frame named by offset.
+        match analyze_bytes("flip.vhc", &b, &Options { strict: true, ..Options::default() }) {
+            Ok(_) => {}
+            Err(AnalyzeError::Corrupt { offset, .. }) => assert!(offset < b.len() as u64),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(corrupt_seen > 500, "the flips should hit checksummed frames: {corrupt_seen}");
+}
+
+#[test]
+fn a_corrupt_frame_is_skipped_and_the_rest_is_read() {
+    let (bytes, offsets) = scenario();
+    // Damage the payload of the second event frame (pid 100's first allocations).
+    let frame = offsets[3];
+    let mut b = bytes.clone();
+    b[frame as usize + 16 + 70] ^= 0xff;
+    let r = analyze_bytes("bad.vhc", &b, &Options::default()).expect("non-strict");
+    let i = &r.inputs[0];
+    assert_eq!(i.status, "corrupt");
+    assert_eq!(i.corrupt_frames.len(), 1);
+    assert_eq!(i.corrupt_frames[0].offset, frame);
+    assert!(r.notes.iter().any(|n| n.contains(&format!("corrupt frame at byte {frame}"))));
+    // Everything after the bad frame was still applied: the OOM and both exits.
+    assert_eq!(r.ooms.len(), 1);
+    assert!(r.processes.iter().all(|p| p.exited));
+    // Strict stops there, naming the offset.
+    match analyze_bytes("bad.vhc", &b, &Options { strict: true, ..Options::default() }) {
+        Err(AnalyzeError::Corrupt { offset, reason, .. }) => {
+            assert_eq!(offset, frame);
+            assert!(reason.contains("checksum"), "{reason}");
+        }
+        other => panic!("strict mode must fail: {:?}", other.map(|r| r.inputs[0].status.clone())),
+    }
+}
+
+#[test]
+fn spliced_files_never_panic() {
+    let (a, _) = scenario();
+    let (b, _) = scenario();
+    let mut rng = Rng(0xfeed_beef_0000_0002);
+    for _ in 0..400 {
+        let i = rng.below(a.len());
+        let j = rng.below(b.len());
+        let mut s = a[..i].to_vec();
+        s.extend_from_slice(&b[j..]);
+        if rng.below(4) == 0 {
+            // Or a whole second capture glued on, header and all.
+            s.extend_from_slice(&b);
+        }
+        let r = analyze_bytes("splice.vhc", &s, &Options::default()).expect("non-strict");
+        assert!(r.events <= 2 * 86);
+        fuzzing::analyze_bytes_target(&s[..s.len().min(3000)]);
+    }
+}
+
+#[test]
+fn seed_corpus_through_the_fuzz_target_bodies() {
+    let (bytes, _) = scenario();
+    let mut corpus: Vec<Vec<u8>> = vec![bytes.clone(), Vec::new(), b"VRHKCAPT".to_vec(), vec![0x80, 5, b'.']];
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds");
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if let Ok(b) = std::fs::read(e.path()) {
+                corpus.push(b);
+            }
+        }
+    }
+    let mut rng = Rng(7);
+    let n = corpus.len();
+    for k in 0..n {
+        for _ in 0..30 {
+            let mut b = corpus[k].clone();
+            if !b.is_empty() {
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(b.len());
+                    b[i] = rng.next() as u8;
+                }
+            }
+            corpus.push(b);
+        }
+    }
+    for c in &corpus {
+        fuzzing::capture_reader(c);
+        fuzzing::pytorch_snapshot(c);
+        fuzzing::analyze_bytes_target(c);
+    }
+}
