@@ -51,7 +51,11 @@ pub fn demo(args: DemoArgs) -> Result<ExitCode> {
     if !workload.is_file() {
         bail!("no workload {} in {}", args.workload, sim.join("workloads").display());
     }
-    eprintln!("vramhook demo: tracing {} on the simulated CUDA driver ({} GiB device)", args.workload, args.vram_bytes >> 30);
+    eprintln!(
+        "vramhook demo: tracing {} on the simulated CUDA driver ({} GiB device)",
+        args.workload,
+        args.vram_bytes >> 30
+    );
     let program = vec![OsString::from(&workload)];
     let outcome = trace(TracedRun {
         program: &program,

@@ -67,7 +67,10 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                 writeln!(out, "{line}")?;
             }
             Ok(Some(Frame::Unknown(kind))) => {
-                eprintln!("vramhook: skipping frame of unknown type {kind} at byte {} (newer writer?)", reader.frame_offset());
+                eprintln!(
+                    "vramhook: skipping frame of unknown type {kind} at byte {} (newer writer?)",
+                    reader.frame_offset()
+                );
             }
             Ok(Some(_)) => {}
             Ok(None) => break,

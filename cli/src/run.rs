@@ -61,7 +61,11 @@ fn random_run_id() -> u64 {
     let mut buf = [0u8; 8];
     // SAFETY: getrandom into our buffer.
     let n = unsafe { libc::getrandom(buf.as_mut_ptr() as *mut libc::c_void, 8, 0) };
-    let id = if n == 8 { u64::from_le_bytes(buf) } else { vramhook_protocol::clock::monotonic_ns() ^ u64::from(std::process::id()) };
+    let id = if n == 8 {
+        u64::from_le_bytes(buf)
+    } else {
+        vramhook_protocol::clock::monotonic_ns() ^ u64::from(std::process::id())
+    };
     id.max(1)
 }
 
@@ -124,7 +128,7 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
     let child_pid = child.id() as i32;
     drop(child); // reaped below with waitpid(-1), together with every descendant
-    // SAFETY: installing a handler that only stores an atomic.
+                 // SAFETY: installing a handler that only stores an atomic.
     unsafe {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             libc::signal(sig, on_signal as *const () as libc::sighandler_t);

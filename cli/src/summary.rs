@@ -68,8 +68,10 @@ impl Recorder {
         let capture = match capture_path {
             Some(path) => {
                 let file = File::create(path).with_context(|| format!("cannot create capture {}", path.display()))?;
-                Some(CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())
-                    .with_context(|| format!("cannot write capture {}", path.display()))?)
+                Some(
+                    CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())
+                        .with_context(|| format!("cannot write capture {}", path.display()))?,
+                )
             }
             None => None,
         };

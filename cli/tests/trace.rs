@@ -45,7 +45,11 @@ fn check_workload(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Traced {
     assert_eq!(t.summary["dropped_events"], 0, "{name}: events dropped with a large ring");
 
     for (pid, live) in truth_live_at_exit(&t) {
-        assert_eq!(t.process(pid)["final_live_bytes"], live, "{name}: pid {pid} live bytes at exit differ from the driver's");
+        assert_eq!(
+            t.process(pid)["final_live_bytes"],
+            live,
+            "{name}: pid {pid} live bytes at exit differ from the driver's"
+        );
     }
     // Every out-of-memory failure is followed by a device sample from the same thread.
     for (i, e) in t.events.iter().enumerate() {
@@ -117,7 +121,9 @@ fn ggml_vmm_pool_linked_directly() {
 #[test]
 fn async_pools_with_ptsz_variants() {
     let t = check_workload("async_pool", &[], &[]);
-    for api in ["cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemPoolTrimTo"] {
+    for api in
+        ["cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemPoolTrimTo"]
+    {
         assert!(t.events.iter().any(|e| e["api"] == api), "no {api} event");
     }
 }
@@ -176,9 +182,11 @@ fn small_ring_drops_are_counted_exactly_and_the_program_is_unaffected() {
     assert_eq!(t.checksum(), checksum_line(&String::from_utf8_lossy(&untraced.stdout)));
     // Everything the interposer tried to record: each driver call the simulated driver
     // logged (our own cuMemGetInfo samples included), plus process start and exit.
-    let issued: u64 = t.truth.values().map(|l| l.iter().filter(|v| v.get("fn").is_some()).count() as u64).sum::<u64>() + 2;
+    let issued: u64 =
+        t.truth.values().map(|l| l.iter().filter(|v| v.get("fn").is_some()).count() as u64).sum::<u64>() + 2;
     let delivered = t.events.iter().filter(|e| e["kind"] != "dropped").count() as u64;
-    let dropped: u64 = t.events.iter().filter(|e| e["kind"] == "dropped").map(|e| e["size"].as_u64().expect("size")).sum();
+    let dropped: u64 =
+        t.events.iter().filter(|e| e["kind"] == "dropped").map(|e| e["size"].as_u64().expect("size")).sum();
     assert!(dropped > 0, "a 16-slot ring under 16 threads should overflow");
     assert_eq!(delivered + dropped, issued, "delivered {delivered} + dropped {dropped} != issued {issued}");
     assert_eq!(t.summary["dropped_events"], dropped);
@@ -250,7 +258,8 @@ fn rtld_next_keeps_the_callers_meaning() {
 fn disabled_passes_everything_through() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plain = run_untraced("misc_api", &[], &[]);
-    let out = run_preloaded("misc_api", &[("VRAMHOOK_DISABLE", "1"), ("VRAMHOOK_DIR", dir.path().to_str().expect("utf8"))]);
+    let out =
+        run_preloaded("misc_api", &[("VRAMHOOK_DISABLE", "1"), ("VRAMHOOK_DIR", dir.path().to_str().expect("utf8"))]);
     assert_eq!(out.stdout, plain.stdout);
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
 }

@@ -13,6 +13,8 @@ pub static RING_SLOTS: AtomicU64 = AtomicU64::new(vramhook_protocol::ring::DEFAU
 pub static RUN_ID: AtomicU64 = AtomicU64::new(0);
 /// `VRAMHOOK_MEMINFO_MS`: least interval between periodic `cuMemGetInfo` samples.
 pub static MEMINFO_INTERVAL_MS: AtomicU64 = AtomicU64::new(1000);
+/// `VRAMHOOK_DEBUG=1`: name on stderr each driver entry point that could not be wrapped.
+pub static DEBUG: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_CLOCK=monotonic`: stamp events with CLOCK_MONOTONIC instead of the TSC.
 pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
@@ -56,6 +58,9 @@ pub fn load_from_env() {
     }
     if let Some(v) = env(c"VRAMHOOK_QUIET") {
         QUIET.store(truthy(v), Ordering::Relaxed);
+    }
+    if let Some(v) = env(c"VRAMHOOK_DEBUG") {
+        DEBUG.store(truthy(v), Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_RING_SLOTS").and_then(parse_u64) {
         use vramhook_protocol::ring::{MAX_CAPACITY, MIN_CAPACITY};

@@ -312,7 +312,7 @@ hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r| {
 });
 
 /// Swaps a pointer the driver handed out for our wrapper of the same function.
-unsafe fn swap_entry_point(symbol: *const c_char, pfn: *mut *mut c_void) {
+unsafe fn swap_entry_point(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
     if pfn.is_null() || (*pfn).is_null() {
         return;
     }
@@ -321,7 +321,30 @@ unsafe fn swap_entry_point(symbol: *const c_char, pfn: *mut *mut c_void) {
         *pfn = wrapper(f);
     } else if !symbol.is_null() && real::is_memory_base_name(core::ffi::CStr::from_ptr(symbol).to_bytes()) {
         sink::count_hook_miss();
+        if config::DEBUG.load(std::sync::atomic::Ordering::Relaxed) {
+            report_miss(core::ffi::CStr::from_ptr(symbol).to_bytes(), version, flags);
+        }
     }
+}
+
+/// `vramhook: no wrapper for cuFoo@12000 flags 0` on stderr (VRAMHOOK_DEBUG only).
+fn report_miss(name: &[u8], version: i32, flags: u64) {
+    let mut line = [0u8; 200];
+    let mut n = 0;
+    let mut put = |b: &[u8]| {
+        let take = b.len().min(line.len() - n);
+        line[n..n + take].copy_from_slice(&b[..take]);
+        n += take;
+    };
+    put(b"vramhook: no wrapper for ");
+    put(name);
+    put(b"@");
+    put(version.to_string().as_bytes());
+    put(b" flags ");
+    put(flags.to_string().as_bytes());
+    put(b"\n");
+    // SAFETY: writing our buffer to stderr.
+    unsafe { libc::write(2, line.as_ptr() as *const c_void, n) };
 }
 
 #[unsafe(no_mangle)]
@@ -343,7 +366,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         core::mem::transmute(p);
     let r = real_fn(symbol, pfn, cuda_version, flags, symbol_status);
     if r == 0 && !config::disabled() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap_entry_point(symbol, pfn)));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            swap_entry_point(symbol, pfn, cuda_version, flags)
+        }));
     }
     r
 }
@@ -362,11 +387,12 @@ pub unsafe extern "C" fn cuGetProcAddress(
         return CUDA_ERROR_NOT_INITIALIZED;
     }
     // SAFETY: libcuda's cuGetProcAddress.
-    let real_fn: unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult =
-        core::mem::transmute(p);
+    let real_fn: unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult = core::mem::transmute(p);
     let r = real_fn(symbol, pfn, cuda_version, flags);
     if r == 0 && !config::disabled() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap_entry_point(symbol, pfn)));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            swap_entry_point(symbol, pfn, cuda_version, flags)
+        }));
     }
     r
 }

@@ -103,12 +103,8 @@ pub fn resolve_all(handle: *mut c_void) -> bool {
         for f in ALL {
             let p = dlsym(handle, NAMES[f as usize].as_ptr() as *const libc::c_char);
             if !p.is_null() {
-                let _ = REAL[f as usize].compare_exchange(
-                    core::ptr::null_mut(),
-                    p,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                let _ =
+                    REAL[f as usize].compare_exchange(core::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire);
             }
         }
     }

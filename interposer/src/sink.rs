@@ -391,7 +391,16 @@ extern "C" fn after_fork_in_child() {
 
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn record(kind: EventKind, api: Api, result: u32, device: i16, addr: u64, size: u64, aux: u64, stream: u64) -> RawRecord {
+fn record(
+    kind: EventKind,
+    api: Api,
+    result: u32,
+    device: i16,
+    addr: u64,
+    size: u64,
+    aux: u64,
+    stream: u64,
+) -> RawRecord {
     RawRecord {
         seq: U64::new(0),
         ts_ns: U64::new(now()),

@@ -18,8 +18,17 @@ pub fn sim_dir() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let dir = repo_root().join("tests/simcuda");
-            let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().expect("cannot run make (is it installed?)");
-            assert!(out.status.success(), "building the simulated CUDA driver failed:\n{}", String::from_utf8_lossy(&out.stderr));
+            let out = Command::new("make")
+                .arg("-s")
+                .arg("-C")
+                .arg(&dir)
+                .output()
+                .expect("cannot run make (is it installed?)");
+            assert!(
+                out.status.success(),
+                "building the simulated CUDA driver failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             dir.join("build")
         })
         .clone()
@@ -68,7 +77,12 @@ impl Traced {
         checksum_line(&self.stdout())
     }
     pub fn process(&self, pid: u32) -> &Value {
-        self.summary["processes"].as_array().expect("processes").iter().find(|p| p["pid"] == pid).expect("process in summary")
+        self.summary["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .expect("process in summary")
     }
 }
 
@@ -136,12 +150,24 @@ pub fn read_truth(dir: &Path) -> BTreeMap<u32, Vec<Value>> {
 pub type Call = (String, u64, u64, u64);
 
 const ALLOCS: &[&str] = &[
-    "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-    "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuArrayCreate_v2", "cuArray3DCreate_v2",
-    "cuMipmappedArrayCreate", "cuIpcOpenMemHandle_v2",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuArrayCreate_v2",
+    "cuArray3DCreate_v2",
+    "cuMipmappedArrayCreate",
+    "cuIpcOpenMemHandle_v2",
 ];
 const FREES: &[&str] = &[
-    "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuArrayDestroy", "cuMipmappedArrayDestroy",
+    "cuMemFree_v2",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuArrayDestroy",
+    "cuMipmappedArrayDestroy",
     "cuIpcCloseMemHandle",
 ];
 
