@@ -186,6 +186,22 @@ impl Replayer {
         }
     }
 
+    /// A framework segment (PyTorch): straight to the model.
+    #[allow(clippy::too_many_arguments)]
+    pub fn framework_segment(
+        &mut self,
+        pid: u32,
+        device: i16,
+        base: u64,
+        size: u64,
+        blocks: &[vramhook_model::Block],
+        ts: u64,
+    ) {
+        if !self.stopped {
+            self.model.framework_segment(pid, device, base, size, blocks, ts);
+        }
+    }
+
     pub fn process_end(&mut self, end: &ProcessEnd) {
         if self.stopped {
             return;

@@ -1,6 +1,290 @@
-//! todo
+//! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`): a pickled dict with
+//! `segments` (the caching allocator's segments and their blocks, at snapshot time) and
+//! `device_traces` (per device, the allocator's recent actions).
+//!
+//! Import, so that the same model computes the same report and verdicts:
+//! - every segment is a `cudaMalloc` of the caching allocator: segments alive before the
+//!   trace starts become allocations at its start; `segment_alloc`/`segment_map` trace entries
+//!   become allocations, `segment_free`/`segment_unmap` frees;
+//! - the blocks inside segments are tracked from `alloc`/`free_completed` entries and handed
+//!   to the model as framework segments before every `oom` entry (so the verdict sees the cache
+//!   that was idle then), and from the final `segments` list at the end;
+//! - an `oom` entry becomes a failed allocation followed by the device sample it carries.
+//!
+//! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range).
+
+use crate::pickle::{self, Value};
+use crate::report::{InputReport, PytorchTotals};
 use crate::{AnalyzeError, Replayer};
+use std::collections::{BTreeMap, BTreeSet};
+use vramhook_model::Block;
+use vramhook_protocol::capture::ProcessInfo;
+use vramhook_protocol::record::{Api, Event, EventKind, CUDA_ERROR_OUT_OF_MEMORY};
+
+/// Largest snapshot file read.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
-pub fn import(_r: &mut Replayer, path: &str, _bytes: &[u8]) -> Result<(), AnalyzeError> {
-    Err(AnalyzeError::Snapshot { path: path.into(), message: "todo".into() })
+/// Pids above Linux's maximum (2^22), so they never collide with a capture's processes.
+pub const SNAPSHOT_PID_BASE: u32 = 1 << 22;
+/// Trace entries imported per device.
+const MAX_TRACE: usize = 10_000_000;
+
+struct Seg {
+    device: i16,
+    size: u64,
+    blocks: BTreeMap<u64, u64>,
+}
+
+struct Importer<'r> {
+    r: &'r mut Replayer,
+    pid: u32,
+    seq: u64,
+    live: BTreeMap<u64, Seg>,
+}
+
+impl Importer<'_> {
+    #[allow(clippy::too_many_arguments)]
+    fn emit(&mut self, kind: EventKind, api: Api, device: i16, addr: u64, size: u64, result: u32, ts: u64) {
+        self.seq += 1;
+        let ev = Event {
+            seq: self.seq,
+            ts_ns: ts,
+            pid: self.pid,
+            tid: self.pid,
+            kind: kind.code(),
+            api: api.code(),
+            caller: 0,
+            result,
+            device,
+            addr,
+            size,
+            aux: 0,
+            stream: 0,
+        };
+        self.r.event(&ev);
+    }
+
+    fn seg_of(&mut self, addr: u64) -> Option<&mut Seg> {
+        let (base, seg) = self.live.range_mut(..=addr).next_back()?;
+        (addr < base.saturating_add(seg.size)).then_some(seg)
+    }
+
+    fn push_segments(&mut self, ts: u64) {
+        let segs: Vec<(u64, i16, u64, Vec<Block>)> = self
+            .live
+            .iter()
+            .map(|(b, s)| {
+                (
+                    *b,
+                    s.device,
+                    s.size,
+                    s.blocks.iter().map(|(a, z)| Block { addr: *a, size: *z, allocated: true }).collect(),
+                )
+            })
+            .collect();
+        for (base, device, size, blocks) in segs {
+            self.r.framework_segment(self.pid, device, base, size, &blocks, ts);
+        }
+    }
+}
+
+fn bad(path: &str, m: impl Into<String>) -> AnalyzeError {
+    AnalyzeError::Snapshot { path: path.to_string(), message: m.into() }
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(|x| x.as_u64()).unwrap_or(0)
+}
+
+fn dev(v: &Value) -> i16 {
+    v.get("device").and_then(|x| x.as_i64()).and_then(|d| i16::try_from(d).ok()).unwrap_or(0)
+}
+
+/// Imports one snapshot into the replay. Malformed pickles are errors with the byte offset.
+pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeError> {
+    let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
+    let root = &parsed.root;
+    let segments = match root.get("segments") {
+        Some(s @ Value::List(_)) => s.items(),
+        _ => {
+            // Older PyTorch pickled the segment list itself.
+            let items = root.items();
+            if items.is_empty() && !matches!(root, Value::List(_)) {
+                return Err(bad(path, "not a PyTorch memory snapshot (no 'segments')"));
+            }
+            items
+        }
+    };
+    // Trace entries of every device, merged by time.
+    let mut trace: Vec<(u64, i16, Value)> = Vec::new();
+    if let Some(traces) = root.get("device_traces") {
+        for (d, per_dev) in traces.items().into_iter().enumerate() {
+            for e in per_dev.items().into_iter().take(MAX_TRACE) {
+                let t = e.get("time_us").and_then(|x| x.as_u64()).unwrap_or(0).saturating_mul(1000);
+                trace.push((t, i16::try_from(d).unwrap_or(i16::MAX), e));
+            }
+        }
+    }
+    trace.sort_by_key(|e| e.0);
+    let n_inputs = r.inputs.len() as u32;
+    let pid = SNAPSHOT_PID_BASE + n_inputs;
+    let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
+    let t_end = trace.last().map_or(1, |e| e.0.saturating_add(1));
+    let name = path.rsplit('/').next().unwrap_or(path).to_string();
+    r.process_info(&ProcessInfo {
+        pid,
+        ppid: 0,
+        uid: 0,
+        start_time: u64::from(pid),
+        run_id: 0,
+        exe: "pytorch".into(),
+        cmdline: vec!["pytorch-snapshot".into(), name],
+    });
+    let mut imp = Importer { r, pid, seq: 0, live: BTreeMap::new() };
+
+    // Segments that existed before the trace: the final ones never allocated in it, and
+    // any the trace frees (or unmaps) before allocating.
+    let mut born: BTreeSet<u64> = BTreeSet::new();
+    let mut early: BTreeMap<u64, (i16, u64)> = BTreeMap::new();
+    for (_, d, e) in &trace {
+        let action = e.get("action").and_then(|a| a.as_str());
+        let addr = u(e, "addr");
+        match action.as_deref() {
+            Some("segment_alloc") | Some("segment_map") => {
+                born.insert(addr);
+            }
+            Some("segment_free") | Some("segment_unmap") if !born.contains(&addr) => {
+                early.entry(addr).or_insert((*d, u(e, "size")));
+            }
+            _ => {}
+        }
+    }
+    for s in &segments {
+        let a = u(s, "address");
+        if !born.contains(&a) {
+            early.entry(a).or_insert((dev(s), u(s, "total_size")));
+        }
+    }
+    // Blocks of those early segments that the trace frees were allocated before it too.
+    for (base, (d, size)) in &early {
+        if *size == 0 {
+            continue;
+        }
+        imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, *base, *size, 0, t_start);
+        imp.live.insert(*base, Seg { device: *d, size: *size, blocks: BTreeMap::new() });
+    }
+    let mut allocated_seen: BTreeSet<u64> = BTreeSet::new();
+    for (_, _, e) in &trace {
+        if e.get("action").and_then(|a| a.as_str()).as_deref() == Some("alloc") {
+            allocated_seen.insert(u(e, "addr"));
+        }
+    }
+    for (_, _, e) in &trace {
+        if e.get("action").and_then(|a| a.as_str()).as_deref() == Some("free_completed") {
+            let a = u(e, "addr");
+            if !allocated_seen.contains(&a) {
+                let size = u(e, "size");
+                if let Some(seg) = imp.seg_of(a) {
+                    seg.blocks.insert(a, size);
+                }
+            }
+        }
+    }
+    imp.push_segments(t_start);
+
+    let mut entries = 0u64;
+    for (ts, d, e) in &trace {
+        entries += 1;
+        let ts = (*ts).max(1);
+        let addr = u(e, "addr");
+        let size = u(e, "size");
+        let action = e.get("action").and_then(|a| a.as_str()).unwrap_or_else(|| "".into());
+        match &*action {
+            "segment_alloc" | "segment_map" if size > 0 && !imp.live.contains_key(&addr) => {
+                imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, addr, size, 0, ts);
+                imp.live.insert(addr, Seg { device: *d, size, blocks: BTreeMap::new() });
+                imp.r.framework_segment(pid, *d, addr, size, &[], ts);
+            }
+            "segment_free" | "segment_unmap" if imp.live.remove(&addr).is_some() => {
+                imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
+                imp.emit(EventKind::Free, Api::cuMemFree_v2, *d, addr, 0, 0, ts);
+            }
+            "alloc" => {
+                if let Some(seg) = imp.seg_of(addr) {
+                    seg.blocks.insert(addr, size);
+                }
+            }
+            "free_completed" => {
+                if let Some(seg) = imp.seg_of(addr) {
+                    seg.blocks.remove(&addr);
+                }
+            }
+            "oom" => {
+                imp.push_segments(ts);
+                let free = u(e, "device_free");
+                let reserved: u64 = imp.live.values().filter(|s| s.device == *d).map(|s| s.size).sum();
+                imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, 0, size, CUDA_ERROR_OUT_OF_MEMORY, ts);
+                // The sample PyTorch took: free bytes; the total is not in the snapshot.
+                imp.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, *d, free, free.saturating_add(reserved), 0, ts);
+            }
+            _ => {}
+        }
+    }
+
+    // The final state: the snapshot's own segments and blocks.
+    let t_end = t_end.max(imp.r.last_ts);
+    let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
+    let gone: Vec<(u64, i16)> =
+        imp.live.iter().filter(|(b, _)| !final_bases.contains(b)).map(|(b, s)| (*b, s.device)).collect();
+    for (b, d) in gone {
+        imp.live.remove(&b);
+        imp.r.framework_segment(pid, d, b, 0, &[], t_end);
+        imp.emit(EventKind::Free, Api::cuMemFree_v2, d, b, 0, 0, t_end);
+    }
+    let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
+    for s in &segments {
+        let base = u(s, "address");
+        let size = u(s, "total_size");
+        let d = dev(s);
+        totals.segments += 1;
+        totals.reserved_bytes = totals.reserved_bytes.saturating_add(size);
+        if !imp.live.contains_key(&base) && size > 0 {
+            imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, d, base, size, 0, t_end);
+            imp.live.insert(base, Seg { device: d, size, blocks: BTreeMap::new() });
+        }
+        let mut blocks = Vec::new();
+        for b in s.get("blocks").map(|b| b.items()).unwrap_or_default() {
+            totals.blocks += 1;
+            let state = b.get("state").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
+            let allocated = state.starts_with("active");
+            let bs = u(&b, "size");
+            if allocated {
+                totals.allocated_bytes = totals.allocated_bytes.saturating_add(bs);
+            }
+            blocks.push(Block { addr: u(&b, "address"), size: bs, allocated });
+        }
+        imp.r.framework_segment(pid, d, base, size, &blocks, t_end);
+    }
+    drop(imp);
+    let snap = r.model.snapshot();
+    totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
+    r.sample(r.last_ts);
+    r.inputs.push(InputReport {
+        path: path.to_string(),
+        kind: "pytorch_snapshot".into(),
+        status: "complete".into(),
+        host: None,
+        format_version: None,
+        wall_start_ns: None,
+        bytes_read: bytes.len() as u64,
+        frames: 0,
+        events: entries,
+        truncated_at: None,
+        corrupt_frames: Vec::new(),
+        corrupt_frames_unlisted: 0,
+        unknown_frames: 0,
+        error: None,
+        pytorch: Some(totals),
+    });
+    drop(parsed);
+    Ok(())
 }

@@ -1,0 +1,107 @@
+//! PyTorch snapshot import: generated snapshot-shaped pickles (protocols 2, 4, 5; see
+//! `fixtures/make_torch_snapshot.py`) and, once committed, the real H200 snapshot.
+
+mod common;
+use common::*;
+use vramhook_analyzer::{analyze, analyze_bytes, Options};
+
+const KIB: u64 = 1 << 10;
+
+#[test]
+fn generated_snapshots_import_with_the_same_numbers_in_every_protocol() {
+    for proto in [2, 4, 5] {
+        let path = format!("{}/tests/fixtures/torch_snapshot_p{proto}.pickle", env!("CARGO_MANIFEST_DIR"));
+        let r = analyze(&[&path], &Options::default()).expect("analyze");
+        assert_valid(&r);
+        let t = r.inputs[0].pytorch.as_ref().expect("pytorch totals");
+        assert_eq!(t.segments, 2);
+        assert_eq!(t.blocks, 5);
+        assert_eq!(t.trace_entries, 8);
+        assert_eq!(t.reserved_bytes, 22 * MIB, "memory_reserved");
+        assert_eq!(t.allocated_bytes, 8 * MIB + 512 * KIB, "memory_allocated");
+        assert_eq!(t.reserved_unallocated_bytes, 13 * MIB + 512 * KIB, "reserved but unallocated, from the model");
+        assert_eq!(r.ooms.len(), 1);
+        let o = &r.ooms[0];
+        assert_eq!(o.requested_bytes, 10 * MIB);
+        assert_eq!(o.device_free_bytes, Some(6 * MIB));
+        assert_eq!(o.verdict_name, "arena_fragmentation", "{}", o.explanation);
+        assert_eq!(o.arena_largest_free_span, 8 * MIB);
+        let frag = r.fragmentation.iter().find(|a| a.size == 20 * MIB).expect("segment A as an arena");
+        assert!((frag.fragmentation.last().map_or(0.0, |p| p.last) - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(r.processes[0].final_live_bytes, 22 * MIB);
+    }
+}
+
+#[test]
+fn malformed_pickles_are_errors_not_panics() {
+    let path = format!("{}/tests/fixtures/torch_snapshot_p4.pickle", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(path).expect("fixture");
+    for cut in 0..bytes.len() {
+        let _ = analyze_bytes("cut.pickle", &bytes[..cut], &Options::default());
+    }
+    // Not a snapshot at all: a pickled list of ints.
+    let r = analyze_bytes("ints.pickle", &[0x80, 2, b']', b'K', 1, b'a', b'.'], &Options::default());
+    assert!(r.is_ok() || r.is_err());
+    let e = analyze_bytes("int.pickle", &[0x80, 2, b'K', 1, b'.'], &Options::default()).err().expect("not a snapshot");
+    assert!(e.to_string().contains("segments"), "{e}");
+}
+
+/// Bytes from PyTorch's "770.00 MiB" / "0 bytes" wording just before `marker`.
+fn bytes_before(msg: &str, marker: &str) -> Option<f64> {
+    let i = msg.find(marker)?;
+    let words: Vec<&str> = msg[..i].split_whitespace().collect();
+    let n = words.len();
+    let (num, unit) = (words.get(n.checked_sub(2)?)?, words.get(n.checked_sub(1)?)?);
+    let mul = match unit.trim_end_matches('.') {
+        "GiB" => (1u64 << 30) as f64,
+        "MiB" => (1u64 << 20) as f64,
+        "KiB" => 1024.0,
+        _ => 1.0,
+    };
+    Some(num.parse::<f64>().ok()? * mul)
+}
+
+/// PyTorch prints two decimals of GiB/MiB: equal within half a unit of the last digit.
+fn close(ours: u64, theirs: f64) -> bool {
+    let unit = if theirs >= (1u64 << 30) as f64 { (1u64 << 30) as f64 } else { (1u64 << 20) as f64 };
+    (ours as f64 - theirs).abs() <= 0.005 * unit + 1.0
+}
+
+/// The real snapshot from the H200 run (`tests/fixtures/torch_snapshot_h200.pickle`), against
+/// PyTorch's own numbers for that run (`.txt`: JSON lines; the `"phase": "oom"` line has
+/// `reserved`, `allocated` and PyTorch's OOM message).
+#[test]
+fn real_h200_snapshot_matches_pytorchs_own_numbers() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+    let pickle = format!("{root}/torch_snapshot_h200.pickle");
+    let txt = std::fs::read_to_string(format!("{root}/torch_snapshot_h200.txt")).expect("PyTorch's numbers");
+    let oom: serde_json::Value = txt
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["phase"] == "oom")
+        .expect("an oom line");
+    let msg = oom["message"].as_str().expect("message");
+    let r = analyze(&[&pickle], &Options::default()).expect("analyze the real snapshot");
+    assert_valid(&r);
+    let t = r.inputs[0].pytorch.as_ref().expect("pytorch totals");
+    // At the snapshot (taken after the OOM), memory_reserved and memory_allocated exactly.
+    assert_eq!(Some(t.reserved_bytes), oom["reserved"].as_u64(), "memory_reserved");
+    assert_eq!(Some(t.allocated_bytes), oom["allocated"].as_u64(), "memory_allocated");
+    // The model's reserved-but-unallocated figure against PyTorch's OOM message.
+    let unalloc = bytes_before(msg, "is reserved by PyTorch but unallocated").expect("unallocated figure in message");
+    assert!(
+        close(t.reserved_unallocated_bytes, unalloc),
+        "ours {} vs PyTorch's {unalloc}",
+        t.reserved_unallocated_bytes
+    );
+    let allocated = bytes_before(msg, "is allocated by PyTorch").expect("allocated figure in message");
+    assert!(close(t.allocated_bytes, allocated), "allocated {} vs {allocated}", t.allocated_bytes);
+    // The OOM itself: the request and the free bytes PyTorch reported.
+    assert_eq!(r.ooms.len(), 1);
+    let o = &r.ooms[0];
+    let tried = bytes_before(msg, ". GPU").expect("Tried to allocate");
+    assert!(close(o.requested_bytes, tried), "requested {} vs {tried}", o.requested_bytes);
+    let free = bytes_before(msg, "is free").expect("free figure");
+    assert!(close(o.device_free_bytes.unwrap_or(0), free), "free {:?} vs {free}", o.device_free_bytes);
+    assert_eq!(o.verdict_name, "capacity");
+}
