@@ -1,5 +1,141 @@
 //! vramhook's live side. Sources feed the model; sinks export it.
 //!
 //! - [`rings`]: discovers and drains the per-process shared-memory rings.
+//! - [`ingest`]: the one thread that owns the host's live model.
+//! - [`capture`], [`http`], [`otlp`]: the sinks, each behind a bounded queue or reading
+//!   the last published snapshot, so none can stall ingestion.
+//! - [`metrics`]: the metric catalogue shared by Prometheus and OTLP.
 
+pub mod capture;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod otlp;
 pub mod rings;
+pub mod stats;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vramhook_model::{Model, ModelConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot start the capture in {dir}: {source}")]
+    Capture { dir: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Otlp(#[from] otlp::OtlpError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Everything `vramhook agent` can be told.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub ingest: ingest::IngestConfig,
+    /// HTTP endpoints (`/metrics`, `/api/v1/state`); `None` turns them off.
+    pub listen: Option<SocketAddr>,
+    pub capture: Option<capture::CaptureConfig>,
+    /// Export over OTLP (as the `OTEL_*` variables say).
+    pub otlp: bool,
+    /// Restore the model from the newest capture checkpoint at start.
+    pub recover: bool,
+}
+
+/// Runs the agent until SIGINT/SIGTERM or until `stop` is set. Prints the address it
+/// listens on (`vramhook agent: listening on ADDR`) once ready.
+pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("vramhook-agent")
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    let stats = Arc::new(stats::AgentStats::default());
+    let (snap_tx, snap_rx) = tokio::sync::watch::channel(Arc::new(Model::new(ModelConfig::default()).snapshot()));
+    let ring_dir = cfg.ingest.ring_dir.display().to_string();
+
+    let recovered = match (&cfg.capture, cfg.recover) {
+        (Some(c), true) => capture::recover(&c.dir),
+        _ => None,
+    };
+    if let Some(r) = &recovered {
+        eprintln!(
+            "vramhook agent: recovered the model from {} ({} events after its last checkpoint)",
+            r.file.display(),
+            r.events
+        );
+    }
+    let (capture, capture_join) = match &cfg.capture {
+        Some(c) => {
+            let (h, j) = capture::spawn(c.clone(), stats.clone())
+                .map_err(|source| AgentError::Capture { dir: c.dir.clone(), source })?;
+            (Some(h), Some(j))
+        }
+        None => (None, None),
+    };
+
+    let (inc_tx, inc_rx) = tokio::sync::mpsc::channel(1024);
+    let otlp = if cfg.otlp {
+        let _guard = rt.enter();
+        Some(otlp::start(stats.clone(), snap_rx.clone(), inc_rx, &ring_dir)?)
+    } else {
+        drop(inc_rx);
+        None
+    };
+
+    if let Some(addr) = cfg.listen {
+        let listener =
+            rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|source| AgentError::Listen { addr, source })?;
+        let local = listener.local_addr().unwrap_or(addr);
+        eprintln!("vramhook agent: listening on {local}");
+        let state = http::HttpState { stats: stats.clone(), snapshots: snap_rx.clone(), ring_dir: ring_dir.clone() };
+        rt.spawn(http::serve(listener, state));
+    }
+    {
+        let stop = stop.clone();
+        rt.spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+
+    eprintln!("vramhook agent: draining rings in {ring_dir}");
+    let links = ingest::IngestLinks {
+        stats: stats.clone(),
+        snapshots: snap_tx,
+        incidents: if cfg.otlp { Some(inc_tx) } else { None },
+        capture: capture.clone(),
+        stop: stop.clone(),
+    };
+    let ingest_cfg = cfg.ingest.clone();
+    let ingest = std::thread::Builder::new()
+        .name("vramhook-ingest".into())
+        .spawn(move || ingest::run(ingest_cfg, recovered, links))
+        .map_err(AgentError::Runtime)?;
+    let _ = ingest.join();
+    if let Some(c) = capture {
+        c.stop();
+    }
+    if let Some(j) = capture_join {
+        let _ = j.join();
+    }
+    if let Some(o) = otlp {
+        // Give the incident task a moment to hand over the last incidents.
+        rt.block_on(tokio::time::sleep(Duration::from_millis(200)));
+        let _ = rt.block_on(tokio::task::spawn_blocking(move || o.shutdown()));
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}

@@ -40,6 +40,20 @@ pub struct PollSummary {
     pub delivered: u64,
     pub opened: usize,
     pub closed: usize,
+    /// Records found malformed (a corrupted or hostile ring) in this poll.
+    pub malformed: u64,
+    /// Events the writers reported dropped or lost in flight, in this poll.
+    pub dropped: u64,
+}
+
+/// A ring opened by discovery, and where its cursor stood when it was opened (a
+/// restarted reader resumes there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenedRing {
+    pub pid: u32,
+    pub start_time: u64,
+    pub image: u64,
+    pub position: u64,
 }
 
 struct Tracked {
@@ -50,6 +64,8 @@ struct Tracked {
     /// The `Process` item is handed on in the first poll of this ring, after any older
     /// image of the same process (before an `exec`) was closed.
     announced: bool,
+    /// Last /proc liveness check, and its answer.
+    checked: Option<(std::time::Instant, bool)>,
 }
 
 /// Key: (pid, start time, image).
@@ -71,6 +87,14 @@ pub struct RingSource {
     /// Exit statuses known to the caller (its own children), used in `ProcessEnd`.
     exit_statuses: BTreeMap<u32, i32>,
     euid: u32,
+    /// Whether `poll` scans the directory itself (the default). A caller that watches the
+    /// directory (inotify) turns this off and calls [`RingSource::discover_now`].
+    pub auto_discover: bool,
+    /// How often a ring's process is looked up in /proc (zero: every poll, the default).
+    /// A writer that exits normally marks its ring at once; this only bounds how late a
+    /// killed writer is noticed.
+    pub liveness_interval: std::time::Duration,
+    opened_log: Vec<OpenedRing>,
 }
 
 impl RingSource {
@@ -88,7 +112,27 @@ impl RingSource {
             exit_statuses: BTreeMap::new(),
             // SAFETY: geteuid has no preconditions.
             euid: unsafe { libc::geteuid() },
+            auto_discover: true,
+            liveness_interval: std::time::Duration::ZERO,
+            opened_log: Vec::new(),
         }
+    }
+
+    /// Scans the directory now; returns the rings it opened (also those `poll` opened
+    /// since the last call), each with its cursor at open.
+    pub fn discover_now(&mut self) -> Vec<OpenedRing> {
+        self.discover();
+        std::mem::take(&mut self.opened_log)
+    }
+
+    /// Rings opened since the last call (by `poll` or `discover_now`).
+    pub fn take_opened(&mut self) -> Vec<OpenedRing> {
+        std::mem::take(&mut self.opened_log)
+    }
+
+    /// (pid, start time, image) and read position of every open ring.
+    pub fn ring_positions(&self) -> Vec<((u32, u64, u64), u64)> {
+        self.rings.iter().map(|(k, t)| (*k, t.ring.reader.position())).collect()
     }
 
     pub fn dir(&self) -> &Path {
@@ -119,7 +163,11 @@ impl RingSource {
     /// whose events are all read.
     pub fn poll(&mut self, sink: &mut dyn FnMut(SourceItem<'_>)) -> PollSummary {
         let mut summary = PollSummary::default();
-        summary.opened = self.discover();
+        if self.auto_discover {
+            summary.opened = self.discover();
+        }
+        let now = std::time::Instant::now();
+        let liveness_interval = self.liveness_interval;
         let keys: Vec<RingKey> = self.rings.keys().copied().collect();
         for key in keys {
             let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
@@ -129,7 +177,17 @@ impl RingSource {
                 sink(SourceItem::Process(&t.info));
             }
             let counters = t.ring.reader.counters();
-            let writer_gone = superseded || counters.exited || !process_alive(key.0, key.1);
+            let alive = match t.checked {
+                Some((at, alive)) if !liveness_interval.is_zero() && now.duration_since(at) < liveness_interval => {
+                    alive
+                }
+                _ => {
+                    let alive = process_alive(key.0, key.1);
+                    t.checked = Some((now, alive));
+                    alive
+                }
+            };
+            let writer_gone = superseded || counters.exited || !alive;
             self.batch.clear();
             let batch = &mut self.batch;
             let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| batch.push(e));
@@ -139,6 +197,8 @@ impl RingSource {
             t.end.malformed += stats.malformed;
             t.end.hook_misses = counters.hook_misses;
             summary.delivered += stats.delivered;
+            summary.malformed += stats.malformed;
+            summary.dropped += stats.dropped;
             if !self.batch.is_empty() {
                 sink(SourceItem::Events(&self.batch));
             }
@@ -166,13 +226,24 @@ impl RingSource {
                 let path = e.path();
                 parse_ring_name(path.file_name()?.to_str()?).map(|k| (k, path))
             })
-            .filter(|(k, p)| !self.rings.contains_key(k) && !self.refused.contains_key(p) && !self.ignored.contains_key(p))
+            .filter(|(k, p)| {
+                !self.rings.contains_key(k) && !self.refused.contains_key(p) && !self.ignored.contains_key(p)
+            })
             .collect();
         found.sort();
         let mut opened = 0;
         for (key, path) in found {
             match self.open(&path, key) {
                 Ok(Some(tracked)) => {
+                    if self.opened_log.len() >= 4096 {
+                        self.opened_log.remove(0); // a caller that never takes them
+                    }
+                    self.opened_log.push(OpenedRing {
+                        pid: key.0,
+                        start_time: key.1,
+                        image: key.2,
+                        position: tracked.ring.reader.position(),
+                    });
                     self.rings.insert(key, tracked);
                     opened += 1;
                 }
@@ -209,7 +280,10 @@ impl RingSource {
             return Err(OpenError::Refuse(format!("ring owned by uid {owner}, not ours")));
         }
         if owner != info.uid {
-            return Err(OpenError::Refuse(format!("ring file owner {owner} does not match its header's uid {}", info.uid)));
+            return Err(OpenError::Refuse(format!(
+                "ring file owner {owner} does not match its header's uid {}",
+                info.uid
+            )));
         }
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
@@ -229,6 +303,7 @@ impl RingSource {
             info: process,
             image: key.2,
             announced: false,
+            checked: None,
         }))
     }
 

@@ -1,10 +1,12 @@
 //! `vramhook`: the one command users type.
 
+mod agent;
 mod analyze;
 mod demo;
 mod dump;
 mod run;
 mod summary;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -30,6 +32,12 @@ enum Command {
     Dump(dump::DumpArgs),
     /// Trace a demo workload on the simulated CUDA driver (no GPU needed).
     Demo(demo::DemoArgs),
+    /// The host daemon: drain every traced process's ring into the live model and export
+    /// it (Prometheus /metrics, JSON /api/v1/state, OTLP, rotating captures).
+    Agent(agent::AgentArgs),
+    /// A live terminal view of devices, processes, recent OOMs and drops, from the agent's
+    /// state endpoint or, with no agent, from the rings directly.
+    Top(top::TopArgs),
     /// Post-mortem of captures and PyTorch memory snapshots: every OOM with its verdict,
     /// leaks, fragmentation, timelines; as text, --json, --html (plots) or --perfetto.
     ///
@@ -43,6 +51,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Dump(args) => dump::dump(args),
         Command::Demo(args) => demo::demo(args),
+        Command::Agent(args) => agent::agent(args),
+        Command::Top(args) => top::top(args),
         Command::Analyze(args) => analyze::analyze(args),
     };
     match result {

@@ -1,0 +1,379 @@
+//! The capture sink: rotating capture files with periodic model checkpoints, and the
+//! recovery that lets a restarted agent continue from them.
+//!
+//! Each file starts with a `Checkpoint` frame (the model's `checkpoint()` bytes) followed
+//! by a `Note` frame holding the ring cursors at that moment; every ring announced later
+//! gets a `Note` naming it before its `Process` frame. Frames are written whole and
+//! flushed whenever the queue runs empty, so `vramhook dump` reads a file while it grows
+//! (it reports it "truncated" until the end frame is written at rotation).
+
+use crate::stats::{add, AgentStats};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vramhook_model::Model;
+use vramhook_protocol::capture::{
+    CaptureHeader, CaptureReader, CaptureWriter, Frame, FrameType, ProcessEnd, ProcessInfo,
+};
+use vramhook_protocol::record::{Event, EventKind};
+
+/// (pid, start time, image) of a ring.
+pub type RingKey = (u32, u64, u64);
+
+#[derive(Clone, Debug)]
+pub struct CaptureConfig {
+    pub dir: PathBuf,
+    /// Start a new file past this many bytes.
+    pub max_bytes: u64,
+    /// Start a new file after this long.
+    pub max_age: Duration,
+    /// Keep at most this many files (the oldest are deleted).
+    pub max_files: usize,
+    /// Write a model checkpoint this often.
+    pub checkpoint_interval: Duration,
+    /// Bytes of events that may wait in the queue before batches are dropped.
+    pub queue_bytes: u64,
+}
+
+impl CaptureConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> CaptureConfig {
+        CaptureConfig {
+            dir: dir.into(),
+            max_bytes: 256 << 20,
+            max_age: Duration::from_secs(3600),
+            max_files: 16,
+            checkpoint_interval: Duration::from_secs(10),
+            queue_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What the agent hands the capture thread.
+pub enum CaptureMsg {
+    Ring(RingKey),
+    Process(ProcessInfo),
+    Events(Vec<Event>),
+    End(ProcessEnd),
+    /// A model checkpoint with the ring cursors it corresponds to; `rotate` starts a new
+    /// file with it.
+    Checkpoint {
+        model: Vec<u8>,
+        rings: Vec<(RingKey, u64)>,
+        rotate: bool,
+    },
+    Stop,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct NoteJson {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ring: Option<RingKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rings: Option<Vec<(RingKey, u64)>>,
+}
+
+/// The ingest side of the queue: never blocks.
+#[derive(Clone)]
+pub struct CaptureHandle {
+    tx: SyncSender<CaptureMsg>,
+    queued: Arc<AtomicU64>,
+    limit: u64,
+    stats: Arc<AgentStats>,
+    /// Set by the writer when the current file is past its size or age.
+    pub rotate_wanted: Arc<AtomicBool>,
+}
+
+impl CaptureHandle {
+    /// Queues a message; drops it (counted) when the queue is full.
+    pub fn send(&self, msg: CaptureMsg) -> bool {
+        let (bytes, events) = match &msg {
+            CaptureMsg::Events(v) => ((v.len() * 64) as u64, v.len() as u64),
+            CaptureMsg::Checkpoint { model, .. } => (model.len() as u64, 0),
+            _ => (0, 0),
+        };
+        if bytes > 0 && self.queued.load(Ordering::Relaxed) + bytes > self.limit {
+            add(&self.stats.capture_dropped_batches, 1);
+            add(&self.stats.capture_dropped_events, events);
+            return false;
+        }
+        self.queued.fetch_add(bytes, Ordering::Relaxed);
+        match self.tx.try_send(msg) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(bytes, Ordering::Relaxed);
+                add(&self.stats.capture_dropped_batches, 1);
+                add(&self.stats.capture_dropped_events, events);
+                false
+            }
+        }
+    }
+
+    /// Blocks until the writer took the stop message (shutdown only).
+    pub fn stop(&self) {
+        let _ = self.tx.send(CaptureMsg::Stop);
+    }
+}
+
+/// Starts the capture writer thread.
+pub fn spawn(
+    cfg: CaptureConfig,
+    stats: Arc<AgentStats>,
+) -> std::io::Result<(CaptureHandle, std::thread::JoinHandle<()>)> {
+    std::fs::create_dir_all(&cfg.dir)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(4096);
+    let queued = Arc::new(AtomicU64::new(0));
+    let rotate_wanted = Arc::new(AtomicBool::new(false));
+    let handle = CaptureHandle {
+        tx,
+        queued: queued.clone(),
+        limit: cfg.queue_bytes,
+        stats: stats.clone(),
+        rotate_wanted: rotate_wanted.clone(),
+    };
+    let join = std::thread::Builder::new()
+        .name("vramhook-capture".into())
+        .spawn(move || CaptureThread { cfg, stats, queued, rotate_wanted, file: None, seq: 0 }.run(rx))?;
+    Ok((handle, join))
+}
+
+struct OpenFile {
+    writer: CaptureWriter<BufWriter<File>>,
+    opened: Instant,
+}
+
+struct CaptureThread {
+    cfg: CaptureConfig,
+    stats: Arc<AgentStats>,
+    queued: Arc<AtomicU64>,
+    rotate_wanted: Arc<AtomicBool>,
+    file: Option<OpenFile>,
+    seq: u64,
+}
+
+impl CaptureThread {
+    fn run(mut self, rx: Receiver<CaptureMsg>) {
+        while let Ok(mut msg) = rx.recv() {
+            loop {
+                if matches!(msg, CaptureMsg::Stop) {
+                    self.close();
+                    return;
+                }
+                self.handle(msg);
+                match rx.try_recv() {
+                    Ok(next) => msg = next,
+                    Err(_) => break,
+                }
+            }
+            // The queue ran empty: make every whole frame visible to readers.
+            if let Some(f) = self.file.as_mut() {
+                if let Err(e) = f.writer.flush() {
+                    self.fail(e);
+                }
+            }
+            if let Some(f) = &self.file {
+                if f.writer.bytes_written() >= self.cfg.max_bytes || f.opened.elapsed() >= self.cfg.max_age {
+                    self.rotate_wanted.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        self.close();
+    }
+
+    fn fail(&mut self, e: std::io::Error) {
+        add(&self.stats.capture_errors, 1);
+        eprintln!("vramhook agent: capture write failed ({e}); a new file is started at the next checkpoint");
+        self.file = None;
+        self.rotate_wanted.store(true, Ordering::Relaxed);
+    }
+
+    fn write(&mut self, f: impl FnOnce(&mut CaptureWriter<BufWriter<File>>) -> std::io::Result<()>) {
+        let Some(file) = self.file.as_mut() else { return };
+        let before = file.writer.bytes_written();
+        let r = f(&mut file.writer);
+        let after = file.writer.bytes_written();
+        add(&self.stats.capture_bytes, after.saturating_sub(before));
+        if let Err(e) = r {
+            self.fail(e);
+        }
+    }
+
+    fn handle(&mut self, msg: CaptureMsg) {
+        match msg {
+            CaptureMsg::Ring(key) => {
+                let note = serde_json::to_vec(&NoteJson { ring: Some(key), rings: None }).unwrap_or_default();
+                self.write(|w| w.write_frame(FrameType::Note, &note));
+            }
+            CaptureMsg::Process(info) => self.write(|w| w.write_process(&info)),
+            CaptureMsg::Events(events) => {
+                self.queued.fetch_sub((events.len() * 64) as u64, Ordering::Relaxed);
+                self.write(|w| w.write_events(&events));
+            }
+            CaptureMsg::End(end) => self.write(|w| w.write_process_end(&end)),
+            CaptureMsg::Checkpoint { model, rings, rotate } => {
+                self.queued.fetch_sub(model.len() as u64, Ordering::Relaxed);
+                if rotate || self.file.is_none() {
+                    self.close();
+                    if let Err(e) = self.open() {
+                        add(&self.stats.capture_errors, 1);
+                        eprintln!("vramhook agent: cannot start a capture file in {}: {e}", self.cfg.dir.display());
+                        return;
+                    }
+                }
+                let note = serde_json::to_vec(&NoteJson { ring: None, rings: Some(rings) }).unwrap_or_default();
+                self.write(|w| {
+                    w.write_frame(FrameType::Checkpoint, &model)?;
+                    w.write_frame(FrameType::Note, &note)
+                });
+                add(&self.stats.checkpoints, 1);
+            }
+            CaptureMsg::Stop => {}
+        }
+    }
+
+    fn open(&mut self) -> std::io::Result<()> {
+        self.seq += 1;
+        let name = format!("vramhook-{:020}-{:04}.vrhk", vramhook_protocol::clock::wall_ns(), self.seq % 10_000);
+        let path = self.cfg.dir.join(name);
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
+        self.file = Some(OpenFile { writer, opened: Instant::now() });
+        self.rotate_wanted.store(false, Ordering::Relaxed);
+        add(&self.stats.capture_files, 1);
+        self.prune();
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        if let Some(f) = self.file.take() {
+            if let Err(e) = f.writer.finish() {
+                add(&self.stats.capture_errors, 1);
+                eprintln!("vramhook agent: cannot seal capture file: {e}");
+            }
+        }
+    }
+
+    fn prune(&self) {
+        let files = capture_files(&self.cfg.dir);
+        if files.len() > self.cfg.max_files {
+            for old in &files[..files.len() - self.cfg.max_files] {
+                let _ = std::fs::remove_file(old);
+            }
+        }
+    }
+}
+
+/// The agent's capture files in `dir`, oldest first.
+pub fn capture_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("vramhook-") && n.ends_with(".vrhk"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// What a restarted agent recovers from its captures.
+pub struct Recovered {
+    pub model: Model,
+    /// Per ring: the position after the last event recorded.
+    pub next_pos: BTreeMap<RingKey, u64>,
+    pub events: u64,
+    pub file: PathBuf,
+}
+
+/// Rebuilds the model from the newest capture file that holds a checkpoint: restores the
+/// last checkpoint in it and replays the frames after it. `None` when there is nothing
+/// usable (then the agent starts empty).
+pub fn recover(dir: &Path) -> Option<Recovered> {
+    for path in capture_files(dir).iter().rev() {
+        match recover_file(path) {
+            Ok(Some(r)) => return Some(r),
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("vramhook agent: cannot recover from {}: {e}", path.display());
+                continue;
+            }
+        }
+    }
+    None
+}
+
+fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let mut reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file)).map_err(|e| e.to_string())?;
+    let mut model: Option<Model> = None;
+    let mut next_pos: BTreeMap<RingKey, u64> = BTreeMap::new();
+    let mut current: BTreeMap<u32, RingKey> = BTreeMap::new();
+    let mut events = 0u64;
+    loop {
+        let frame = match reader.next_frame() {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(_) => break, // truncated or corrupt tail: the agent was killed mid-write
+        };
+        match frame {
+            Frame::Checkpoint(bytes) => match Model::restore(bytes) {
+                Ok(m) => {
+                    model = Some(m);
+                    events = 0;
+                }
+                Err(e) => eprintln!("vramhook agent: skipping a bad checkpoint in {}: {e}", path.display()),
+            },
+            Frame::Note(bytes) => {
+                let Ok(note) = serde_json::from_slice::<NoteJson>(bytes) else { continue };
+                if let Some(rings) = note.rings {
+                    if model.is_some() {
+                        next_pos = rings.iter().copied().collect();
+                        current = rings.iter().map(|(k, _)| (k.0, *k)).collect();
+                    }
+                }
+                if let Some(key) = note.ring {
+                    current.insert(key.0, key);
+                    next_pos.entry(key).or_insert(0);
+                }
+            }
+            Frame::Process(info) => {
+                if let Some(m) = model.as_mut() {
+                    m.process_info(&info);
+                }
+            }
+            Frame::Events(records) => {
+                let Some(m) = model.as_mut() else { continue };
+                for raw in records {
+                    let e = Event::from_raw(raw);
+                    m.apply(&e);
+                    events += 1;
+                    if let Some(key) = current.get(&e.pid) {
+                        let after = if e.kind() == Some(EventKind::Dropped) { e.seq } else { e.seq.saturating_add(1) };
+                        let p = next_pos.entry(*key).or_insert(0);
+                        *p = (*p).max(after);
+                    }
+                }
+            }
+            Frame::ProcessEnd(end) => {
+                if let Some(m) = model.as_mut() {
+                    m.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
+                }
+                if let Some(key) = current.remove(&end.pid) {
+                    next_pos.remove(&key);
+                }
+            }
+            Frame::Unknown(_) | Frame::End { .. } => {}
+        }
+    }
+    Ok(model.map(|model| Recovered { model, next_pos, events, file: path.to_path_buf() }))
+}

@@ -1,0 +1,250 @@
+//! The ingest loop: one thread owns the ring source and the host's live model, applies
+//! every drained event, and publishes a snapshot for the sinks every `snapshot_interval`.
+//! Sinks never block it: the capture gets a bounded queue, OTLP incidents a bounded
+//! channel, everyone else reads the published snapshot.
+
+use crate::capture::{CaptureHandle, CaptureMsg, Recovered, RingKey};
+use crate::rings::{process_alive, RingFilter, RingSource, SourceItem};
+use crate::stats::{add, AgentStats};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vramhook_model::{Model, ModelConfig, ModelSnapshot, OomIncident};
+use vramhook_protocol::clock::TscClock;
+use vramhook_protocol::record::{Api, Event, EventKind};
+
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    pub ring_dir: PathBuf,
+    pub snapshot_interval: Duration,
+    /// Longest sleep when no ring has anything (also the discovery period without inotify).
+    pub idle_poll: Duration,
+    /// Directory rescan period while inotify works (a safety net).
+    pub rescan: Duration,
+    pub checkpoint_interval: Duration,
+    /// Events drained per ring per poll.
+    pub batch_limit: usize,
+}
+
+impl IngestConfig {
+    pub fn new(ring_dir: impl Into<PathBuf>) -> IngestConfig {
+        IngestConfig {
+            ring_dir: ring_dir.into(),
+            snapshot_interval: Duration::from_millis(250),
+            idle_poll: Duration::from_millis(10),
+            rescan: Duration::from_secs(1),
+            checkpoint_interval: Duration::from_secs(10),
+            batch_limit: 16_384,
+        }
+    }
+}
+
+/// Everything the ingest thread talks to.
+pub struct IngestLinks {
+    pub stats: Arc<AgentStats>,
+    pub snapshots: tokio::sync::watch::Sender<Arc<ModelSnapshot>>,
+    pub incidents: Option<tokio::sync::mpsc::Sender<OomIncident>>,
+    pub capture: Option<CaptureHandle>,
+    pub stop: Arc<AtomicBool>,
+}
+
+struct Watcher {
+    inotify: inotify::Inotify,
+    buf: Vec<u8>,
+}
+
+impl Watcher {
+    fn new(dir: &std::path::Path) -> Option<Watcher> {
+        use inotify::WatchMask;
+        let inotify = inotify::Inotify::init().ok()?;
+        inotify
+            .watches()
+            .add(dir, WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::ATTRIB)
+            .ok()?;
+        Some(Watcher { inotify, buf: vec![0; 4096] })
+    }
+
+    /// Whether anything happened in the directory since the last call (non-blocking).
+    fn changed(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(mut events) = self.inotify.read_events(&mut self.buf) {
+            if events.next().is_none() {
+                break;
+            }
+            any = true;
+        }
+        any
+    }
+}
+
+/// Runs the ingest loop on the calling thread until `links.stop` is set.
+pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) {
+    let tsc = TscClock::calibrate(Duration::from_millis(10));
+    let stats = links.stats.clone();
+    let mut source = RingSource::new(&cfg.ring_dir, RingFilter::default(), tsc);
+    source.batch_limit = cfg.batch_limit;
+    source.auto_discover = false;
+    source.liveness_interval = Duration::from_millis(100);
+    let _ = std::fs::create_dir_all(&cfg.ring_dir);
+    let mut watcher = Watcher::new(&cfg.ring_dir);
+    if watcher.is_none() {
+        eprintln!(
+            "vramhook agent: inotify unavailable on {}; polling every {:?}",
+            cfg.ring_dir.display(),
+            cfg.idle_poll
+        );
+    }
+
+    let (mut model, mut next_pos) = match recovered {
+        Some(r) => {
+            add(&stats.events_recovered, r.events);
+            (r.model, r.next_pos)
+        }
+        None => (Model::new(ModelConfig::default()), BTreeMap::new()),
+    };
+    let recovered_rings: BTreeSet<RingKey> = next_pos.keys().copied().collect();
+    let mut exported_incident = model.incidents().iter().map(|i| i.id).max();
+    let capture = links.capture.clone();
+    if let Some(c) = &capture {
+        c.send(CaptureMsg::Checkpoint {
+            model: model.checkpoint(),
+            rings: next_pos.iter().map(|(k, v)| (*k, *v)).collect(),
+            rotate: true,
+        });
+    }
+
+    let mut last_snapshot = Instant::now() - cfg.snapshot_interval;
+    let mut last_checkpoint = Instant::now();
+    let mut last_scan = Instant::now() - cfg.rescan;
+    let mut first = true;
+    let mut idle = Duration::from_millis(1);
+    while !links.stop.load(Ordering::Relaxed) {
+        let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
+        let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
+        if dir_changed || last_scan.elapsed() >= period {
+            last_scan = Instant::now();
+            for opened in source.discover_now() {
+                let key = (opened.pid, opened.start_time, opened.image);
+                add(&stats.rings_opened, 1);
+                if let Some(c) = &capture {
+                    c.send(CaptureMsg::Ring(key));
+                }
+                // Events between what we recorded and where the ring's cursor stands were
+                // consumed by an earlier agent that died before recording them.
+                let recorded = next_pos.remove(&key).unwrap_or(0);
+                let lost = opened.position.saturating_sub(recorded);
+                if lost > 0 {
+                    let marker = Event {
+                        seq: opened.position,
+                        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                        pid: opened.pid,
+                        kind: EventKind::Dropped.code(),
+                        api: Api::Interposer.code(),
+                        device: -1,
+                        size: lost,
+                        ..Event::default()
+                    };
+                    model.apply(&marker);
+                    add(&stats.restart_lost, lost);
+                    if let Some(c) = &capture {
+                        c.send(CaptureMsg::Events(vec![marker]));
+                    }
+                }
+            }
+            for refusal in source.take_refusals() {
+                add(&stats.rings_refused, 1);
+                eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
+            }
+            if first {
+                first = false;
+                // Processes the recovered model thinks alive whose ring is gone: their end
+                // was drained by the previous agent but never recorded.
+                let open: BTreeSet<RingKey> = source.ring_positions().into_iter().map(|(k, _)| k).collect();
+                for key in recovered_rings.iter().filter(|k| !open.contains(k)) {
+                    if !process_alive(key.0, key.1) {
+                        model.process_exit(key.0, key.1, None, vramhook_protocol::clock::monotonic_ns());
+                    }
+                }
+                next_pos.clear();
+            }
+        }
+        let summary = {
+            let model = &mut model;
+            let capture = &capture;
+            let stats = &stats;
+            source.poll(&mut |item| match item {
+                SourceItem::Process(info) => {
+                    model.process_info(info);
+                    if let Some(c) = capture {
+                        c.send(CaptureMsg::Process(info.clone()));
+                    }
+                }
+                SourceItem::Events(events) => {
+                    for e in events {
+                        model.apply(e);
+                    }
+                    add(&stats.events_ingested, events.len() as u64);
+                    if let Some(c) = capture {
+                        c.send(CaptureMsg::Events(events.to_vec()));
+                    }
+                }
+                SourceItem::End(end) => {
+                    add(&stats.records_malformed, end.malformed);
+                    model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
+                    add(&stats.rings_closed, 1);
+                    if let Some(c) = capture {
+                        c.send(CaptureMsg::End(end));
+                    }
+                }
+            })
+        };
+        add(&stats.writer_dropped, summary.dropped);
+        stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
+        if let Some(c) = &capture {
+            let rotate = c.rotate_wanted.load(Ordering::Relaxed);
+            if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
+                last_checkpoint = Instant::now();
+                c.send(CaptureMsg::Checkpoint { model: model.checkpoint(), rings: source.ring_positions(), rotate });
+            }
+        }
+        // A process that ended is published at once (its series end with it).
+        if summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval {
+            last_snapshot = Instant::now();
+            publish(&model, &links, &mut exported_incident);
+        }
+        if summary.delivered as usize >= cfg.batch_limit {
+            idle = Duration::ZERO; // more is waiting
+        } else if summary.delivered > 0 {
+            idle = Duration::from_millis(1);
+        } else {
+            idle = (idle * 2).clamp(Duration::from_millis(1), cfg.idle_poll);
+        }
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
+        }
+    }
+    // Drain what is left, publish a last snapshot and checkpoint.
+    publish(&model, &links, &mut exported_incident);
+    if let Some(c) = &capture {
+        c.send(CaptureMsg::Checkpoint { model: model.checkpoint(), rings: source.ring_positions(), rotate: false });
+    }
+}
+
+fn publish(model: &Model, links: &IngestLinks, exported: &mut Option<u64>) {
+    let snapshot = model.snapshot();
+    if let Some(tx) = &links.incidents {
+        let since = *exported;
+        for incident in snapshot.incidents.iter().filter(|i| since.is_none_or(|e| i.id > e)) {
+            *exported = Some(incident.id.max(exported.unwrap_or(0)));
+            if tx.try_send(incident.clone()).is_err() {
+                add(&links.stats.otlp_incidents_dropped, 1);
+            }
+        }
+    } else if let Some(max) = snapshot.incidents.iter().map(|i| i.id).max() {
+        *exported = Some(max);
+    }
+    add(&links.stats.snapshots, 1);
+    links.snapshots.send_replace(Arc::new(snapshot));
+}

@@ -1,0 +1,109 @@
+//! The agent's own counters: what it ingested, what it refused, what each sink dropped.
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every self-metric of the agent. Updated with relaxed atomics from any task.
+#[derive(Debug, Default)]
+pub struct AgentStats {
+    pub events_ingested: AtomicU64,
+    pub rings_open: AtomicU64,
+    pub rings_opened: AtomicU64,
+    pub rings_closed: AtomicU64,
+    pub rings_refused: AtomicU64,
+    /// Records a ring's reader found malformed (hostile or corrupted writers).
+    pub records_malformed: AtomicU64,
+    /// Events the writers dropped (ring full) or lost in flight (writer died mid-write).
+    pub writer_dropped: AtomicU64,
+    /// Events a previous agent instance consumed from a ring but never recorded (it was
+    /// killed in between): counted, never silently lost.
+    pub restart_lost: AtomicU64,
+    /// Events recovered from the capture after a restart.
+    pub events_recovered: AtomicU64,
+    pub capture_dropped_batches: AtomicU64,
+    pub capture_dropped_events: AtomicU64,
+    pub capture_errors: AtomicU64,
+    pub capture_bytes: AtomicU64,
+    pub capture_files: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub otlp_incidents_dropped: AtomicU64,
+    pub otlp_metric_exports: AtomicU64,
+    pub otlp_metric_errors: AtomicU64,
+    pub otlp_span_exports: AtomicU64,
+    pub otlp_span_errors: AtomicU64,
+    pub otlp_log_exports: AtomicU64,
+    pub otlp_log_errors: AtomicU64,
+    pub otlp_skipped_backoff: AtomicU64,
+    pub incidents_exported: AtomicU64,
+    pub snapshots: AtomicU64,
+    pub http_requests: AtomicU64,
+}
+
+/// A plain copy of [`AgentStats`] for the JSON state endpoint.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct StatsView {
+    pub events_ingested: u64,
+    pub rings_open: u64,
+    pub rings_opened: u64,
+    pub rings_closed: u64,
+    pub rings_refused: u64,
+    pub records_malformed: u64,
+    pub writer_dropped: u64,
+    pub restart_lost: u64,
+    pub events_recovered: u64,
+    pub capture_dropped_batches: u64,
+    pub capture_dropped_events: u64,
+    pub capture_errors: u64,
+    pub capture_bytes: u64,
+    pub capture_files: u64,
+    pub checkpoints: u64,
+    pub otlp_incidents_dropped: u64,
+    pub otlp_metric_exports: u64,
+    pub otlp_metric_errors: u64,
+    pub otlp_span_exports: u64,
+    pub otlp_span_errors: u64,
+    pub otlp_log_exports: u64,
+    pub otlp_log_errors: u64,
+    pub otlp_skipped_backoff: u64,
+    pub incidents_exported: u64,
+    pub snapshots: u64,
+    pub http_requests: u64,
+}
+
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl AgentStats {
+    pub fn view(&self) -> StatsView {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsView {
+            events_ingested: g(&self.events_ingested),
+            rings_open: g(&self.rings_open),
+            rings_opened: g(&self.rings_opened),
+            rings_closed: g(&self.rings_closed),
+            rings_refused: g(&self.rings_refused),
+            records_malformed: g(&self.records_malformed),
+            writer_dropped: g(&self.writer_dropped),
+            restart_lost: g(&self.restart_lost),
+            events_recovered: g(&self.events_recovered),
+            capture_dropped_batches: g(&self.capture_dropped_batches),
+            capture_dropped_events: g(&self.capture_dropped_events),
+            capture_errors: g(&self.capture_errors),
+            capture_bytes: g(&self.capture_bytes),
+            capture_files: g(&self.capture_files),
+            checkpoints: g(&self.checkpoints),
+            otlp_incidents_dropped: g(&self.otlp_incidents_dropped),
+            otlp_metric_exports: g(&self.otlp_metric_exports),
+            otlp_metric_errors: g(&self.otlp_metric_errors),
+            otlp_span_exports: g(&self.otlp_span_exports),
+            otlp_span_errors: g(&self.otlp_span_errors),
+            otlp_log_exports: g(&self.otlp_log_exports),
+            otlp_log_errors: g(&self.otlp_log_errors),
+            otlp_skipped_backoff: g(&self.otlp_skipped_backoff),
+            incidents_exported: g(&self.incidents_exported),
+            snapshots: g(&self.snapshots),
+            http_requests: g(&self.http_requests),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `vramhook agent`: the daemon that drains every traced process's ring on this host into
+//! the live model and exports it (Prometheus `/metrics`, JSON `/api/v1/state`, OTLP,
+//! rotating capture files).
+
+use anyhow::Result;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+use vramhook_agent::capture::CaptureConfig;
+use vramhook_agent::ingest::IngestConfig;
+use vramhook_agent::rings::default_ring_dir;
+use vramhook_agent::AgentConfig;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// Ring directory to drain [default: /dev/shm/vramhook/<uid>].
+    #[arg(long, value_name = "DIR")]
+    pub ring_dir: Option<PathBuf>,
+    /// Address of the HTTP endpoints (/metrics, /api/v1/state); loopback by default.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub listen: SocketAddr,
+    /// Serve no HTTP endpoint.
+    #[arg(long)]
+    pub no_http: bool,
+    /// Write rotating capture files (with periodic model checkpoints) to this directory.
+    /// A restarted agent recovers its model from them.
+    #[arg(long, value_name = "DIR")]
+    pub capture_dir: Option<PathBuf>,
+    /// Start a new capture file past this many MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub capture_max_mib: u64,
+    /// Start a new capture file after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub capture_max_age: u64,
+    /// Keep at most this many capture files.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub capture_keep: usize,
+    /// Seconds between model checkpoints in the capture.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub checkpoint_interval: f64,
+    /// Do not restore the model from the capture directory at start.
+    #[arg(long)]
+    pub no_recover: bool,
+    /// Export over OTLP even without OTEL_EXPORTER_OTLP_ENDPOINT (default endpoints).
+    /// OTLP is on whenever an OTEL_EXPORTER_OTLP_*ENDPOINT variable is set.
+    #[arg(long)]
+    pub otlp: bool,
+    /// Milliseconds between published snapshots (what /metrics and OTLP read).
+    #[arg(long, value_name = "MS", default_value_t = 250)]
+    pub snapshot_ms: u64,
+}
+
+pub fn agent(args: AgentArgs) -> Result<ExitCode> {
+    let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
+    let mut ingest = IngestConfig::new(ring_dir);
+    ingest.snapshot_interval = Duration::from_millis(args.snapshot_ms.max(10));
+    ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
+    let capture = args.capture_dir.as_ref().map(|dir| {
+        let mut c = CaptureConfig::new(dir);
+        c.max_bytes = args.capture_max_mib.max(1) << 20;
+        c.max_age = Duration::from_secs(args.capture_max_age.max(1));
+        c.max_files = args.capture_keep.max(1);
+        c.checkpoint_interval = ingest.checkpoint_interval;
+        c
+    });
+    let cfg = AgentConfig {
+        ingest,
+        listen: (!args.no_http).then_some(args.listen),
+        capture,
+        otlp: args.otlp || vramhook_agent::otlp::configured_by_env(),
+        recover: !args.no_recover,
+    };
+    vramhook_agent::run(cfg, Arc::new(AtomicBool::new(false)))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,273 @@
+//! `vramhook top`: a live terminal view of devices, processes and recent OOMs, from the
+//! agent's state endpoint or, with no agent, from the rings directly.
+
+use crate::summary::fmt_bytes;
+use anyhow::{Context, Result};
+use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Paragraph, Row, Table};
+use ratatui::Frame;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use vramhook_agent::http::{fetch_state, State};
+use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
+use vramhook_agent::stats::StatsView;
+use vramhook_model::{Model, ModelConfig};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct TopArgs {
+    /// The agent's HTTP address.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub agent: String,
+    /// Read the rings directly instead of asking an agent (also used when none answers).
+    /// This drains the rings: an agent started later does not see what `top` read.
+    #[arg(long)]
+    pub direct: bool,
+    /// Ring directory for direct mode [default: /dev/shm/vramhook/<uid>].
+    #[arg(long, value_name = "DIR")]
+    pub ring_dir: Option<PathBuf>,
+    /// Refresh interval in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub interval: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sort {
+    Live,
+    Peak,
+    Pid,
+}
+
+enum Source {
+    Agent(String),
+    Direct { source: Box<RingSource>, model: Box<Model>, stats: Box<StatsView>, ring_dir: String },
+}
+
+impl Source {
+    fn direct(dir: PathBuf) -> Source {
+        let ring_dir = dir.display().to_string();
+        Source::Direct {
+            source: Box::new(RingSource::new(dir, RingFilter::default(), None)),
+            model: Box::new(Model::new(ModelConfig::default())),
+            stats: Box::default(),
+            ring_dir,
+        }
+    }
+
+    fn refresh(&mut self) -> Result<State, String> {
+        match self {
+            Source::Agent(addr) => fetch_state(addr, Duration::from_secs(2)),
+            Source::Direct { source, model, stats, ring_dir } => {
+                let summary = source.poll(&mut |item| match item {
+                    SourceItem::Process(info) => model.process_info(info),
+                    SourceItem::Events(events) => {
+                        for e in events {
+                            model.apply(e);
+                        }
+                    }
+                    SourceItem::End(end) => model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns),
+                });
+                stats.events_ingested += summary.delivered;
+                stats.writer_dropped += summary.dropped;
+                stats.records_malformed += summary.malformed;
+                stats.rings_refused += source.take_refusals().len() as u64;
+                stats.rings_open = source.open_rings() as u64;
+                Ok(State { agent: (**stats).clone(), ring_dir: ring_dir.clone(), snapshot: model.snapshot() })
+            }
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Source::Agent(a) => format!("agent {a}"),
+            Source::Direct { ring_dir, .. } => format!("rings {ring_dir} (direct)"),
+        }
+    }
+}
+
+pub fn top(args: TopArgs) -> Result<ExitCode> {
+    let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
+    let mut source = if args.direct {
+        Source::direct(ring_dir)
+    } else {
+        match fetch_state(&args.agent, Duration::from_secs(2)) {
+            Ok(_) => Source::Agent(args.agent.clone()),
+            Err(e) => {
+                eprintln!("vramhook top: no agent at {} ({e}); reading the rings directly", args.agent);
+                Source::direct(ring_dir)
+            }
+        }
+    };
+    let mut terminal = ratatui::try_init().context("cannot start the terminal UI")?;
+    let result = run_ui(&mut terminal, &mut source, Duration::from_millis(args.interval.max(50)));
+    ratatui::restore();
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_ui(terminal: &mut ratatui::DefaultTerminal, source: &mut Source, interval: Duration) -> Result<()> {
+    let mut sort = Sort::Live;
+    let mut state: Option<State> = None;
+    let mut error: Option<String> = None;
+    let mut last = Instant::now() - interval;
+    loop {
+        if last.elapsed() >= interval {
+            last = Instant::now();
+            match source.refresh() {
+                Ok(s) => {
+                    state = Some(s);
+                    error = None;
+                }
+                Err(e) => error = Some(e),
+            }
+        }
+        let label = source.label();
+        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), sort))?;
+        if event::poll(Duration::from_millis(100))? {
+            if let TermEvent::Key(k) = event::read()? {
+                if k.kind != KeyEventKind::Press {
+                    continue;
+                }
+                match k.code {
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('l') => sort = Sort::Live,
+                    KeyCode::Char('p') => sort = Sort::Peak,
+                    KeyCode::Char('n') => sort = Sort::Pid,
+                    KeyCode::Char('r') => last = Instant::now() - interval,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn opt_bytes(v: Option<u64>) -> String {
+    v.map(fmt_bytes).unwrap_or_else(|| "-".into())
+}
+
+fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
+    let [head, devs, procs, ooms, help] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(5),
+        Constraint::Min(6),
+        Constraint::Length(7),
+        Constraint::Length(1),
+    ])
+    .areas(f.area());
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let Some(s) = state else {
+        let msg = error.unwrap_or("waiting for data…");
+        f.render_widget(Paragraph::new(msg).block(Block::bordered().title(format!(" vramhook top — {label} "))), head);
+        return;
+    };
+    let a = &s.agent;
+    let dropped_total: u64 = s.snapshot.processes.iter().map(|p| p.dropped_events).sum();
+    let mut status = format!(
+        "events {}  rings open {}  refused {}  malformed {}  dropped {} (writer {}, restart {}, capture {})",
+        a.events_ingested,
+        a.rings_open,
+        a.rings_refused,
+        a.records_malformed,
+        dropped_total,
+        a.writer_dropped,
+        a.restart_lost,
+        a.capture_dropped_events
+    );
+    if let Some(e) = error {
+        status = format!("{status}  STALE: {e}");
+    }
+    f.render_widget(Paragraph::new(status).block(Block::bordered().title(format!(" vramhook top — {label} "))), head);
+
+    let rows = s.snapshot.devices.iter().map(|d| {
+        Row::new(vec![
+            d.ordinal.to_string(),
+            opt_bytes(d.total),
+            opt_bytes(d.free),
+            fmt_bytes(d.traced_bytes),
+            opt_bytes(d.untraced_bytes),
+            fmt_bytes(d.pool_idle_bytes),
+        ])
+    });
+    let widths = [6, 12, 12, 12, 12, 12].map(Constraint::Length);
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(["device", "total", "free", "traced", "untraced", "pool idle"]).style(bold))
+            .block(Block::bordered().title(" devices ")),
+        devs,
+    );
+
+    let mut live: Vec<_> = s.snapshot.processes.iter().filter(|p| p.alive).collect();
+    match sort {
+        Sort::Live => live.sort_by_key(|p| std::cmp::Reverse(p.live_bytes)),
+        Sort::Peak => live.sort_by_key(|p| std::cmp::Reverse(p.peak_bytes)),
+        Sort::Pid => live.sort_by_key(|p| p.pid),
+    }
+    let rows = live.iter().map(|p| {
+        let style =
+            if p.dropped_events > 0 || p.oom_count > 0 { Style::default().fg(Color::Yellow) } else { Style::default() };
+        Row::new(vec![
+            p.pid.to_string(),
+            vramhook_agent::metrics::command_label(&p.command, &p.exe),
+            fmt_bytes(p.live_bytes),
+            fmt_bytes(p.peak_bytes),
+            p.live_allocations.to_string(),
+            fmt_bytes(p.largest_free_span),
+            format!("{:.2}", p.fragmentation),
+            p.oom_count.to_string(),
+            p.dropped_events.to_string(),
+        ])
+        .style(style)
+    });
+    let widths = [
+        Constraint::Length(8),
+        Constraint::Min(16),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(7),
+        Constraint::Length(11),
+        Constraint::Length(5),
+        Constraint::Length(5),
+        Constraint::Length(8),
+    ];
+    let sort_name = match sort {
+        Sort::Live => "live",
+        Sort::Peak => "peak",
+        Sort::Pid => "pid",
+    };
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(
+                Row::new(["pid", "command", "live", "peak", "allocs", "free span", "frag", "OOMs", "dropped"])
+                    .style(bold),
+            )
+            .block(Block::bordered().title(format!(" processes ({} live, by {sort_name}) ", live.len()))),
+        procs,
+    );
+
+    let lines: Vec<Line> = s
+        .snapshot
+        .incidents
+        .iter()
+        .rev()
+        .take(5)
+        .map(|i| {
+            Line::from(format!(
+                "pid {} dev {} {:?}: {} (asked {})",
+                i.pid,
+                i.device,
+                i.verdict,
+                i.explanation,
+                fmt_bytes(i.requested_bytes)
+            ))
+        })
+        .collect();
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(format!(" recent OOMs ({} total) ", s.snapshot.incidents.len()))),
+        ooms,
+    );
+    f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+}

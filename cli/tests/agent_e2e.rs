@@ -1,0 +1,244 @@
+//! `vramhook agent` end to end on the simulated driver: the HTTP endpoints carry the
+//! model's numbers, hostile rings are refused and counted,
+//! and an agent SIGKILLed in the middle of a 1-million-event workload loses nothing
+//! uncounted and delivers nothing twice.
+
+mod agent_support;
+
+use agent_support::*;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+use vramhook_protocol::capture::{CaptureReader, Frame};
+use vramhook_protocol::record::{Event, EventKind};
+
+fn process(state: &Value, pid: u32) -> Option<&Value> {
+    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
+}
+
+#[test]
+fn endpoints_carry_the_models_numbers() {
+    let rings = ring_dir("http");
+    let bin = vramhook_bin();
+    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let mut child = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "4"], rings.path(), &[]);
+    let pid = child.id();
+    // leak --n 4 leaves 6,295,456 bytes (the simulated driver's ground truth).
+    let state = agent.wait_state(Duration::from_secs(20), "the leak to be drained", |s| {
+        process(s, pid).is_some_and(|p| p["live_bytes"] == 6_295_456u64)
+    });
+    let p = process(&state, pid).expect("process");
+    let metrics = agent.get("/metrics");
+    let labels =
+        format!("pid=\"{pid}\",command=\"{}\"", p["command"].as_str().unwrap_or("").rsplit('/').next().unwrap_or(""));
+    let _ = labels;
+    let series = |name: &str, extra: &str| {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(&format!("pid=\"{pid}\"")) && l.contains(extra))
+            .unwrap_or_else(|| panic!("no {name} series for pid {pid} in\n{metrics}"));
+        line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("value")
+    };
+    assert_eq!(
+        series("vramhook_process_memory_live_bytes", "kind=\"plain\""),
+        p["live_by_class"]["plain"].as_f64().unwrap()
+    );
+    assert_eq!(series("vramhook_process_memory_peak_bytes", ""), p["peak_bytes"].as_f64().unwrap());
+    assert_eq!(series("vramhook_process_allocations_total", ""), p["allocations"].as_f64().unwrap());
+    assert_eq!(series("vramhook_process_allocations_live", ""), p["live_allocations"].as_f64().unwrap());
+    let dev = &state["snapshot"]["devices"][0];
+    assert_eq!(prom_value(&metrics, "vramhook_device_memory_traced_bytes{device=\"0\"}"), dev["traced_bytes"].as_f64());
+    assert_eq!(prom_value(&metrics, "vramhook_device_memory_total_bytes{device=\"0\"}"), dev["total"].as_f64());
+    assert!(!metrics.contains("addr"), "no per-address labels");
+
+    let _ = child.wait();
+    // The exit is noticed, the ring removed, the process closed in the model.
+    agent.wait_state(Duration::from_secs(20), "the ring to close", |s| {
+        s["agent"]["rings_open"] == 0
+            && s["agent"]["rings_closed"] == 1
+            && process(s, pid).is_some_and(|p| p["alive"] == false)
+    });
+    assert!(std::fs::read_dir(rings.path()).expect("dir").next().is_none(), "ring file removed");
+    let after = agent.get("/metrics");
+    assert!(!after.contains(&format!("pid=\"{pid}\"")), "an exited process's series end with it");
+}
+
+fn header(capacity: u64, pid: u32, uid: u32, start: u64) -> Vec<u8> {
+    let mut h = vec![0u8; 4096];
+    h[0..8].copy_from_slice(b"VRHKRING");
+    h[8..12].copy_from_slice(&1u32.to_le_bytes());
+    h[12..16].copy_from_slice(&4096u32.to_le_bytes());
+    h[16..24].copy_from_slice(&capacity.to_le_bytes());
+    h[24..28].copy_from_slice(&pid.to_le_bytes());
+    h[28..32].copy_from_slice(&uid.to_le_bytes());
+    h[32..40].copy_from_slice(&start.to_le_bytes());
+    h
+}
+
+fn write_ring(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).expect("write ring");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
+}
+
+#[test]
+fn hostile_rings_are_refused_and_counted_never_a_crash() {
+    let rings = ring_dir("hostile");
+    let dir = rings.path();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    // 1. An absurd capacity (2^40 slots).
+    write_ring(dir, "99991-1-0.ring", &header(1 << 40, 99991, euid, 1));
+    // 2. A file too small to hold a header.
+    write_ring(dir, "99993-1-0.ring", b"VRHKRING");
+    // 3. A wrong owner: the header claims one uid, the file belongs to another.
+    let wrong = write_ring(dir, "99994-1-0.ring", &{
+        let mut b = header(16, 99994, euid, 1);
+        b.resize(4096 + 16 * 64, 0);
+        b
+    });
+    if euid == 0 {
+        std::os::unix::fs::chown(&wrong, Some(4242), Some(4242)).expect("chown");
+    } else {
+        let mut b = header(16, 99994, euid + 1, 1);
+        b.resize(4096 + 16 * 64, 0);
+        std::fs::write(&wrong, b).expect("rewrite");
+    }
+    // 4. A valid header over garbage records, from a writer that is gone: the reader
+    //    must count every slot as malformed (or hand the model nonsense it rejects).
+    let mut garbage = header(16, 99992, euid, 1);
+    garbage[256..264].copy_from_slice(&16u64.to_le_bytes()); // write_pos: 16 slots claimed
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..16 * 64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        garbage.push((x >> (i % 8)) as u8);
+    }
+    // Two slots stamped as published (lap 0 → stamp 1) with random contents.
+    for slot in [3usize, 9] {
+        let off = 4096 + slot * 64;
+        garbage[off..off + 8].copy_from_slice(&1u64.to_le_bytes());
+    }
+    write_ring(dir, "99992-1-0.ring", &garbage);
+
+    let bin = vramhook_bin();
+    let agent = Agent::start(&bin, &["--ring-dir", dir.to_str().unwrap()], &[]);
+    let s = agent.wait_state(Duration::from_secs(20), "hostile rings to be judged", |s| {
+        s["agent"]["rings_refused"] == 3 && s["agent"]["rings_closed"] == 1
+    });
+    assert!(s["agent"]["records_malformed"].as_u64().unwrap_or(0) >= 1, "garbage counted: {}", s["agent"]);
+    let log = agent.log();
+    assert!(
+        log.contains("99991-1-0.ring") && log.contains("99993-1-0.ring") && log.contains("99994-1-0.ring"),
+        "each refusal reported:\n{log}"
+    );
+    let metrics = agent.get("/metrics");
+    assert_eq!(prom_value(&metrics, "vramhook_agent_rings_refused_total"), Some(3.0));
+
+    // The agent still traces a real process afterwards.
+    let mut child = spawn_traced(&workload("leak"), &["--n", "4"], dir, &[]);
+    let pid = child.id();
+    let _ = child.wait();
+    agent.wait_state(Duration::from_secs(20), "the workload after the hostile rings", |s| {
+        s["agent"]["rings_closed"] == 2 && process(s, pid).is_some_and(|p| p["peak_bytes"].as_u64().unwrap_or(0) > 0)
+    });
+}
+
+/// Every event of a traced process in the capture files: (seqs delivered, dropped count).
+fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
+    let mut seqs = Vec::new();
+    let mut dropped = 0;
+    let mut calls = 0;
+    let mut files: Vec<_> =
+        std::fs::read_dir(dir).expect("capture dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    files.sort();
+    for f in files {
+        let mut r =
+            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(&f).expect("open"))).expect("capture");
+        while let Ok(Some(frame)) = r.next_frame() {
+            if let Frame::Events(records) = frame {
+                for raw in records {
+                    let e = Event::from_raw(raw);
+                    if e.pid != pid {
+                        continue;
+                    }
+                    match e.kind() {
+                        Some(EventKind::Dropped) => dropped += e.size,
+                        Some(EventKind::ProcessStart | EventKind::ProcessExit) => seqs.push(e.seq),
+                        _ => {
+                            seqs.push(e.seq);
+                            calls += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (seqs, dropped, calls)
+}
+
+#[test]
+fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
+    let rings = ring_dir("restart");
+    let captures = tempfile::tempdir().expect("capture dir");
+    let truth = tempfile::tempdir().expect("truth dir");
+    let bin = vramhook_bin();
+    let args = [
+        "--ring-dir",
+        rings.path().to_str().unwrap(),
+        "--capture-dir",
+        captures.path().to_str().unwrap(),
+        "--checkpoint-interval",
+        "0.2",
+    ];
+    let mut first = Agent::start(&bin, &args, &[]);
+    let mut child = spawn_traced(
+        &workload("threads16"),
+        &["--threads", "8", "--iters", "62500"],
+        rings.path(),
+        &[("VRAMHOOK_RING_SLOTS", "1048576"), ("VRAMHOOK_SIM_LOG_DIR", truth.path().to_str().unwrap())],
+    );
+    let pid = child.id();
+    first.wait_state(Duration::from_secs(60), "some events ingested", |s| {
+        s["agent"]["events_ingested"].as_u64().unwrap_or(0) > 150_000
+    });
+    first.kill(); // SIGKILL, mid-stream
+    std::thread::sleep(Duration::from_millis(300));
+    let second = Agent::start(&bin, &args, &[]);
+    assert!(second.log().contains("recovered the model"), "restart recovers from the capture:\n{}", second.log());
+    let out = child.wait().expect("workload");
+    assert!(out.success(), "workload failed");
+    let state = second.wait_state(Duration::from_secs(120), "the workload's ring to be drained and closed", |s| {
+        s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"].as_u64().unwrap_or(0) >= 1
+    });
+    drop(second);
+
+    let truth_calls: u64 = std::fs::read_dir(truth.path())
+        .expect("truth")
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).expect("read truth");
+            text.lines().filter(|l| l.starts_with("{\"fn\"")).count() as u64
+        })
+        .sum();
+    assert!(truth_calls >= 1_000_000, "a million-event workload ({truth_calls} calls)");
+    let (seqs, dropped, calls) = captured(captures.path(), pid);
+    let unique: HashSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(unique.len(), seqs.len(), "an event was delivered twice");
+    assert_eq!(
+        calls + dropped,
+        truth_calls,
+        "every call delivered once or counted as dropped (delivered {calls}, dropped {dropped})"
+    );
+    // The restarted model says the same: its process counts those drops.
+    let p = process(&state, pid).expect("process in the model");
+    assert_eq!(p["dropped_events"].as_u64(), Some(dropped), "model's dropped count = capture's");
+    eprintln!(
+        "restart: {calls} delivered, {dropped} dropped (restart-lost {} / writer {}), of {truth_calls}",
+        state["agent"]["restart_lost"], state["agent"]["writer_dropped"]
+    );
+}

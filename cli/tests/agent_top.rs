@@ -1,0 +1,98 @@
+//! `vramhook top` in a real terminal (tmux): from the agent's state endpoint, and with no
+//! agent, from the rings directly.
+
+mod agent_support;
+
+use agent_support::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().unwrap_or_else(|e| {
+        panic!("MISSING tmux ({e}): these tests drive `vramhook top` in a terminal; install it with `apt-get install -y tmux`")
+    });
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+struct Session(String);
+
+impl Session {
+    fn start(command: &str) -> Session {
+        let name = format!("vhtop-{}-{}", std::process::id(), free_port());
+        tmux(&["new-session", "-d", "-s", &name, "-x", "140", "-y", "34", command]);
+        Session(name)
+    }
+
+    fn wait_screen(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = tmux(&["capture-pane", "-p", "-t", &self.0]);
+            if pred(&screen) {
+                return screen;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "top never showed {what}; screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn keys(&self, k: &str) {
+        tmux(&["send-keys", "-t", &self.0, k]);
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        tmux(&["kill-session", "-t", &self.0]);
+    }
+}
+
+#[test]
+fn top_shows_processes_peaks_and_ooms_from_the_agent() {
+    let rings = ring_dir("top");
+    let bin = vramhook_bin();
+    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "10"], rings.path(), &[]);
+    let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
+    let _ = oom.wait();
+    let pid = leak.id();
+    agent.wait_state(Duration::from_secs(20), "the leak and the OOM", |s| {
+        s["snapshot"]["incidents"].as_array().is_some_and(|i| !i.is_empty())
+            && s["snapshot"]["processes"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["pid"] == pid && p["live_bytes"] == 6_295_456u64))
+    });
+    let session = Session::start(&format!("{} top --agent {} --interval 200", bin.display(), agent.addr));
+    let screen = session.wait_screen("the leak's pid, live bytes and the OOM", |s| {
+        s.contains(&pid.to_string())
+            && s.contains("6.00 MiB")
+            && s.contains("recent OOMs (1 total)")
+            && s.contains("Capacity")
+    });
+    assert!(screen.contains("10.01 MiB"), "peak shown:\n{screen}");
+    assert!(screen.contains(&format!("agent {}", agent.addr)), "source shown:\n{screen}");
+    session.keys("p");
+    session.wait_screen("sorting by peak", |s| s.contains("by peak"));
+    session.keys("q");
+    let _ = leak.kill();
+    let _ = leak.wait();
+}
+
+#[test]
+fn top_reads_the_rings_directly_without_an_agent() {
+    let rings = ring_dir("topdirect");
+    let bin = vramhook_bin();
+    let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "10"], rings.path(), &[]);
+    let pid = leak.id();
+    let port = free_port(); // nothing listens there
+    let session = Session::start(&format!(
+        "{} top --agent 127.0.0.1:{port} --ring-dir {} --interval 200",
+        bin.display(),
+        rings.path().display()
+    ));
+    let screen =
+        session.wait_screen("the leak read from its ring", |s| s.contains(&pid.to_string()) && s.contains("6.00 MiB"));
+    assert!(screen.contains("(direct)"), "direct mode shown:\n{screen}");
+    session.keys("q");
+    let _ = leak.kill();
+    let _ = leak.wait();
+}
