@@ -19,7 +19,8 @@ if [ ! -f "$LIB" ]; then
     exit 1
 fi
 
-make -s -C "$ROOT/tests/simcuda" -j2 all
+# SIM_SKIP_BUILD=1 uses an existing build (the GPU machine has no make).
+[ "${SIM_SKIP_BUILD:-0}" = 1 ] || make -s -C "$ROOT/tests/simcuda" -j2 all
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
@@ -29,7 +30,11 @@ run_one() {
     local threads=$1 preload=${2:-}
     local out
     if [ -n "$preload" ]; then
-        out=$(env VRAMHOOK_SIM_FAST=1 LD_PRELOAD="$preload" "$BENCH" --threads "$threads" --iters "$ITERS")
+        # A private ring big enough for every event: this measures the recording path,
+        # not the (cheaper) path that drops events when a ring is full.
+        rm -rf "$TMP/rings"
+        out=$(env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$TMP/rings" VRAMHOOK_RING_SLOTS=2097152 \
+              LD_PRELOAD="$preload" "$BENCH" --threads "$threads" --iters "$ITERS")
     else
         out=$(env VRAMHOOK_SIM_FAST=1 "$BENCH" --threads "$threads" --iters "$ITERS")
     fi

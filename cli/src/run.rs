@@ -140,10 +140,6 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     let mut idle = Duration::from_millis(1);
     let mut last_report = Instant::now();
     loop {
-        let summary = source.poll(&mut |item| recorder.handle(item));
-        for refusal in source.take_refusals() {
-            eprintln!("vramhook: ignoring ring {}: {}", refusal.path.display(), refusal.reason);
-        }
         let sig = PENDING_SIGNAL.swap(0, Ordering::Relaxed);
         if sig != 0 {
             // SAFETY: forwarding a signal to our child.
@@ -166,6 +162,11 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
             } else {
                 descendants_left = false; // ECHILD: no descendant is left
             }
+        }
+        // Reaped first, so that a closed ring's end carries the exit status.
+        let summary = source.poll(&mut |item| recorder.handle(item));
+        for refusal in source.take_refusals() {
+            eprintln!("vramhook: ignoring ring {}: {}", refusal.path.display(), refusal.reason);
         }
         if !descendants_left && source.open_rings() == 0 {
             // A last look for rings made just before the last process exited.

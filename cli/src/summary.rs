@@ -142,7 +142,7 @@ impl Recorder {
     fn remember_live_at_exit(&mut self, pid: u32) {
         let Some(tally) = self.tallies.get_mut(&pid) else { return };
         let snapshot = self.model.snapshot();
-        if let Some(p) = snapshot.processes.iter().find(|p| p.pid == pid && p.start_time == tally.start_time) {
+        if let Some(p) = snapshot.processes.iter().rev().find(|p| p.pid == pid && p.start_time == tally.start_time) {
             tally.at_exit = Some((p.live_bytes, p.live_allocations));
         }
     }
@@ -171,7 +171,7 @@ impl Recorder {
         let mut processes = Vec::new();
         let mut dropped_total = 0;
         for (pid, tally) in &self.tallies {
-            let view = snapshot.processes.iter().find(|p| p.pid == *pid && p.start_time == tally.start_time);
+            let view = snapshot.processes.iter().rev().find(|p| p.pid == *pid && p.start_time == tally.start_time);
             let sum = |f: fn(&ProcessEnd) -> u64| tally.ends.iter().map(f).sum::<u64>();
             let dropped = sum(|e| e.dropped) + sum(|e| e.lost_in_flight);
             dropped_total += dropped;

@@ -320,7 +320,7 @@ unsafe fn swap_entry_point(symbol: *const c_char, pfn: *mut *mut c_void, version
     if let Some(f) = real::wrapped_by_real_address(*pfn) {
         *pfn = wrapper(f);
     } else if !symbol.is_null() && real::is_memory_base_name(core::ffi::CStr::from_ptr(symbol).to_bytes()) {
-        sink::count_hook_miss();
+        sink::hook_miss(core::ffi::CStr::from_ptr(symbol).to_bytes(), version, flags);
         if config::DEBUG.load(std::sync::atomic::Ordering::Relaxed) {
             report_miss(core::ffi::CStr::from_ptr(symbol).to_bytes(), version, flags);
         }

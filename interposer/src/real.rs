@@ -61,8 +61,7 @@ pub fn is_wrapped(f: F) -> bool {
     !matches!(f, F::cuCtxGetDevice | F::cuMemGetAddressRange_v2)
 }
 
-const NULL: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
-static REAL: [AtomicPtr<c_void>; COUNT] = [NULL; COUNT];
+static REAL: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(core::ptr::null_mut()) }; COUNT];
 static RESOLVED: AtomicBool = AtomicBool::new(false);
 
 /// The real function, resolving libcuda's table on first use.

@@ -427,10 +427,26 @@ pub fn emit(kind: EventKind, api: Api, result: i32, device: i16, addr: u64, size
     }
 }
 
-pub fn count_hook_miss() {
-    if let Some(w) = ring() {
-        w.count_hook_miss();
-    }
+/// Counts an entry point we could not wrap and records its name (init time only).
+pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
+    let Some(w) = ring() else { return };
+    w.count_hook_miss();
+    let mut packed = [0u8; 32];
+    let n = name.len().min(32);
+    packed[..n].copy_from_slice(&name[..n]);
+    let word = |i: usize| u64::from_le_bytes(packed[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+    let mut rec = record(
+        EventKind::HookMiss,
+        Api::Interposer,
+        0,
+        version.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16,
+        word(0),
+        word(1),
+        word(2),
+        word(3),
+    );
+    rec.caller = flags.min(255) as u8;
+    w.push(&rec);
 }
 
 /// True at most once every `VRAMHOOK_MEMINFO_MS` across the process.

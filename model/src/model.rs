@@ -496,7 +496,7 @@ impl Model {
                     let p = &mut self.procs[slot];
                     p.dropped_events = p.dropped_events.saturating_add(ev.size);
                 }
-                EventKind::ProcessStart => {}
+                EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }
         self.incident_post(slot, ev);
@@ -517,7 +517,7 @@ impl Model {
         if ts > self.now {
             self.now = ts;
         }
-        let slot = self.attach(pid, start_time, ts);
+        let slot = self.attach(pid, start_time, ts, true);
         if let Some(s) = slot {
             if ppid != 0 {
                 self.procs[s].ppid = ppid;
@@ -526,12 +526,17 @@ impl Model {
     }
 
     /// Finds or creates the process (pid, start_time); closes an older process of the same
-    /// pid (pid reuse). Returns None when it names a process that already exited.
-    fn attach(&mut self, pid: u32, start_time: u64, ts: u64) -> Option<usize> {
+    /// pid (pid reuse). Returns None when it names a process that already exited, unless
+    /// `new_image`: an `exec` keeps pid and start time, and its new image starts afresh
+    /// (the old image's memory went with its address space).
+    fn attach(&mut self, pid: u32, start_time: u64, ts: u64, new_image: bool) -> Option<usize> {
         match self.by_pid.get(&pid).copied() {
             Some(s) => {
                 let p = &mut self.procs[s];
                 if p.start_time == start_time || start_time == 0 {
+                    if !p.alive && new_image && start_time != 0 {
+                        return Some(self.new_process(pid, start_time));
+                    }
                     if !p.alive {
                         self.anomaly(Some(s), Anomaly::EventAfterExit);
                         return None;
@@ -557,7 +562,8 @@ impl Model {
             .procs
             .iter()
             .rposition(|p| p.pid == info.pid && p.start_time == info.start_time && info.start_time != 0)
-            .or_else(|| self.attach(info.pid, info.start_time, self.now));
+            .filter(|s| self.procs[*s].alive)
+            .or_else(|| self.attach(info.pid, info.start_time, self.now, true));
         if let Some(s) = slot {
             let p = &mut self.procs[s];
             p.command = info.cmdline.join(" ");

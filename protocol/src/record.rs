@@ -46,12 +46,12 @@ impl std::fmt::Debug for RawRecord {
 }
 
 macro_rules! code_enum {
-    ($(#[$meta:meta])* $name:ident : $repr:ty { $($variant:ident = $value:literal => $text:literal,)* }) => {
+    ($(#[$meta:meta])* $name:ident : $repr:ty { $($(#[$vmeta:meta])* $variant:ident = $value:literal => $text:literal,)* }) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr($repr)]
         #[allow(non_camel_case_types)]
-        pub enum $name { $($variant = $value,)* }
+        pub enum $name { $($(#[$vmeta])* $variant = $value,)* }
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant,)*];
@@ -97,6 +97,10 @@ code_enum! {
         ProcessStart = 13 => "process_start",
         ProcessExit = 14 => "process_exit",
         Dropped = 15 => "dropped",
+        /// The driver handed out a memory entry point no wrapper matched: calls through
+        /// it are not recorded. The symbol name is packed into addr..stream (32 bytes),
+        /// the requested version is in `device`, the flags in `caller`.
+        HookMiss = 16 => "hook_miss",
     }
 }
 
@@ -284,6 +288,16 @@ impl Event {
         self.result != 0
     }
 
+    /// For a `HookMiss`: the entry point's name (up to 32 bytes).
+    pub fn hook_miss_symbol(&self) -> String {
+        let mut bytes = Vec::with_capacity(32);
+        for v in [self.addr, self.size, self.aux, self.stream] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    }
+
     pub fn is_oom(&self) -> bool {
         self.result == CUDA_ERROR_OUT_OF_MEMORY
     }
@@ -358,6 +372,25 @@ mod tests {
             assert_eq!(EventKind::from_code(kind.code()), Some(*kind));
         }
         assert_eq!(Api::from_code(999), None);
+    }
+
+    #[test]
+    fn hook_miss_symbol_round_trips_up_to_32_bytes() {
+        let pack = |name: &[u8]| {
+            let mut b = [0u8; 32];
+            b[..name.len().min(32)].copy_from_slice(&name[..name.len().min(32)]);
+            let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            Event {
+                kind: EventKind::HookMiss.code(),
+                addr: w(0),
+                size: w(1),
+                aux: w(2),
+                stream: w(3),
+                ..Event::default()
+            }
+        };
+        assert_eq!(pack(b"cuIpcOpenMemHandle").hook_miss_symbol(), "cuIpcOpenMemHandle");
+        assert_eq!(pack(b"cuMemAllocFromPoolAsync_ptsz_and_more").hook_miss_symbol().len(), 32);
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Traced {
 }
 
 pub fn checksum_line(stdout: &str) -> String {
-    stdout.lines().filter(|l| l.starts_with("checksum=")).last().unwrap_or("").to_string()
+    stdout.lines().rev().find(|l| l.starts_with("checksum=")).unwrap_or("").to_string()
 }
 
 /// Runs `vramhook run --record` on a workload of the simulated driver, with its ground

@@ -302,7 +302,7 @@ impl Reference {
         };
         if kind == EventKind::ProcessStart {
             self.now = self.now.max(ev.ts_ns);
-            if let Some(s) = self.attach(ev.pid, ev.aux, ev.ts_ns) {
+            if let Some(s) = self.attach(ev.pid, ev.aux, ev.ts_ns, true) {
                 if ev.addr as u32 != 0 {
                     self.procs[s].ppid = ev.addr as u32;
                 }
@@ -430,7 +430,7 @@ impl Reference {
                     return;
                 }
                 EventKind::Dropped => self.procs[slot].dropped = self.procs[slot].dropped.saturating_add(ev.size),
-                EventKind::ProcessStart => {}
+                EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }
         self.settle(slot, ts);
@@ -479,12 +479,16 @@ impl Reference {
             .or_else(|| self.pools.iter().position(|p| p.pid == ev.pid && p.default && p.id == ev.device as u16 as u64))
     }
 
-    fn attach(&mut self, pid: u32, st: u64, ts: u64) -> Option<usize> {
+    /// `new_image`: a new image after exec (same pid and start time) starts afresh.
+    fn attach(&mut self, pid: u32, st: u64, ts: u64, new_image: bool) -> Option<usize> {
         match self.cur(pid) {
             None => Some(self.newproc(pid, st)),
             Some(s) => {
                 let p = &self.procs[s];
                 if p.st == st || st == 0 {
+                    if !p.alive && new_image && st != 0 {
+                        return Some(self.newproc(pid, st));
+                    }
                     if !p.alive {
                         self.anom(Some(s), Anomaly::EventAfterExit);
                         return None;
@@ -508,7 +512,8 @@ impl Reference {
             .procs
             .iter()
             .rposition(|p| p.pid == info.pid && p.st == info.start_time && info.start_time != 0)
-            .or_else(|| self.attach(info.pid, info.start_time, self.now));
+            .filter(|s| self.procs[*s].alive)
+            .or_else(|| self.attach(info.pid, info.start_time, self.now, true));
         if let Some(s) = slot {
             let p = &mut self.procs[s];
             p.command = info.cmdline.join(" ");
