@@ -278,7 +278,9 @@ impl Replayer {
     fn sample_from(&mut self, snap: &ModelSnapshot, ts: u64) {
         let live = self.model.live_allocation_count() as u64;
         let state = live * 2 + snap.processes.len() as u64 + snap.arenas.len() as u64;
-        let stride = if state < 128 { 1 } else { state }.max(self.applied / 4096);
+        // Small states are cheap to sample every event; large ones every ~4× their size, and
+        // never more than ~2,000 samples per doubling of the event count.
+        let stride = if state < 128 { 1 } else { state * 4 }.max(self.applied / 2048);
         self.next_sample = self.applied + stride;
         let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
         let mut total_live = 0u64;

@@ -42,7 +42,7 @@ fn malformed_pickles_are_errors_not_panics() {
     // Not a snapshot at all: a pickled list of ints.
     let r = analyze_bytes("ints.pickle", &[0x80, 2, b']', b'K', 1, b'a', b'.'], &Options::default());
     assert!(r.is_ok() || r.is_err());
-    let e = analyze_bytes("int.pickle", &[0x80, 2, b'K', 1, b'.'], &Options::default()).err().expect("not a snapshot");
+    let e = analyze_bytes("int.pickle", &[0x80, 2, b'K', 1, b'.'], &Options::default()).expect_err("not a snapshot");
     assert!(e.to_string().contains("segments"), "{e}");
 }
 
