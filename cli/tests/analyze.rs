@@ -1,0 +1,191 @@
+//! `vramhook analyze` end to end: real captures of the simulated workloads, the real H200
+//! snapshot, every output format, and bad input (exit codes and the one-line reasons).
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+fn vramhook() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vramhook"))
+}
+
+fn sim_dir() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = repo_root().join("tests/simcuda");
+            let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().expect("cannot run make");
+            assert!(
+                out.status.success(),
+                "building the simulated driver failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir.join("build")
+        })
+        .clone()
+}
+
+/// Traces a workload into `dir/<name>.vhc`.
+fn record(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let lib = vramhook().parent().expect("bin dir").join("libvramhook.so");
+    assert!(lib.is_file(), "MISSING {}: run `cargo build --workspace` first", lib.display());
+    let capture = dir.join(format!("{name}.vhc"));
+    let out = Command::new(vramhook())
+        .arg("run")
+        .arg("--record")
+        .arg(&capture)
+        .arg("--ring-dir")
+        .arg(dir.join(format!("rings-{name}")))
+        .arg("--")
+        .arg(sim_dir().join("workloads").join(name))
+        .args(args)
+        .env("VRAMHOOK_LIB", &lib)
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run vramhook");
+    assert!(capture.is_file(), "no capture:\n{}", String::from_utf8_lossy(&out.stderr));
+    capture
+}
+
+fn analyze(args: &[&str]) -> Output {
+    Command::new(vramhook()).arg("analyze").args(args).output().expect("run vramhook analyze")
+}
+
+fn json(args: &[&str]) -> Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let out = analyze(&a);
+    assert!(out.status.success(), "analyze failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn demo_oom_post_mortem_in_every_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap = record(dir.path(), "torch_caching", &[]);
+    let r = json(&[s(&cap)]);
+    assert_eq!(r["schema_version"], 1);
+    let procs = r["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 1);
+    let p = &procs[0];
+    // The simulated driver's ground truth (tests/simcuda/README.md): 10 segments,
+    // 744,488,960 bytes live at exit; 1,551,892,480 reserved before the OOM.
+    assert_eq!(p["final_live_bytes"], 744_488_960u64);
+    assert_eq!(p["peak_bytes"], 1_551_892_480u64);
+    assert_eq!(p["failed_calls"], 2);
+    assert_eq!(p["device"], 0);
+    let ooms = r["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "fail, free the cache, retry, fail: one incident");
+    assert_eq!(ooms[0]["requested_bytes"], 200u64 << 30);
+    assert_eq!(ooms[0]["verdict"], "Capacity");
+    assert_eq!(ooms[0]["outcome"], "FailedAgain");
+    assert!(!ooms[0]["lead_up"].as_array().expect("lead_up").is_empty());
+    assert_eq!(r["leaks"][0]["kind"], "live_at_exit");
+    assert_eq!(r["layout"]["reason"], "first OOM");
+
+    let text = String::from_utf8_lossy(&analyze(&[s(&cap)]).stdout).into_owned();
+    for needle in ["OOM INCIDENTS (1)", "verdict: CAPACITY", "200.00 GiB", "LEAKS (1)", "710.00 MiB"] {
+        assert!(text.contains(needle), "text lacks {needle:?}:\n{text}");
+    }
+
+    let html = dir.path().join("r.html");
+    let trace = dir.path().join("r.json");
+    let out = analyze(&[s(&cap), "--html", s(&html), "--perfetto", s(&trace)]);
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).expect("html written");
+    assert!(page.contains("id=\"report-data\"") && page.contains("plot-layout"));
+    assert!(!page.contains("<link") && !page.contains("src=\"http"), "self-contained");
+    let t: Value = serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written")).expect("trace JSON");
+    let evs = t["traceEvents"].as_array().expect("traceEvents");
+    assert!(evs.iter().any(|e| e["ph"] == "C"));
+    assert_eq!(evs.iter().filter(|e| e["ph"] == "i").count(), 1);
+}
+
+#[test]
+fn fork_exec_and_leaks_match_ground_truth() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap = record(dir.path(), "fork_exec", &[]);
+    let r = json(&[s(&cap)]);
+    let procs = r["processes"].as_array().expect("processes");
+    // Parent: 28 MiB at exit; the child's exec'd `leak --n 4`: 6,295,456 bytes.
+    assert!(procs.iter().any(|p| p["final_live_bytes"] == 28u64 << 20), "{procs:#?}");
+    let child =
+        procs.iter().find(|p| p["command"].as_str().unwrap_or("").contains("leak --n 4")).expect("exec'd child");
+    assert_eq!(child["final_live_bytes"], 6_295_456u64);
+    assert!(r["leaks"].as_array().expect("leaks").iter().any(|l| l["bytes"] == 6_295_456u64));
+    // The process filter.
+    let pid = child["pid"].as_u64().expect("pid");
+    let only = json(&[s(&cap), "--pid", &pid.to_string()]);
+    assert!(only["processes"].as_array().expect("processes").iter().all(|p| p["pid"].as_u64() == Some(pid)));
+}
+
+#[test]
+fn bad_input_exit_codes_and_reasons() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap = record(dir.path(), "leak", &[]);
+    let bytes = std::fs::read(&cap).expect("capture");
+
+    // Truncated: analysed up to the cut, exit 0, "truncated at byte N".
+    let cut = dir.path().join("cut.vhc");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).expect("write");
+    let out = analyze(&[s(&cut)]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("truncated at byte"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Corrupt frame in the middle: skipped by default, exit 2 with --strict.
+    let mut bad = bytes.clone();
+    let second = bad.windows(4).enumerate().filter(|(_, w)| w == b"VRFM").nth(1).map(|(i, _)| i).expect("frames");
+    bad[second + 20] ^= 0x55;
+    let badp = dir.path().join("bad.vhc");
+    std::fs::write(&badp, &bad).expect("write");
+    let out = analyze(&[s(&badp)]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("corrupt frame at byte {second}")));
+    let out = analyze(&["--strict", s(&badp)]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(&format!("corrupt frame at byte {second}")), "{err}");
+
+    // A newer format version: exit 2, says so.
+    let mut newer = bytes.clone();
+    newer[8] = 7;
+    let newp = dir.path().join("newer.vhc");
+    std::fs::write(&newp, &newer).expect("write");
+    let out = analyze(&[s(&newp)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("version 7 is newer"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Not a file.
+    let out = analyze(&[s(&dir.path().join("missing.vhc"))]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn real_h200_snapshot_and_capture() {
+    let fixtures = repo_root().join("tests/fixtures");
+    let r = json(&[s(&fixtures.join("torch_snapshot_h200.pickle"))]);
+    assert_eq!(r["inputs"][0]["kind"], "pytorch_snapshot");
+    assert_eq!(r["inputs"][0]["pytorch"]["reserved_bytes"], 807_403_520u64);
+    assert_eq!(r["ooms"][0]["verdict"], "Capacity");
+    let r = json(&[s(&fixtures.join("h200_torch_default.vhc"))]);
+    assert_eq!(r["ooms"][0]["requested_bytes"], 200u64 << 30);
+}
