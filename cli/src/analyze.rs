@@ -57,7 +57,7 @@ pub fn parse_time(s: &str) -> std::result::Result<u64, String> {
         u => return Err(format!("unknown time unit {u:?} (use ns, us, ms, s, min, h)")),
     };
     let ns = v * mul;
-    if !ns.is_finite() || ns < 0.0 || ns > 1.8e19 {
+    if !ns.is_finite() || !(0.0..=1.8e19).contains(&ns) {
         return Err(format!("time out of range: {s:?}"));
     }
     Ok(ns as u64)
