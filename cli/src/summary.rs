@@ -19,8 +19,8 @@ struct Tally {
     start_time: u64,
     ppid: u32,
     command: String,
-    /// (live bytes, live allocations) just before the process ended.
-    at_exit: Option<(u64, u64)>,
+    /// Live bytes, live allocations and live bytes per device just before the process ended.
+    at_exit: Option<(u64, u64, BTreeMap<i16, u64>)>,
 }
 
 pub struct Recorder {
@@ -53,6 +53,8 @@ pub struct ProcessReport {
     pub exit_status: Option<i32>,
     pub peak_bytes: u64,
     pub final_live_bytes: u64,
+    /// Live bytes at exit per device ordinal (-1: device unknown).
+    pub final_live_by_device: BTreeMap<i16, u64>,
     pub live_allocations: u64,
     pub calls: BTreeMap<String, u64>,
     pub failed_calls: u64,
@@ -143,7 +145,8 @@ impl Recorder {
         let Some(tally) = self.tallies.get_mut(&pid) else { return };
         let snapshot = self.model.snapshot();
         if let Some(p) = snapshot.processes.iter().rev().find(|p| p.pid == pid && p.start_time == tally.start_time) {
-            tally.at_exit = Some((p.live_bytes, p.live_allocations));
+            let by_device = p.devices.iter().map(|d| (d.device, d.live_bytes)).collect();
+            tally.at_exit = Some((p.live_bytes, p.live_allocations, by_device));
         }
     }
 
@@ -181,8 +184,13 @@ impl Recorder {
                 command: tally.command.clone(),
                 exit_status: self.exit_statuses.get(pid).copied(),
                 peak_bytes: view.map_or(0, |v| v.peak_bytes),
-                final_live_bytes: tally.at_exit.map_or(view.map_or(0, |v| v.live_bytes), |a| a.0),
-                live_allocations: tally.at_exit.map_or(view.map_or(0, |v| v.live_allocations), |a| a.1),
+                final_live_bytes: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_bytes), |a| a.0),
+                final_live_by_device: match (&tally.at_exit, view) {
+                    (Some(a), _) => a.2.clone(),
+                    (None, Some(v)) => v.devices.iter().map(|d| (d.device, d.live_bytes)).collect(),
+                    (None, None) => BTreeMap::new(),
+                },
+                live_allocations: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_allocations), |a| a.1),
                 calls: tally.calls.clone(),
                 failed_calls: view.map_or(0, |v| v.failed_calls),
                 ooms: view.map_or(0, |v| v.oom_count),

@@ -237,6 +237,24 @@ pub fn captured_by_thread(t: &Traced) -> PerThread {
     out
 }
 
+/// Live bytes the simulated driver says each process still held at exit, per device.
+pub fn truth_live_by_device(t: &Traced) -> BTreeMap<u32, BTreeMap<i64, u64>> {
+    let mut out = BTreeMap::new();
+    for (pid, lines) in &t.truth {
+        if let Some(summary) = lines.iter().rev().find(|l| l["summary"] == true) {
+            let per: BTreeMap<i64, u64> = summary["devices"]
+                .as_array()
+                .expect("devices")
+                .iter()
+                .map(|d| (d["ordinal"].as_i64().expect("ordinal"), u(d, "live_bytes")))
+                .filter(|(_, live)| *live > 0)
+                .collect();
+            out.insert(*pid, per);
+        }
+    }
+    out
+}
+
 /// Live bytes the simulated driver says each process still held at exit.
 pub fn truth_live_at_exit(t: &Traced) -> BTreeMap<u32, u64> {
     let mut out = BTreeMap::new();
