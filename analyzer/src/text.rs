@@ -121,8 +121,12 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
-    let span = r.time.last_ts_ns.saturating_sub(r.time.first_ts_ns);
-    let _ = writeln!(o, "events {} over {:.3}s", r.events, span as f64 / 1e9);
+    let _ = writeln!(
+        o,
+        "events {} over {} (times below are since the first event)",
+        r.events,
+        rel(r, r.time.last_ts_ns).trim_start_matches('+')
+    );
 
     if !r.notes.is_empty() {
         let _ = writeln!(o, "\nNOTES");
