@@ -119,6 +119,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let mut last_checkpoint = Instant::now();
     let mut last_scan = Instant::now() - cfg.rescan;
     let mut first = true;
+    // Rings opened but not yet announced, with their cursor at open; processes whose
+    // first events after (re)opening are awaited; markers for events found lost.
+    let mut pending: BTreeMap<RingKey, u64> = BTreeMap::new();
+    let mut awaiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    let mut lost_markers: Vec<Event> = Vec::new();
     let mut idle = Duration::from_millis(1);
     while !links.stop.load(Ordering::Relaxed) {
         let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
@@ -128,6 +133,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
                 add(&stats.rings_opened, 1);
+                pending.insert(key, opened.position);
                 if let Some(c) = &capture {
                     c.send(CaptureMsg::Ring(key));
                 }
@@ -136,21 +142,14 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 let recorded = next_pos.remove(&key).unwrap_or(0);
                 let lost = opened.position.saturating_sub(recorded);
                 if lost > 0 {
-                    let marker = Event {
-                        seq: opened.position,
-                        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-                        pid: opened.pid,
-                        kind: EventKind::Dropped.code(),
-                        api: Api::Interposer.code(),
-                        device: -1,
-                        size: lost,
-                        ..Event::default()
-                    };
-                    model.apply(&marker);
-                    add(&stats.restart_lost, lost);
-                    if let Some(c) = &capture {
-                        c.send(CaptureMsg::Events(vec![marker]));
-                    }
+                    lost_markers.push(lost_marker(opened.pid, opened.position, lost));
+                }
+            }
+            for marker in lost_markers.drain(..) {
+                model.apply(&marker);
+                add(&stats.restart_lost, marker.size);
+                if let Some(c) = &capture {
+                    c.send(CaptureMsg::Events(vec![marker]));
                 }
             }
             for refusal in source.take_refusals() {
@@ -174,14 +173,42 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let model = &mut model;
             let capture = &capture;
             let stats = &stats;
+            let pending = &mut pending;
+            let awaiting = &mut awaiting;
+            let lost_markers = &mut lost_markers;
             source.poll(&mut |item| match item {
                 SourceItem::Process(info) => {
+                    // The ring announced now is the lowest pending image of this process.
+                    let key = pending
+                        .range((info.pid, info.start_time, 0)..=(info.pid, info.start_time, u64::MAX))
+                        .next()
+                        .map(|(k, p)| (*k, *p));
+                    if let Some((key, position)) = key {
+                        pending.remove(&key);
+                        awaiting.insert(info.pid, position);
+                    }
                     model.process_info(info);
                     if let Some(c) = capture {
                         c.send(CaptureMsg::Process(info.clone()));
                     }
                 }
                 SourceItem::Events(events) => {
+                    if !awaiting.is_empty() {
+                        for e in events {
+                            let Some(position) = awaiting.remove(&e.pid) else { continue };
+                            // Slots between the saved cursor and the first event were taken
+                            // by a reader that died before saving its cursor: lost, and
+                            // counted (a `Dropped` marker's own in-flight losses excepted).
+                            let skipped = if e.kind() == Some(EventKind::Dropped) {
+                                e.seq.saturating_sub(position).saturating_sub(e.aux)
+                            } else {
+                                e.seq.saturating_sub(position)
+                            };
+                            if skipped > 0 {
+                                lost_markers.push(lost_marker(e.pid, e.seq, skipped));
+                            }
+                        }
+                    }
                     for e in events {
                         model.apply(e);
                     }
@@ -191,6 +218,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     }
                 }
                 SourceItem::End(end) => {
+                    awaiting.remove(&end.pid);
                     add(&stats.records_malformed, end.malformed);
                     model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
                     add(&stats.rings_closed, 1);
@@ -200,6 +228,13 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             })
         };
+        for marker in lost_markers.drain(..) {
+            model.apply(&marker);
+            add(&stats.restart_lost, marker.size);
+            if let Some(c) = &capture {
+                c.send(CaptureMsg::Events(vec![marker]));
+            }
+        }
         add(&stats.writer_dropped, summary.dropped);
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
         if let Some(c) = &capture {
@@ -229,6 +264,20 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     publish(&model, &links, &mut exported_incident);
     if let Some(c) = &capture {
         c.send(CaptureMsg::Checkpoint { model: model.checkpoint(), rings: source.ring_positions(), rotate: false });
+    }
+}
+
+/// A `Dropped` marker for `n` events of `pid` lost at ring position `seq`.
+fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
+    Event {
+        seq,
+        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+        pid,
+        kind: EventKind::Dropped.code(),
+        api: Api::Interposer.code(),
+        device: -1,
+        size: n,
+        ..Event::default()
     }
 }
 

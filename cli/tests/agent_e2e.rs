@@ -242,3 +242,55 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
         state["agent"]["restart_lost"], state["agent"]["writer_dropped"]
     );
 }
+
+#[test]
+fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
+    let rings = ring_dir("rotate");
+    let captures = tempfile::tempdir().expect("capture dir");
+    let bin = vramhook_bin();
+    let agent = Agent::start(
+        &bin,
+        &[
+            "--ring-dir",
+            rings.path().to_str().unwrap(),
+            "--capture-dir",
+            captures.path().to_str().unwrap(),
+            "--capture-max-mib",
+            "1",
+            "--capture-keep",
+            "3",
+        ],
+        &[],
+    );
+    let mut child = spawn_traced(&workload("threads16"), &["--threads", "2", "--iters", "50000"], rings.path(), &[]);
+    let pid = child.id();
+    let _ = child.wait();
+    let s = agent.wait_state(Duration::from_secs(60), "the workload drained", |s| {
+        s["agent"]["rings_closed"] == 1 && process(s, pid).is_some_and(|p| p["alive"] == false)
+    });
+    assert!(s["agent"]["capture_files"].as_u64().unwrap_or(0) >= 4, "rotated by size: {}", s["agent"]);
+    let files: Vec<_> = {
+        let mut v: Vec<_> =
+            std::fs::read_dir(captures.path()).expect("dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        v.sort();
+        v
+    };
+    assert!(files.len() <= 3, "only --capture-keep files are kept: {files:?}");
+    // Every file, the one being written included, reads frame by frame and opens with a
+    // model checkpoint that restores.
+    for f in &files {
+        let mut r =
+            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(f).expect("open"))).expect("capture header");
+        match r.next_frame() {
+            Ok(Some(Frame::Checkpoint(bytes))) => {
+                vramhook_model::Model::restore(bytes).expect("checkpoint restores");
+            }
+            other => panic!("{} does not start with a checkpoint: {other:?}", f.display()),
+        }
+        let out = std::process::Command::new(&bin).arg("dump").arg(f).output().expect("dump");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // The file being written has no end frame yet: dump reads it all and says so.
+        assert!(out.status.success() || stderr.contains("truncated"), "vramhook dump reads {}: {stderr}", f.display());
+    }
+    drop(agent);
+}
