@@ -26,6 +26,8 @@ pub struct IngestConfig {
     pub checkpoint_interval: Duration,
     /// Events drained per ring per poll.
     pub batch_limit: usize,
+    /// Also drain rings that belong to a `vramhook run` session (stamped with a run id).
+    pub include_run_rings: bool,
 }
 
 impl IngestConfig {
@@ -37,6 +39,7 @@ impl IngestConfig {
             rescan: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(10),
             batch_limit: 16_384,
+            include_run_rings: false,
         }
     }
 }
@@ -87,6 +90,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     source.batch_limit = cfg.batch_limit;
     source.auto_discover = false;
     source.liveness_interval = Duration::from_millis(100);
+    source.skip_run_rings = !cfg.include_run_rings;
     let _ = std::fs::create_dir_all(&cfg.ring_dir);
     let mut watcher = Watcher::new(&cfg.ring_dir);
     if watcher.is_none() {

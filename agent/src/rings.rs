@@ -95,6 +95,10 @@ pub struct RingSource {
     /// killed writer is noticed.
     pub liveness_interval: std::time::Duration,
     opened_log: Vec<OpenedRing>,
+    /// Leave alone the rings stamped with a run id (they belong to a `vramhook run`
+    /// session, which drains its own descendants). Their header is peeked without
+    /// locking, so the session never finds its ring locked by us.
+    pub skip_run_rings: bool,
 }
 
 impl RingSource {
@@ -115,6 +119,7 @@ impl RingSource {
             auto_discover: true,
             liveness_interval: std::time::Duration::ZERO,
             opened_log: Vec::new(),
+            skip_run_rings: false,
         }
     }
 
@@ -233,6 +238,16 @@ impl RingSource {
         found.sort();
         let mut opened = 0;
         for (key, path) in found {
+            if self.skip_run_rings {
+                match peek_run_id(&path) {
+                    None => continue, // header not yet published: next scan
+                    Some(0) => {}
+                    Some(_) => {
+                        self.ignored.insert(path, ());
+                        continue;
+                    }
+                }
+            }
             match self.open(&path, key) {
                 Ok(Some(tracked)) => {
                     if self.opened_log.len() >= 4096 {
@@ -321,6 +336,27 @@ enum OpenError {
 
 fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
     dir.join(format!("{}-{}-{}.ring", key.0, key.1, key.2))
+}
+
+/// The run id of a ring header, read without locking the file; `None` while the header
+/// is not yet published. Only used to leave other sessions' rings alone: everything else
+/// is validated by `MappedRing::open`.
+fn peek_run_id(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
+    let mut h = [0u8; 48];
+    if f.read_exact(&mut h).is_err() {
+        return Some(0); // too small: let `open` refuse it
+    }
+    let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+    if version == 0 {
+        return None;
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&h[40..48]);
+    Some(u64::from_le_bytes(id))
 }
 
 /// `<pid>-<start>-<image>.ring`

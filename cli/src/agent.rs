@@ -48,6 +48,10 @@ pub struct AgentArgs {
     /// OTLP is on whenever an OTEL_EXPORTER_OTLP_*ENDPOINT variable is set.
     #[arg(long)]
     pub otlp: bool,
+    /// Also drain the rings of processes started by `vramhook run` (by default they are
+    /// left to that session).
+    #[arg(long)]
+    pub include_run_rings: bool,
     /// Milliseconds between published snapshots (what /metrics and OTLP read).
     #[arg(long, value_name = "MS", default_value_t = 250)]
     pub snapshot_ms: u64,
@@ -56,6 +60,7 @@ pub struct AgentArgs {
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
     let mut ingest = IngestConfig::new(ring_dir);
+    ingest.include_run_rings = args.include_run_rings;
     ingest.snapshot_interval = Duration::from_millis(args.snapshot_ms.max(10));
     ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
     let capture = args.capture_dir.as_ref().map(|dir| {

@@ -49,8 +49,10 @@ enum Source {
 impl Source {
     fn direct(dir: PathBuf) -> Source {
         let ring_dir = dir.display().to_string();
+        let mut source = RingSource::new(dir, RingFilter::default(), None);
+        source.skip_run_rings = true;
         Source::Direct {
-            source: Box::new(RingSource::new(dir, RingFilter::default(), None)),
+            source: Box::new(source),
             model: Box::new(Model::new(ModelConfig::default())),
             stats: Box::default(),
             ring_dir,

@@ -294,3 +294,28 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
     }
     drop(agent);
 }
+
+#[test]
+fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
+    let rings = ring_dir("coexist");
+    let bin = vramhook_bin();
+    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let out_dir = tempfile::tempdir().expect("dir");
+    let summary = out_dir.path().join("summary.json");
+    for _ in 0..5 {
+        let out = std::process::Command::new(&bin)
+            .args(["run", "--quiet", "--ring-dir", rings.path().to_str().unwrap(), "--summary-json"])
+            .arg(&summary)
+            .arg("--")
+            .arg(workload("leak"))
+            .args(["--n", "4"])
+            .env("VRAMHOOK_LIB", interposer())
+            .output()
+            .expect("vramhook run");
+        assert!(out.status.success(), "run failed: {}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+        assert_eq!(report["processes"][0]["final_live_bytes"], 6_295_456u64, "run traced its own child fully");
+    }
+    let s = agent.state();
+    assert_eq!(s["agent"]["rings_opened"], 0, "the agent took none of the session's rings: {}", s["agent"]);
+}
