@@ -150,6 +150,10 @@ pub fn finish(mut r: Replayer) -> Report {
     // One last sample at the end of the window.
     let end_ts = r.last_ts;
     r.sample(end_ts);
+    if r.opts.at_ns.is_some() && r.layout.as_ref().is_none_or(|l| l.reason != "--at") {
+        r.capture_layout(end_ts, "--at");
+        r.notes.push("--at is after the last event: the layout shows the state at the end".into());
+    }
     let snap = r.model.snapshot();
     let first = r.first_ts.unwrap_or(0);
     let from = r.from_abs;

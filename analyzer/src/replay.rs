@@ -230,7 +230,7 @@ impl Replayer {
         self.exits.insert(slot, ExitInfo { view, top });
     }
 
-    fn capture_layout(&mut self, ts: u64, reason: &str) {
+    pub(crate) fn capture_layout(&mut self, ts: u64, reason: &str) {
         let mut entries = self.model.layout(None);
         if !self.opts.pids.is_empty() {
             entries.retain(|e| self.opts.pids.contains(&e.pid));
