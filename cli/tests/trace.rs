@@ -274,11 +274,18 @@ fn dump_prints_one_json_event_per_line_with_the_documented_fields() {
         }
     }
     assert!(t.events.iter().any(|e| e["api"] == "cuMemAllocAsync_ptsz"));
-    // Within one process, seq counts up from 0 and time never runs backwards.
+    // Within one process, seq is unique and grows along each thread, and time never runs
+    // backwards.
     let pid = t.events[0]["pid"].clone();
     let mine: Vec<_> = t.events.iter().filter(|e| e["pid"] == pid && e["kind"] != "dropped").collect();
-    for (i, e) in mine.iter().enumerate() {
-        assert_eq!(e["seq"], i as u64);
+    let seqs: std::collections::BTreeSet<u64> = mine.iter().map(|e| e["seq"].as_u64().expect("seq")).collect();
+    assert_eq!(seqs.len(), mine.len(), "seq is unique");
+    let mut last_by_thread = std::collections::HashMap::new();
+    for e in &mine {
+        let seq = e["seq"].as_u64().expect("seq");
+        if let Some(prev) = last_by_thread.insert(e["tid"].as_u64(), seq) {
+            assert!(seq > prev, "seq grows along a thread: {prev} then {seq}");
+        }
     }
     for w in mine.windows(2) {
         assert!(w[1]["ts_ns"].as_u64() >= w[0]["ts_ns"].as_u64(), "time went backwards: {} then {}", w[0], w[1]);

@@ -9,6 +9,8 @@ pub static DISABLED: AtomicBool = AtomicBool::new(false);
 pub static QUIET: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_RING_SLOTS`: ring capacity in 64-byte slots (power of two).
 pub static RING_SLOTS: AtomicU64 = AtomicU64::new(vramhook_protocol::ring::DEFAULT_CAPACITY);
+/// `VRAMHOOK_RING_LANES`: lanes per ring (0 = one per CPU, up to 16).
+pub static RING_LANES: AtomicU64 = AtomicU64::new(0);
 /// `VRAMHOOK_RUN_ID`: set by `vramhook run` so that it drains exactly its descendants.
 pub static RUN_ID: AtomicU64 = AtomicU64::new(0);
 /// `VRAMHOOK_MEMINFO_MS`: least interval between periodic `cuMemGetInfo` samples.
@@ -66,6 +68,9 @@ pub fn load_from_env() {
         use vramhook_protocol::ring::{MAX_CAPACITY, MIN_CAPACITY};
         let n = n.clamp(MIN_CAPACITY, MAX_CAPACITY).next_power_of_two().min(MAX_CAPACITY);
         RING_SLOTS.store(n, Ordering::Relaxed);
+    }
+    if let Some(n) = env(c"VRAMHOOK_RING_LANES").and_then(parse_u64) {
+        RING_LANES.store(n.min(u64::from(vramhook_protocol::ring::MAX_LANES)), Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_RUN_ID").and_then(parse_u64) {
         RUN_ID.store(n, Ordering::Relaxed);

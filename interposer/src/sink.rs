@@ -6,7 +6,9 @@ use core::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vramhook_protocol::clock::{self, ClockSource};
 use vramhook_protocol::record::{saturate_result, Api, EventKind, RawRecord};
-use vramhook_protocol::ring::{encode_meta, ring_file_size, RingInit, RingWriter, META_CAPACITY};
+use vramhook_protocol::ring::{
+    encode_meta, lanes_for_cpus, ring_file_size_lanes, RingInit, RingWriter, META_CAPACITY, MIN_CAPACITY,
+};
 use zerocopy::little_endian::{I16, U16, U32, U64};
 
 const UNINIT: u8 = 0;
@@ -45,6 +47,8 @@ static LAST_MEMINFO_MS: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
     static TID: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
+    /// Allocations this thread made since it last looked at the clock for sampling.
+    static SINCE_CLOCK_CHECK: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Enters a hook body. Returns false when this thread is already inside one (the driver
@@ -287,8 +291,15 @@ fn create_ring() -> bool {
         }
     }
     let start_time = process_start_time();
-    let capacity = config::RING_SLOTS.load(Ordering::Relaxed);
-    let len = ring_file_size(capacity);
+    // One lane per CPU (up to 16) so that threads on different cores do not contend for
+    // one write cursor; VRAMHOOK_RING_SLOTS is the total, split evenly.
+    let lanes = match config::RING_LANES.load(Ordering::Relaxed) {
+        // SAFETY: sysconf has no preconditions.
+        0 => lanes_for_cpus(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize),
+        n => (n as u32).next_power_of_two(),
+    };
+    let capacity = (config::RING_SLOTS.load(Ordering::Relaxed) / u64::from(lanes)).max(MIN_CAPACITY);
+    let len = ring_file_size_lanes(capacity, lanes);
     let base_len = dir.len;
     let mut fd = -1;
     // After exec the pid and start time stay the same: the image number keeps names apart.
@@ -325,7 +336,15 @@ fn create_ring() -> bool {
             libc::unlink(dir.as_ptr());
             return false;
         }
-        let map = libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        // Populated now (once, at the first CUDA call) so that no page fault lands on a hook.
+        let map = libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            0,
+        );
         libc::close(fd);
         if map == libc::MAP_FAILED {
             warn(errno_name(), &dir.buf[..dir.len]);
@@ -357,7 +376,7 @@ fn create_ring() -> bool {
         wall_anchor_ns: clock::wall_ns(),
     };
     // SAFETY: a fresh zero-filled shared mapping of the right size, page aligned.
-    let writer = unsafe { RingWriter::init(map, &init, &meta[..meta_len]) };
+    let writer = unsafe { RingWriter::init_lanes(map, &init, lanes, &meta[..meta_len]) };
     // SAFETY: only the creating thread writes here, before READY is published.
     unsafe { (*RING.writer.get()).write(writer) };
     RING.map.store(map as usize, Ordering::Relaxed);
@@ -449,9 +468,20 @@ pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     w.push(&rec);
 }
 
-/// True at most once every `VRAMHOOK_MEMINFO_MS` across the process.
+/// True at most once every `VRAMHOOK_MEMINFO_MS` across the process. Each thread looks
+/// at the (coarse) clock only every 64th allocation, keeping it off most calls.
 #[inline]
 pub fn periodic_sample_due() -> bool {
+    let look = SINCE_CLOCK_CHECK.with(|c| {
+        let n = c.get().wrapping_add(1);
+        c.set(n);
+        n % 64 == 1
+    });
+    look && sample_clock_due()
+}
+
+#[cold]
+fn sample_clock_due() -> bool {
     let interval = config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed);
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: CLOCK_MONOTONIC_COARSE is a vDSO read of a few ns.
