@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks on the GPU machine (16 real cores; run after scripts/gpu/prepare.sh here):
 #   bash scripts/gpu/bench.sh [OUTDIR]
-# - hooked vs plain cost per call on the simulated driver, 1..16 threads (scripts/bench-calls.sh)
 # - hooked vs plain cost of the cheapest real calls on the H200, 10 interleaved rounds
 # - the model's replay benchmark
 # - VRAMHOOK_DEBUG=1 on real programs, naming any entry point that could not be wrapped
@@ -10,15 +9,13 @@ OUT="${1:-${OUT:-/tmp/vramhook-bench}}"
 mkdir -p "$OUT"
 export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so"
 {
-echo "== hooked vs plain per call, simulated driver (ns, median)"
-SIM_SKIP_BUILD=1 BENCH_THREADS="1 2 4 8 16" BENCH_ITERS=20000 bash scripts/bench-calls.sh
-echo "== real H200: cheapest calls, 10 interleaved rounds of 2000"
+echo "== real H200: cheapest calls, 10 interleaved rounds of 2000, both pinned to CPU 3"
 nvcc -O2 -o /tmp/bench_real scripts/gpu/bench_real.cu
 nvcc -O2 -o /tmp/probe_shared -cudart shared scripts/gpu/alloc_probe.cu -lcuda
 for round in 1 2 3 4 5 6 7 8 9 10; do
-    /tmp/bench_real 2000 | sed 's/^{/{"hooked":false,/'
+    taskset -c 3 /tmp/bench_real 2000 | sed 's/^{/{"hooked":false,/'
     rm -rf /tmp/vh-bench
-    VRAMHOOK_DIR=/tmp/vh-bench VRAMHOOK_RING_SLOTS=1048576 LD_PRELOAD="$VRAMHOOK_LIB" /tmp/bench_real 2000 | sed 's/^{/{"hooked":true,/'
+    VRAMHOOK_DIR=/tmp/vh-bench VRAMHOOK_RING_SLOTS=1048576 LD_PRELOAD="$VRAMHOOK_LIB" taskset -c 3 /tmp/bench_real 2000 | sed 's/^{/{"hooked":true,/'
 done | tee "$OUT/bench_real.jsonl"
 python3 - "$OUT/bench_real.jsonl" <<'PY'
 import json, statistics, sys
@@ -30,8 +27,9 @@ for k in ("cudaMallocAsync_1MiB_ns", "cudaFreeAsync_ns", "cudaMalloc_512B_ns", "
 PY
 echo "== model replay benchmark"
 .gpu/bench_model
-echo "== entry points that could not be wrapped (VRAMHOOK_DEBUG=1)"
-rm -rf /tmp/vh-dbg
-VRAMHOOK_DEBUG=1 VRAMHOOK_DIR=/tmp/vh-dbg LD_PRELOAD="$VRAMHOOK_LIB" /tmp/probe_shared 2>&1 >/dev/null | grep vramhook
-VRAMHOOK_DEBUG=1 VRAMHOOK_DIR=/tmp/vh-dbg LD_PRELOAD="$VRAMHOOK_LIB" python3 -c 'import torch; torch.empty(1, device="cuda")' 2>&1 | grep vramhook
+echo "== entry points that could not be wrapped (hook_miss events in the captures)"
+.gpu/vramhook run --record /tmp/miss1.vhc -- /tmp/probe_shared > /dev/null
+.gpu/vramhook dump /tmp/miss1.vhc | grep hook_miss
+.gpu/vramhook run --record /tmp/miss2.vhc -- python3 -c 'import torch; torch.empty(1, device="cuda")'
+.gpu/vramhook dump /tmp/miss2.vhc | grep hook_miss
 } 2>&1 | tee "$OUT/bench.txt"
