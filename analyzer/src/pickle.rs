@@ -11,8 +11,8 @@ use std::rc::Rc;
 
 /// Values created (each opcode creates at most one).
 pub const MAX_VALUES: usize = 16_000_000;
-/// Depth of nested containers when values are read back.
-pub const MAX_DEPTH: usize = 64;
+/// Entries of a dict searched by [`Value::get`].
+pub const MAX_DICT_SCAN: usize = 64;
 
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -454,13 +454,16 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
 }
 
 impl Value {
-    /// A dict's value for a string key.
+    /// A dict's value for a string key, among its first [`MAX_DICT_SCAN`] entries (the
+    /// snapshot's dicts have a dozen keys; a hostile one with millions must not make every
+    /// lookup a scan).
     pub fn get(&self, key: &str) -> Option<Value> {
         match self {
             Value::Dict(d) => d
                 .try_borrow()
                 .ok()?
                 .iter()
+                .take(MAX_DICT_SCAN)
                 .find(|(k, _)| matches!(k, Value::Str(s) if &**s == key))
                 .map(|(_, v)| v.clone()),
             _ => None,

@@ -27,6 +27,26 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
 pub const SNAPSHOT_PID_BASE: u32 = 1 << 22;
 /// Trace entries imported per device.
 const MAX_TRACE: usize = 10_000_000;
+/// List elements visited in all (memo references can make a small file name one big list
+/// many times: the work is bounded, not just the input).
+const MAX_WORK: usize = 20_000_000;
+
+struct Budget(usize);
+
+impl Budget {
+    fn items(&mut self, v: &Value, path: &str) -> Result<Vec<Value>, AnalyzeError> {
+        let n = match v {
+            Value::List(l) => l.try_borrow().map_or(0, |l| l.len()),
+            Value::Tuple(t) => t.len(),
+            _ => 0,
+        };
+        self.0 = self.0.saturating_add(n);
+        if self.0 > MAX_WORK {
+            return Err(bad(path, format!("snapshot too large to import (more than {MAX_WORK} list elements)")));
+        }
+        Ok(v.items())
+    }
+}
 
 struct Seg {
     device: i16,
@@ -103,11 +123,12 @@ fn dev(v: &Value) -> i16 {
 pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeError> {
     let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
     let root = &parsed.root;
+    let mut budget = Budget(0);
     let segments = match root.get("segments") {
-        Some(s @ Value::List(_)) => s.items(),
+        Some(s @ Value::List(_)) => budget.items(&s, path)?,
         _ => {
             // Older PyTorch pickled the segment list itself.
-            let items = root.items();
+            let items = budget.items(root, path)?;
             if items.is_empty() && !matches!(root, Value::List(_)) {
                 return Err(bad(path, "not a PyTorch memory snapshot (no 'segments')"));
             }
@@ -117,8 +138,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     // Trace entries of every device, merged by time.
     let mut trace: Vec<(u64, i16, Value)> = Vec::new();
     if let Some(traces) = root.get("device_traces") {
-        for (d, per_dev) in traces.items().into_iter().enumerate() {
-            for e in per_dev.items().into_iter().take(MAX_TRACE) {
+        for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
+            for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
                 let t = e.get("time_us").and_then(|x| x.as_u64()).unwrap_or(0).saturating_mul(1000);
                 trace.push((t, i16::try_from(d).unwrap_or(i16::MAX), e));
             }
@@ -252,7 +273,11 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             imp.live.insert(base, Seg { device: d, size, blocks: BTreeMap::new() });
         }
         let mut blocks = Vec::new();
-        for b in s.get("blocks").map(|b| b.items()).unwrap_or_default() {
+        let blist = match s.get("blocks") {
+            Some(b) => budget.items(&b, path)?,
+            None => Vec::new(),
+        };
+        for b in blist {
             totals.blocks += 1;
             let state = b.get("state").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
             let allocated = state.starts_with("active");

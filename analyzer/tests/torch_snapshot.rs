@@ -105,3 +105,26 @@ fn real_h200_snapshot_matches_pytorchs_own_numbers() {
     assert!(close(o.device_free_bytes.unwrap_or(0), free), "free {:?} vs {free}", o.device_free_bytes);
     assert_eq!(o.verdict_name, "capacity");
 }
+
+#[test]
+fn memo_references_cannot_make_the_import_quadratic() {
+    // {'segments': L, 'device_traces': [L] * 2000} with L a list of 100,000 ints: a 110 kB
+    // file naming 200 million elements. The importer stops with a clear error, quickly.
+    let mut p = vec![0x80, 4, b'}', 0x94, b'(', 0x8c, 8];
+    p.extend_from_slice(b"segments");
+    p.extend_from_slice(&[b']', 0x94, b'(']);
+    for _ in 0..100_000 {
+        p.extend_from_slice(&[b'K', 0]);
+    }
+    p.extend_from_slice(&[b'e', 0x8c, 13]);
+    p.extend_from_slice(b"device_traces");
+    p.extend_from_slice(b"](");
+    for _ in 0..2000 {
+        p.extend_from_slice(&[b'h', 1]);
+    }
+    p.extend_from_slice(b"eu.");
+    let t = std::time::Instant::now();
+    let e = analyze_bytes("bomb.pickle", &p, &Options::default()).expect_err("too large");
+    assert!(e.to_string().contains("too large"), "{e}");
+    assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+}
