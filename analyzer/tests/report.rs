@@ -129,3 +129,23 @@ fn newer_version_and_garbage_say_so() {
     let r = analyze_bytes("junk", b"hello world, not a capture", &Options::default()).expect("analyze");
     assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("bad magic"));
 }
+
+#[test]
+fn real_h200_captures_match_the_schema() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).expect("tests/fixtures").flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "vhc" || x == "pickle") {
+            let r = vramhook_analyzer::analyze(&[&p], &Options::default()).expect("analyze");
+            assert_valid(&r);
+            assert!(r.inputs.iter().all(|i| i.status == "complete"), "{}: {:?}", p.display(), r.inputs[0].status);
+            assert!(!r.ooms.is_empty(), "{}: every H200 fixture run ends in an OOM", p.display());
+            // Every text and HTML rendering works on real data too.
+            assert!(text::render(&r).contains("verdict:"));
+            assert!(vramhook_analyzer::html::render(&r).contains("report-data"));
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "expected the H200 captures and snapshot, found {n}");
+}
