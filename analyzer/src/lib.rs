@@ -155,7 +155,7 @@ pub fn finish(mut r: Replayer) -> Report {
         r.notes.push("--at is after the last event: the layout shows the state at the end".into());
     }
     let snap = r.model.snapshot();
-    let first = r.first_ts.unwrap_or(0);
+    let first = if r.min_ts == u64::MAX { r.first_ts.unwrap_or(0) } else { r.min_ts };
     let from = r.from_abs;
     let to = r.to_abs.min(r.last_ts.max(first));
     let mut processes = Vec::new();

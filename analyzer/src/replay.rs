@@ -61,6 +61,8 @@ pub struct Replayer {
     next_sample: u64,
     pub(crate) first_ts: Option<u64>,
     pub(crate) last_ts: u64,
+    /// Earliest event time seen (inputs need not be in time order).
+    pub(crate) min_ts: u64,
     pub(crate) from_abs: u64,
     pub(crate) to_abs: u64,
     at_abs: Option<u64>,
@@ -90,6 +92,7 @@ impl Replayer {
             next_sample: 1,
             first_ts: None,
             last_ts: 0,
+            min_ts: u64::MAX,
             from_abs: 0,
             to_abs: u64::MAX,
             at_abs: None,
@@ -133,10 +136,13 @@ impl Replayer {
         if ev.ts_ns > self.last_ts {
             self.last_ts = ev.ts_ns;
         }
+        if ev.ts_ns < self.min_ts {
+            self.min_ts = ev.ts_ns;
+        }
         self.model.apply(ev);
         self.applied += 1;
         if self.applied >= self.next_sample {
-            self.sample(self.last_ts);
+            self.sample(ev.ts_ns);
         }
     }
 
@@ -163,7 +169,7 @@ impl Replayer {
             self.next_sample = self.applied + 1;
         }
         if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
-            self.remember_exit(ev.pid, 0);
+            self.remember_exit(ev.pid, 0, ev.ts_ns);
             self.next_sample = self.applied + 1;
         }
         if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
@@ -209,20 +215,22 @@ impl Replayer {
         let e = self.ends.entry(end.pid).or_default();
         e.0 = e.0.saturating_add(end.dropped);
         e.1 = e.1.saturating_add(end.lost_in_flight);
-        self.remember_exit(end.pid, end.start_time);
+        // The reader closes a stream after the process is gone: its time is an upper bound.
+        let ts = end.ts_ns.min(self.last_ts);
+        self.remember_exit(end.pid, end.start_time, ts);
         self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
-        self.sample(self.last_ts);
+        self.sample(ts);
     }
 
     /// Keeps what the process held just before the model releases it.
-    fn remember_exit(&mut self, pid: u32, start_time: u64) {
+    fn remember_exit(&mut self, pid: u32, start_time: u64, ts: u64) {
         let snap = self.model.snapshot();
         let Some(slot) = snap.processes.iter().rposition(|p| {
             p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
         }) else {
             return;
         };
-        self.sample_from(&snap, self.last_ts);
+        self.sample_from(&snap, ts);
         let mut top = self.model.layout(Some(pid));
         top.sort_unstable_by_key(|e| std::cmp::Reverse(e.size));
         top.truncate(10);

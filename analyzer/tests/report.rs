@@ -149,3 +149,27 @@ fn real_h200_captures_match_the_schema() {
     }
     assert!(n >= 4, "expected the H200 captures and snapshot, found {n}");
 }
+
+#[test]
+fn inputs_out_of_time_order_keep_every_timeline() {
+    use vramhook_protocol::capture::CaptureWriter;
+    use vramhook_protocol::record::{Api, EventKind};
+    let (bytes, _) = scenario();
+    // A second capture whose only process ran before the first capture's.
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("w");
+    w.write_events(&[
+        ev(300, 1_000, EventKind::Alloc, Api::cuMemAlloc_v2, 0x5000_0000, 64 * MIB, 0, 0),
+        ev(300, 2_000, EventKind::Free, Api::cuMemFree_v2, 0x5000_0000, 0, 0, 0),
+    ])
+    .expect("w");
+    let early = w.finish().expect("finish");
+    let mut r = vramhook_analyzer::Replayer::new(Options::default());
+    r.capture("late.vhc", std::io::Cursor::new(&bytes[..])).expect("late");
+    r.capture("early.vhc", std::io::Cursor::new(&early[..])).expect("early");
+    let rep = vramhook_analyzer::finish(r);
+    assert_valid(&rep);
+    assert_eq!(rep.time.first_ts_ns, 1_000);
+    let t = rep.timelines.processes.iter().find(|t| t.pid == 300).expect("pid 300's timeline");
+    assert_eq!(t.live_bytes.iter().map(|p| p.max).fold(0.0, f64::max), (64 * MIB) as f64);
+    assert!(t.live_bytes.iter().all(|p| p.t_ns >= 1_000 && p.t_ns <= 2_000));
+}
