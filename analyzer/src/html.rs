@@ -233,6 +233,31 @@ pub fn render(r: &Report) -> String {
             &[true, false, true, true, true, true, true, true, true, false],
         ));
     }
+    h.push_str("</table>\n<h2>Devices</h2><table><tr><th>device<th>total<th>free (latest)<th>lowest free<th>traced live peak</tr>\n");
+    for d in &r.devices {
+        let o = |v: Option<u64>| v.map_or("?".to_string(), fmt_bytes);
+        h.push_str(&row(
+            &[
+                d.device.to_string(),
+                o(d.total_bytes),
+                o(d.free_bytes),
+                o(d.min_free_bytes),
+                fmt_bytes(d.peak_live_bytes),
+            ],
+            &[true, true, true, true, true],
+        ));
+    }
+    h.push_str("</table>\n<h2>Allocations live at exit</h2><table><tr><th>pid<th>sizes<th>ages</tr>\n");
+    for p in &r.processes {
+        h.push_str(&row(
+            &[
+                p.pid.to_string(),
+                crate::text::hist_line(&p.size_histogram, fmt_bytes),
+                crate::text::hist_line(&p.age_histogram, crate::text::dur),
+            ],
+            &[true, false, false],
+        ));
+    }
     h.push_str("</table>\n<h2>Leaks</h2>\n");
     if r.leaks.is_empty() {
         h.push_str("<p>None.</p>\n");

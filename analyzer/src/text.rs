@@ -55,7 +55,7 @@ fn short(s: &str, n: usize) -> String {
     }
 }
 
-fn hist_line(h: &vramhook_model::Histogram, label: impl Fn(u64) -> String) -> String {
+pub fn hist_line(h: &vramhook_model::Histogram, label: impl Fn(u64) -> String) -> String {
     let mut parts = Vec::new();
     for (i, c) in h.counts.iter().enumerate() {
         if *c == 0 {
@@ -74,7 +74,7 @@ fn hist_line(h: &vramhook_model::Histogram, label: impl Fn(u64) -> String) -> St
     }
 }
 
-fn dur(ns: u64) -> String {
+pub fn dur(ns: u64) -> String {
     if ns >= 3_600_000_000_000 {
         format!("{}h", ns / 3_600_000_000_000)
     } else if ns >= 60_000_000_000 {
