@@ -80,6 +80,9 @@ pub struct Replayer {
     pub(crate) ends: BTreeMap<u32, (u64, u64)>,
     pub(crate) inputs: Vec<InputReport>,
     pub(crate) notes: Vec<String>,
+    /// (monotonic, wall) ns anchor of the first capture: puts PyTorch snapshot times (wall
+    /// clock) on the captures' monotonic clock.
+    pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
 }
 
@@ -108,6 +111,7 @@ impl Replayer {
             ends: BTreeMap::new(),
             inputs: Vec::new(),
             notes: Vec::new(),
+            clock: None,
             tracked_overflow: false,
         }
     }
@@ -423,6 +427,9 @@ impl Replayer {
         rep.host = Some(reader.header().host.clone());
         rep.format_version = Some(reader.header().version);
         let header = reader.header().clone();
+        if self.clock.is_none() && header.wall_anchor_ns != 0 {
+            self.clock = Some((header.mono_anchor_ns, header.wall_anchor_ns));
+        }
         let first_before = self.first_ts;
         loop {
             if self.stopped {

@@ -98,12 +98,17 @@ pub fn render(r: &Report) -> String {
             let _ = write!(o, ", truncated at byte {n}");
         }
         let _ = writeln!(o, ", {} events in {} frames, {} bytes read", i.events, i.frames, i.bytes_read);
-        if let Some(h) = &i.host {
-            let _ = write!(o, "       host {h:?}");
-            if let Some(w) = i.wall_start_ns {
-                let _ = write!(o, ", first event at {}", utc(w));
+        match (&i.host, i.wall_start_ns) {
+            (Some(h), Some(w)) => {
+                let _ = writeln!(o, "       host {h:?}, first event at {}", utc(w));
             }
-            let _ = writeln!(o);
+            (Some(h), None) => {
+                let _ = writeln!(o, "       host {h:?}");
+            }
+            (None, Some(w)) => {
+                let _ = writeln!(o, "       first event at {}", utc(w));
+            }
+            (None, None) => {}
         }
         if let Some(e) = &i.error {
             let _ = writeln!(o, "       error: {e}");

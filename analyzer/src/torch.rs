@@ -140,12 +140,22 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     if let Some(traces) = root.get("device_traces") {
         for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
             for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
-                let t = e.get("time_us").and_then(|x| x.as_u64()).unwrap_or(0).saturating_mul(1000);
+                let wall = e.get("time_us").and_then(|x| x.as_u64()).unwrap_or(0).saturating_mul(1000);
+                // On the captures' clock when a capture came first; wall-clock ns otherwise.
+                let t = match r.clock {
+                    Some((mono, anchor)) => wall.saturating_sub(anchor).saturating_add(mono).max(1),
+                    None => wall,
+                };
                 trace.push((t, i16::try_from(d).unwrap_or(i16::MAX), e));
             }
         }
     }
     trace.sort_by_key(|e| e.0);
+    let wall_start = match (r.clock, trace.first()) {
+        (Some((mono, anchor)), Some(first)) => Some(first.0.saturating_sub(mono).saturating_add(anchor)),
+        (None, Some(first)) => Some(first.0),
+        _ => None,
+    };
     let n_inputs = r.inputs.len() as u32;
     let pid = SNAPSHOT_PID_BASE + n_inputs;
     let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
@@ -299,7 +309,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         status: "complete".into(),
         host: None,
         format_version: None,
-        wall_start_ns: None,
+        wall_start_ns: wall_start,
         bytes_read: bytes.len() as u64,
         frames: 0,
         events: entries,
