@@ -215,6 +215,7 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
     let state = second.wait_state(Duration::from_secs(120), "the workload's ring to be drained and closed", |s| {
         s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"].as_u64().unwrap_or(0) >= 1
     });
+    eprintln!("SECOND LOG:\n{}", second.log());
     drop(second);
 
     let truth_calls: u64 = std::fs::read_dir(truth.path())
@@ -232,7 +233,8 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
     assert_eq!(
         calls + dropped,
         truth_calls,
-        "every call delivered once or counted as dropped (delivered {calls}, dropped {dropped})"
+        "every call delivered once or counted as dropped (delivered {calls}, dropped {dropped}); agent {}",
+        state["agent"]
     );
     // The restarted model says the same: its process counts those drops.
     let p = process(&state, pid).expect("process in the model");

@@ -163,13 +163,22 @@ fn misc_apis_on_two_devices() {
         "cuArrayCreate_v2",
         "cuArray3DCreate_v2",
         "cuMipmappedArrayCreate",
-        "cuIpcOpenMemHandle_v2",
+        "cuIpcOpenMemHandle",
         "cuIpcCloseMemHandle",
         "cuMemImportFromShareableHandle",
     ] {
         assert!(t.events.iter().any(|e| e["api"] == api), "no {api} event");
     }
     assert!(t.events.iter().any(|e| e["device"] == 1 && e["kind"] == "alloc"), "device 1 allocations are attributed");
+    // cudart asks for cuIpcOpenMemHandle at version 4010 and gets the legacy entry point:
+    // it must be wrapped, not missed.
+    assert!(
+        t.events.iter().all(|e| e["kind"] != "hook_miss"),
+        "an entry point escaped: {:?}",
+        t.events.iter().find(|e| e["kind"] == "hook_miss")
+    );
+    let ipc = t.events.iter().find(|e| e["api"] == "cuIpcOpenMemHandle").expect("IPC open event");
+    assert!(ipc["size"].as_u64() > Some(0), "IPC imports are sized: {ipc}");
     assert!(t.events.iter().any(|e| e["api"] == "cuMemFree_v2" && e["result"] != 0), "failed frees are recorded");
 }
 

@@ -279,20 +279,32 @@ hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r| {
     free_event(Api::cuMipmappedArrayDestroy, r, handle as u64, 0);
 });
 
-hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
-    let _ = (handle, flags);
-    let addr = read_ptr(dptr, r == 0);
+/// Records an IPC import, sized with `cuMemGetAddressRange` (IPC opens are rare).
+fn ipc_open_event(api: Api, r: CUresult, dptr: *mut u64) {
+    // SAFETY: the driver wrote *dptr when r == 0.
+    let addr = unsafe { read_ptr(dptr, r == 0) };
     let mut size = 0usize;
     let range = real::real(F::cuMemGetAddressRange_v2);
     if r == 0 && !range.is_null() {
         let mut base = 0u64;
         // SAFETY: cuMemGetAddressRange_v2(CUdeviceptr*, size_t*, CUdeviceptr).
-        let f: unsafe extern "C" fn(*mut u64, *mut usize, u64) -> CUresult = core::mem::transmute(range);
-        if f(&mut base, &mut size, addr) != 0 {
+        let f: unsafe extern "C" fn(*mut u64, *mut usize, u64) -> CUresult = unsafe { core::mem::transmute(range) };
+        // SAFETY: valid out pointers.
+        if unsafe { f(&mut base, &mut size, addr) } != 0 {
             size = 0;
         }
     }
-    alloc_event(Api::cuIpcOpenMemHandle_v2, r, addr, size as u64, 0, 0);
+    alloc_event(api, r, addr, size as u64, 0, 0);
+}
+
+hook!(cuIpcOpenMemHandle(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
+    let _ = (handle, flags);
+    ipc_open_event(Api::cuIpcOpenMemHandle, r, dptr);
+});
+
+hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
+    let _ = (handle, flags);
+    ipc_open_event(Api::cuIpcOpenMemHandle_v2, r, dptr);
 });
 
 hook!(cuIpcCloseMemHandle(dptr: u64) |r| {
@@ -424,6 +436,7 @@ pub fn wrapper(f: F) -> *mut c_void {
         F::cuMipmappedArrayCreate => cuMipmappedArrayCreate as *const () as usize,
         F::cuArrayDestroy => cuArrayDestroy as *const () as usize,
         F::cuMipmappedArrayDestroy => cuMipmappedArrayDestroy as *const () as usize,
+        F::cuIpcOpenMemHandle => cuIpcOpenMemHandle as *const () as usize,
         F::cuIpcOpenMemHandle_v2 => cuIpcOpenMemHandle_v2 as *const () as usize,
         F::cuIpcCloseMemHandle => cuIpcCloseMemHandle as *const () as usize,
         F::cuMemImportFromShareableHandle => cuMemImportFromShareableHandle as *const () as usize,

@@ -45,6 +45,7 @@ driver_functions! {
     cuMipmappedArrayCreate,
     cuArrayDestroy,
     cuMipmappedArrayDestroy,
+    cuIpcOpenMemHandle,
     cuIpcOpenMemHandle_v2,
     cuIpcCloseMemHandle,
     cuMemImportFromShareableHandle,

@@ -136,6 +136,8 @@ code_enum! {
         cuMemGetInfo_v2 = 26 => "cuMemGetInfo_v2",
         cuMemPoolCreate = 27 => "cuMemPoolCreate",
         cuMemPoolDestroy = 28 => "cuMemPoolDestroy",
+        /// The legacy entry point cudart 13 still asks for (version 4010); same ABI as _v2.
+        cuIpcOpenMemHandle = 29 => "cuIpcOpenMemHandle",
         Interposer = 0xFFFF => "vramhook",
     }
 }
@@ -208,7 +210,7 @@ impl Api {
             cuMemCreate => MemClass::Vmm,
             cuMemImportFromShareableHandle => MemClass::Import,
             cuArrayCreate_v2 | cuArray3DCreate_v2 | cuMipmappedArrayCreate => MemClass::Array,
-            cuIpcOpenMemHandle_v2 => MemClass::Ipc,
+            cuIpcOpenMemHandle | cuIpcOpenMemHandle_v2 => MemClass::Ipc,
             _ => return Option::None,
         })
     }

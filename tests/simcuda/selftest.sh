@@ -87,7 +87,8 @@ for s in cuInit cuDriverGetVersion cuDeviceGet cuDeviceGetCount cuDeviceTotalMem
     cuMemPoolCreate cuMemPoolDestroy cuMemPoolTrimTo cuDeviceGetDefaultMemPool cuMemGetAllocationGranularity \
     cuMemCreate cuMemRelease cuMemAddressReserve cuMemAddressFree cuMemMap cuMemUnmap cuMemSetAccess \
     cuArrayCreate_v2 cuArray3DCreate_v2 cuArrayDestroy cuMipmappedArrayCreate cuMipmappedArrayDestroy \
-    cuIpcGetMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuMemExportToShareableHandle \
+    cuIpcGetMemHandle cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuMemGetAddressRange_v2 \
+    cuMemExportToShareableHandle \
     cuMemImportFromShareableHandle; do
     nlisted=$((nlisted + 1))
     nm -D --defined-only "$HERE/build/libcuda.so.1" | grep -qw "T $s" || missing="$missing $s"
@@ -164,7 +165,7 @@ run threads16 0 -- --threads 4 --iters 500 && check_logs "$LOGDIR" "threads16 --
 
 stable misc_api
 check_logs "$LOGDIR" "misc_api: nothing live, every kind logged" \
-    "dev(S[0])['live_bytes'] == 0 and dev(S[0])['used_physical'] == 0 and all(f in fns(L[0]) for f in ['cuMemAllocPitch_v2','cuMemAllocManaged','cuArrayCreate_v2','cuArray3DCreate_v2','cuArrayDestroy','cuMipmappedArrayCreate','cuMipmappedArrayDestroy','cuIpcOpenMemHandle_v2','cuIpcCloseMemHandle','cuMemImportFromShareableHandle','cuMemGetInfo_v2']) and any(c['fn']=='cuMemAllocPitch_v2' and c['aux']==1024 and c['size']==1024*300 for c in L[0]) and any(c['fn']=='cuArrayCreate_v2' and c['size']==1024*512*16 for c in L[0]) and any(c['fn']=='cuMipmappedArrayCreate' and c['size']==4*sum(max(256>>l,1)**2 for l in range(9)) for c in L[0]) and sum(1 for c in L[0] if c['fn']=='cuMemFree_v2' and c['result']==1) == 2"
+    "dev(S[0])['live_bytes'] == 0 and dev(S[0])['used_physical'] == 0 and all(f in fns(L[0]) for f in ['cuMemAllocPitch_v2','cuMemAllocManaged','cuArrayCreate_v2','cuArray3DCreate_v2','cuArrayDestroy','cuMipmappedArrayCreate','cuMipmappedArrayDestroy','cuIpcOpenMemHandle','cuIpcCloseMemHandle','cuMemImportFromShareableHandle','cuMemGetInfo_v2']) and any(c['fn']=='cuMemAllocPitch_v2' and c['aux']==1024 and c['size']==1024*300 for c in L[0]) and any(c['fn']=='cuArrayCreate_v2' and c['size']==1024*512*16 for c in L[0]) and any(c['fn']=='cuMipmappedArrayCreate' and c['size']==4*sum(max(256>>l,1)**2 for l in range(9)) for c in L[0]) and sum(1 for c in L[0] if c['fn']=='cuMemFree_v2' and c['result']==1) == 2"
 run misc_api 0 VRAMHOOK_SIM_DEVICES=2 -- && check_logs "$LOGDIR" "misc_api on 2 devices: 3 MiB live on device 1" \
     "len(S[0]['devices']) == 2 and dev(S[0],0)['live_bytes'] == 0 and dev(S[0],1)['live_bytes'] == 3*MiB and any(c['device']==1 and c['fn']=='cuMemAlloc_v2' for c in L[0])"
 

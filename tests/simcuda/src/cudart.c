@@ -142,7 +142,7 @@ static cudaError_t do_init_locked(void) {
     R(cuArray3DCreate, "cuArray3DCreate", 12000, 0);
     R(cuArrayDestroy, "cuArrayDestroy", 12000, 0);
     R(cuIpcGetMemHandle, "cuIpcGetMemHandle", 12000, 0);
-    R(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 12000, 0);
+    R(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 4010, 0); /* as the real cudart 13 does */
     R(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 12000, 0);
 #undef R
     if (!ok) return cudaErrorInsufficientDriver;

@@ -1155,7 +1155,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     return r;
 }
 
-EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+static CUresult ipc_open(const char *fname, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
     int dev = 0;
     pthread_mutex_lock(&mu);
     CUresult r = cur_dev(&dev);
@@ -1179,12 +1179,25 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
             *pdptr = a;
         }
     }
-    logc("cuIpcOpenMemHandle_v2", r, a, r == CUDA_SUCCESS ? pl.size : 0, pl.magic == IPC_MAGIC ? pl.addr : 0, dev);
+    logc(fname, r, a, r == CUDA_SUCCESS ? pl.size : 0, pl.magic == IPC_MAGIC ? pl.addr : 0, dev);
     pthread_mutex_unlock(&mu);
     return r;
 }
 
 /* Base and size of the allocation containing dptr (exact base addresses only in the sim). */
+#undef cuIpcOpenMemHandle /* cuda.h maps the name to _v2; libcuda exports both */
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+
+/* cudart 13 asks for "cuIpcOpenMemHandle" at version 4010 and gets this legacy entry
+ * point (measured on an H200, driver 580); _v2 is the answer from 11000 on. */
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    return ipc_open("cuIpcOpenMemHandle", pdptr, handle, Flags);
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    return ipc_open("cuIpcOpenMemHandle_v2", pdptr, handle, Flags);
+}
+
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
     pthread_mutex_lock(&mu);
     struct obj *o = obj_find(OBJ_ALLOC, dptr);
@@ -1372,7 +1385,7 @@ static const struct proc_entry *proc_table(size_t *n) {
         {"cuMipmappedArrayCreate", 5000, FN(cuMipmappedArrayCreate), 0, NULL, NULL},
         {"cuMipmappedArrayDestroy", 5000, FN(cuMipmappedArrayDestroy), 0, NULL, NULL},
         {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), 0, NULL, NULL},
-        {"cuIpcOpenMemHandle", 4010, NULL, 11000, FN(cuIpcOpenMemHandle_v2), NULL},
+        {"cuIpcOpenMemHandle", 4010, FN(cuIpcOpenMemHandle), 11000, FN(cuIpcOpenMemHandle_v2), NULL},
         {"cuIpcCloseMemHandle", 4010, FN(cuIpcCloseMemHandle), 0, NULL, NULL},
         {"cuMemGetAddressRange", 2000, NULL, 3020, FN(cuMemGetAddressRange_v2), NULL},
         {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), 0, NULL, NULL},
