@@ -83,34 +83,86 @@ struct NoteJson {
 pub struct CaptureHandle {
     tx: SyncSender<CaptureMsg>,
     queued: Arc<AtomicU64>,
+    /// Messages in the queue: event batches may only fill part of it, so that the small
+    /// messages that give the capture its structure (rings, processes, ends) find room.
+    msgs: Arc<AtomicU64>,
     limit: u64,
     stats: Arc<AgentStats>,
+    /// Ring slots per pid whose events were dropped from the capture and not yet marked.
+    missing: Arc<std::sync::Mutex<BTreeMap<u32, u64>>>,
     /// Set by the writer when the current file is past its size or age.
     pub rotate_wanted: Arc<AtomicBool>,
 }
 
+const QUEUE_MSGS: usize = 16_384;
+const QUEUE_MSGS_FOR_BATCHES: u64 = 12_288;
+
+/// Ring slots a batch stands for, per pid (a `Dropped` marker: the slots it says were lost).
+fn slots_by_pid(events: &[Event], into: &mut BTreeMap<u32, u64>) {
+    for e in events {
+        let n = if e.kind() == Some(EventKind::Dropped) { e.aux } else { 1 };
+        *into.entry(e.pid).or_insert(0) += n;
+    }
+}
+
 impl CaptureHandle {
-    /// Queues a message; drops it (counted) when the queue is full.
+    /// Queues a message; drops it (counted) when the queue is full. Dropped event batches
+    /// are later marked in the capture with `Dropped` markers ([`Self::mark_missing`]),
+    /// so a replay knows what it lacks.
     pub fn send(&self, msg: CaptureMsg) -> bool {
         let (bytes, events) = match &msg {
             CaptureMsg::Events(v) => ((v.len() * 64) as u64, v.len() as u64),
             CaptureMsg::Checkpoint { model, .. } => (model.len() as u64, 0),
             _ => (0, 0),
         };
-        if bytes > 0 && self.queued.load(Ordering::Relaxed) + bytes > self.limit {
-            add(&self.stats.capture_dropped_batches, 1);
-            add(&self.stats.capture_dropped_events, events);
-            return false;
-        }
-        self.queued.fetch_add(bytes, Ordering::Relaxed);
-        match self.tx.try_send(msg) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.queued.fetch_sub(bytes, Ordering::Relaxed);
-                add(&self.stats.capture_dropped_batches, 1);
-                add(&self.stats.capture_dropped_events, events);
-                false
+        let bulk = bytes > 0;
+        let full = bulk
+            && (self.queued.load(Ordering::Relaxed) + bytes > self.limit
+                || self.msgs.load(Ordering::Relaxed) >= QUEUE_MSGS_FOR_BATCHES);
+        let msg: Result<(), CaptureMsg> = if full {
+            Err(msg)
+        } else {
+            self.queued.fetch_add(bytes, Ordering::Relaxed);
+            self.msgs.fetch_add(1, Ordering::Relaxed);
+            match self.tx.try_send(msg) {
+                Ok(()) => return true,
+                Err(TrySendError::Full(m)) | Err(TrySendError::Disconnected(m)) => {
+                    self.queued.fetch_sub(bytes, Ordering::Relaxed);
+                    self.msgs.fetch_sub(1, Ordering::Relaxed);
+                    Err(m)
+                }
             }
+        };
+        if let Err(CaptureMsg::Events(v)) = &msg {
+            if let Ok(mut m) = self.missing.lock() {
+                slots_by_pid(v, &mut m);
+            }
+        }
+        add(&self.stats.capture_dropped_batches, 1);
+        add(&self.stats.capture_dropped_events, events);
+        false
+    }
+
+    /// Writes a `Dropped` marker into the capture for every pid whose events the queue
+    /// dropped (when there is room again).
+    pub fn mark_missing(&self) {
+        let pending: Vec<(u32, u64)> = match self.missing.lock() {
+            Ok(mut m) if !m.is_empty() => std::mem::take(&mut *m).into_iter().collect(),
+            _ => return,
+        };
+        for (pid, n) in pending {
+            let marker = Event {
+                pid,
+                ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                kind: EventKind::Dropped.code(),
+                api: vramhook_protocol::record::Api::Interposer.code(),
+                device: -1,
+                size: n,
+                aux: n,
+                ..Event::default()
+            };
+            // A failed send puts the slots back into `missing` (and counts the marker).
+            self.send(CaptureMsg::Events(vec![marker]));
         }
     }
 
@@ -126,19 +178,22 @@ pub fn spawn(
     stats: Arc<AgentStats>,
 ) -> std::io::Result<(CaptureHandle, std::thread::JoinHandle<()>)> {
     std::fs::create_dir_all(&cfg.dir)?;
-    let (tx, rx) = std::sync::mpsc::sync_channel(4096);
+    let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_MSGS);
     let queued = Arc::new(AtomicU64::new(0));
+    let msgs = Arc::new(AtomicU64::new(0));
     let rotate_wanted = Arc::new(AtomicBool::new(false));
     let handle = CaptureHandle {
         tx,
         queued: queued.clone(),
+        msgs: msgs.clone(),
         limit: cfg.queue_bytes,
+        missing: Arc::default(),
         stats: stats.clone(),
         rotate_wanted: rotate_wanted.clone(),
     };
     let join = std::thread::Builder::new()
         .name("vramhook-capture".into())
-        .spawn(move || CaptureThread { cfg, stats, queued, rotate_wanted, file: None, seq: 0 }.run(rx))?;
+        .spawn(move || CaptureThread { cfg, stats, queued, msgs, rotate_wanted, file: None, seq: 0 }.run(rx))?;
     Ok((handle, join))
 }
 
@@ -151,6 +206,7 @@ struct CaptureThread {
     cfg: CaptureConfig,
     stats: Arc<AgentStats>,
     queued: Arc<AtomicU64>,
+    msgs: Arc<AtomicU64>,
     rotate_wanted: Arc<AtomicBool>,
     file: Option<OpenFile>,
     seq: u64,
@@ -204,6 +260,7 @@ impl CaptureThread {
     }
 
     fn handle(&mut self, msg: CaptureMsg) {
+        self.msgs.fetch_sub(1, Ordering::Relaxed);
         match msg {
             CaptureMsg::Ring(key) => {
                 let note = serde_json::to_vec(&NoteJson { ring: Some(key), rings: None }).unwrap_or_default();
@@ -289,7 +346,8 @@ pub fn capture_files(dir: &Path) -> Vec<PathBuf> {
 /// What a restarted agent recovers from its captures.
 pub struct Recovered {
     pub model: Model,
-    /// Per ring: the position after the last event recorded.
+    /// Per ring: the ring slots accounted for by what was recorded (events, and slots
+    /// that `Dropped` markers say were lost); compared with the ring's cursor on reopening.
     pub next_pos: BTreeMap<RingKey, u64>,
     pub events: u64,
     pub file: PathBuf,
@@ -357,10 +415,12 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                     let e = Event::from_raw(raw);
                     m.apply(&e);
                     events += 1;
+                    // Ring slots this event stands for: one, or for a `Dropped` marker
+                    // the slots it says were lost (aux). Lane-agnostic: a ring's cursor is
+                    // the sum of its lanes' positions, i.e. the slots consumed.
                     if let Some(key) = current.get(&e.pid) {
-                        let after = if e.kind() == Some(EventKind::Dropped) { e.seq } else { e.seq.saturating_add(1) };
-                        let p = next_pos.entry(*key).or_insert(0);
-                        *p = (*p).max(after);
+                        let slots = if e.kind() == Some(EventKind::Dropped) { e.aux } else { 1 };
+                        *next_pos.entry(*key).or_insert(0) += slots;
                     }
                 }
             }

@@ -123,11 +123,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let mut last_checkpoint = Instant::now();
     let mut last_scan = Instant::now() - cfg.rescan;
     let mut first = true;
-    // Rings opened but not yet announced, with their cursor at open; processes whose
-    // first events after (re)opening are awaited; markers for events found lost.
+    // Rings opened but not yet announced, with their cursor at open.
     let mut pending: BTreeMap<RingKey, u64> = BTreeMap::new();
-    let mut awaiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
-    let mut lost_markers: Vec<Event> = Vec::new();
     let mut idle = Duration::from_millis(1);
     while !links.stop.load(Ordering::Relaxed) {
         let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
@@ -138,23 +135,6 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 let key = (opened.pid, opened.start_time, opened.image);
                 add(&stats.rings_opened, 1);
                 pending.insert(key, opened.position);
-                if let Some(c) = &capture {
-                    c.send(CaptureMsg::Ring(key));
-                }
-                // Events between what we recorded and where the ring's cursor stands were
-                // consumed by an earlier agent that died before recording them.
-                let recorded = next_pos.remove(&key).unwrap_or(0);
-                let lost = opened.position.saturating_sub(recorded);
-                if lost > 0 {
-                    lost_markers.push(lost_marker(opened.pid, opened.position, lost));
-                }
-            }
-            for marker in lost_markers.drain(..) {
-                model.apply(&marker);
-                add(&stats.restart_lost, marker.size);
-                if let Some(c) = &capture {
-                    c.send(CaptureMsg::Events(vec![marker]));
-                }
             }
             for refusal in source.take_refusals() {
                 add(&stats.rings_refused, 1);
@@ -170,7 +150,6 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                         model.process_exit(key.0, key.1, None, vramhook_protocol::clock::monotonic_ns());
                     }
                 }
-                next_pos.clear();
             }
         }
         let summary = {
@@ -178,18 +157,33 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let capture = &capture;
             let stats = &stats;
             let pending = &mut pending;
-            let awaiting = &mut awaiting;
-            let lost_markers = &mut lost_markers;
+            let next_pos = &mut next_pos;
             source.poll(&mut |item| match item {
                 SourceItem::Process(info) => {
-                    // The ring announced now is the lowest pending image of this process.
+                    // The ring announced now is the lowest pending image of this process;
+                    // its note goes right before its process frame, after any events of
+                    // an older image, so a replay attributes every event to its ring.
                     let key = pending
                         .range((info.pid, info.start_time, 0)..=(info.pid, info.start_time, u64::MAX))
                         .next()
-                        .map(|(k, p)| (*k, *p));
-                    if let Some((key, position)) = key {
-                        pending.remove(&key);
-                        awaiting.insert(info.pid, position);
+                        .map(|(k, _)| *k);
+                    if let Some(key) = key {
+                        let position = pending.remove(&key).unwrap_or(0);
+                        if let Some(c) = capture {
+                            c.send(CaptureMsg::Ring(key));
+                        }
+                        // Slots between what was recorded and where the ring's cursor stands
+                        // were consumed by an earlier agent that died before recording them.
+                        let recorded = next_pos.remove(&key).unwrap_or(0);
+                        let lost = position.saturating_sub(recorded);
+                        if lost > 0 {
+                            let marker = lost_marker(info.pid, position, lost);
+                            model.apply(&marker);
+                            add(&stats.restart_lost, lost);
+                            if let Some(c) = capture {
+                                c.send(CaptureMsg::Events(vec![marker]));
+                            }
+                        }
                     }
                     model.process_info(info);
                     if let Some(c) = capture {
@@ -197,22 +191,6 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     }
                 }
                 SourceItem::Events(events) => {
-                    if !awaiting.is_empty() {
-                        for e in events {
-                            let Some(position) = awaiting.remove(&e.pid) else { continue };
-                            // Slots between the saved cursor and the first event were taken
-                            // by a reader that died before saving its cursor: lost, and
-                            // counted (a `Dropped` marker's own in-flight losses excepted).
-                            let skipped = if e.kind() == Some(EventKind::Dropped) {
-                                e.seq.saturating_sub(position).saturating_sub(e.aux)
-                            } else {
-                                e.seq.saturating_sub(position)
-                            };
-                            if skipped > 0 {
-                                lost_markers.push(lost_marker(e.pid, e.seq, skipped));
-                            }
-                        }
-                    }
                     for e in events {
                         model.apply(e);
                     }
@@ -222,7 +200,6 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     }
                 }
                 SourceItem::End(end) => {
-                    awaiting.remove(&end.pid);
                     add(&stats.records_malformed, end.malformed);
                     model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
                     add(&stats.rings_closed, 1);
@@ -232,16 +209,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             })
         };
-        for marker in lost_markers.drain(..) {
-            model.apply(&marker);
-            add(&stats.restart_lost, marker.size);
-            if let Some(c) = &capture {
-                c.send(CaptureMsg::Events(vec![marker]));
-            }
-        }
+        add(&stats.restart_lost, summary.skipped);
         add(&stats.writer_dropped, summary.dropped);
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
         if let Some(c) = &capture {
+            c.mark_missing();
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
             if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
                 last_checkpoint = Instant::now();
@@ -271,7 +243,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     }
 }
 
-/// A `Dropped` marker for `n` events of `pid` lost at ring position `seq`.
+/// A `Dropped` marker for `n` events of `pid` that had taken ring slots (aux = slots).
 fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
     Event {
         seq,
@@ -281,6 +253,7 @@ fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
         api: Api::Interposer.code(),
         device: -1,
         size: n,
+        aux: n,
         ..Event::default()
     }
 }

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::clock::TscClock;
-use vramhook_protocol::record::Event;
+use vramhook_protocol::record::{Api, Event, EventKind};
 use vramhook_protocol::ring::{MappedRing, RingError};
 
 /// What a poll hands on, in order: a process before its events, its end after them.
@@ -44,6 +44,9 @@ pub struct PollSummary {
     pub malformed: u64,
     /// Events the writers reported dropped or lost in flight, in this poll.
     pub dropped: u64,
+    /// Slots consumed by an earlier reader that died before saving its cursor (found
+    /// after a restart), in this poll; each ring's are handed on as a `Dropped` marker.
+    pub skipped: u64,
 }
 
 /// A ring opened by discovery, and where its cursor stood when it was opened (a
@@ -195,7 +198,28 @@ impl RingSource {
             let writer_gone = superseded || counters.exited || !alive;
             self.batch.clear();
             let batch = &mut self.batch;
+            let before = t.ring.reader.position();
             let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| batch.push(e));
+            // Slots the cursor passed without delivering, losing in flight or finding
+            // malformed were consumed by an earlier reader that died before saving its
+            // cursor: their events are gone. Say so with a `Dropped` marker (aux = slots).
+            let consumed = t.ring.reader.position().saturating_sub(before);
+            let skipped = consumed.saturating_sub(stats.delivered + stats.lost_in_flight + stats.malformed);
+            if skipped > 0 {
+                batch.push(Event {
+                    seq: t.ring.reader.position(),
+                    ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                    pid: key.0,
+                    kind: EventKind::Dropped.code(),
+                    api: Api::Interposer.code(),
+                    device: -1,
+                    size: skipped,
+                    aux: skipped,
+                    ..Event::default()
+                });
+                t.end.lost_in_flight += skipped;
+                summary.skipped += skipped;
+            }
             t.end.delivered += stats.delivered;
             t.end.dropped += stats.dropped.saturating_sub(stats.lost_in_flight);
             t.end.lost_in_flight += stats.lost_in_flight;

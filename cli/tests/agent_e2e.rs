@@ -215,8 +215,8 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
     let state = second.wait_state(Duration::from_secs(120), "the workload's ring to be drained and closed", |s| {
         s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"].as_u64().unwrap_or(0) >= 1
     });
-    eprintln!("SECOND LOG:\n{}", second.log());
-    drop(second);
+    let mut second = second;
+    second.terminate(); // SIGTERM: the capture is flushed and sealed
 
     let truth_calls: u64 = std::fs::read_dir(truth.path())
         .expect("truth")
