@@ -179,7 +179,9 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
             recorder.flush();
             last_report = Instant::now();
         }
-        idle = if summary.delivered > 0 { Duration::from_millis(1) } else { (idle * 2).min(Duration::from_millis(20)) };
+        // Keep up while events flow (a full ring drops); back off to 20 ms when idle.
+        idle =
+            if summary.delivered > 0 { Duration::from_micros(200) } else { (idle * 2).min(Duration::from_millis(20)) };
         std::thread::sleep(idle);
     }
     recorder.finish();

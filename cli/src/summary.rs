@@ -14,7 +14,8 @@ use vramhook_protocol::record::{Api, EventKind};
 
 #[derive(Default)]
 struct Tally {
-    calls: BTreeMap<String, u64>,
+    /// Calls per driver API code (names are looked up for the report only).
+    calls: BTreeMap<u16, u64>,
     ends: Vec<ProcessEnd>,
     start_time: u64,
     ppid: u32,
@@ -124,8 +125,7 @@ impl Recorder {
                     if matches!(e.kind(), Some(EventKind::ProcessStart | EventKind::ProcessExit | EventKind::Dropped)) {
                         continue;
                     }
-                    let name = e.api().map(Api::name).unwrap_or("unknown");
-                    *self.tallies.entry(e.pid).or_default().calls.entry(name.to_string()).or_default() += 1;
+                    *self.tallies.entry(e.pid).or_default().calls.entry(e.api).or_default() += 1;
                 }
             }
             SourceItem::End(end) => {
@@ -191,7 +191,13 @@ impl Recorder {
                     (None, None) => BTreeMap::new(),
                 },
                 live_allocations: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_allocations), |a| a.1),
-                calls: tally.calls.clone(),
+                calls: tally
+                    .calls
+                    .iter()
+                    .map(|(code, n)| {
+                        (Api::from_code(*code).map_or_else(|| format!("api#{code}"), |a| a.name().to_string()), *n)
+                    })
+                    .collect(),
                 failed_calls: view.map_or(0, |v| v.failed_calls),
                 ooms: view.map_or(0, |v| v.oom_count),
                 dropped_events: dropped,

@@ -210,6 +210,9 @@ struct Process {
     anomalies: u64,
     devices: Vec<DevBytes>,
     last_ts: u64,
+    /// Latest time seen per thread: time may only go backwards across threads (they
+    /// reach the ring concurrently), never within one.
+    thread_ts: FastMap<u32, u64>,
     lead_up: Vec<EventRecord>,
     lead_head: usize,
     freed_total: u64,
@@ -243,6 +246,7 @@ impl Process {
             anomalies: 0,
             devices: Vec::new(),
             last_ts: 0,
+            thread_ts: FastMap::default(),
             lead_up: Vec::new(),
             lead_head: 0,
             freed_total: 0,
@@ -449,12 +453,15 @@ impl Model {
             self.anomaly(Some(slot), Anomaly::EventAfterExit);
             return;
         }
-        // Time: per process monotonic; a step back is counted and the event applied at the
-        // process's latest time, so the state stays consistent.
+        // Time: an event is applied at its process's latest time if it is older (threads
+        // reach the ring concurrently, so small steps back across threads are normal); a
+        // step back within one thread is an anomaly.
         let ts = {
             let p = &mut self.procs[slot];
             let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
-            let back = ev.ts_ns < p.last_ts;
+            let thread_last = p.thread_ts.entry(ev.tid).or_insert(0);
+            let back = ev.ts_ns < *thread_last;
+            *thread_last = (*thread_last).max(ev.ts_ns);
             p.last_ts = ts;
             if back {
                 self.anomaly(Some(slot), Anomaly::TimeBackwards);

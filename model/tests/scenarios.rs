@@ -432,13 +432,18 @@ fn anomalies_are_counted_not_applied() {
     p.out.push(Event { pid: 81, kind: 200, ts_ns: p.ts, ..Event::default() }); // newer format
     p.out.push(Event { pid: 81, kind: 1, api: 4000, ts_ns: p.ts, ..Event::default() });
     let mut m = run(&[&p]);
+    // Another thread's event older than the process's latest: threads reach the ring
+    // concurrently, so this is normal and not an anomaly.
+    m.apply(&Event { pid: 81, tid: 82, kind: 1, api: 1, addr: 0x3000, size: 1, ts_ns: 6, ..Event::default() });
+    m.apply(&Event { pid: 81, tid: 82, kind: 2, api: 4, addr: 0x3000, ts_ns: 7, ..Event::default() });
     m.apply(&Event {
         pid: 81,
+        tid: 81,
         kind: 1,
         api: 1,
         addr: 0x2000,
         size: 1,
-        ts_ns: 5, // time going backwards: counted, applied at the process's latest time
+        ts_ns: 5, // time going backwards within a thread: counted, applied at the latest time
         ..Event::default()
     });
     let s = m.snapshot();

@@ -501,14 +501,20 @@ impl RingReader {
                 stats.malformed += 1;
             }
             let mut taken = 0usize;
-            while pos < end && taken < per_lane {
-                let lap = pos >> shift;
-                let slot = self.slot(lane, pos);
+            // `pos` only advances over the contiguous prefix of consumed slots; past a slot
+            // that must wait (stamped after the watermark, or not yet published) the scan
+            // goes on and consumes what it may, restamping those slots so that a later
+            // poll, or a restarted reader, skips them as already consumed.
+            let mut scan = pos;
+            let mut prefix = true;
+            while scan < end && taken < per_lane {
+                let lap = scan >> shift;
+                let slot = self.slot(lane, scan);
                 // SAFETY: slots are 8-byte aligned; the stamp is only accessed atomically.
                 let stamp_ref = unsafe { &*(slot as *const AtomicU64) };
                 let stamp = stamp_ref.load(Ordering::Acquire);
                 let free_next = lap.wrapping_mul(2).wrapping_add(2);
-                if stamp == lap.wrapping_mul(2).wrapping_add(1) {
+                let consumed = if stamp == lap.wrapping_mul(2).wrapping_add(1) {
                     let mut bytes = [0u8; RECORD_SIZE];
                     // SAFETY: the slot is published and ours until we restamp it.
                     unsafe { std::ptr::copy_nonoverlapping(slot, bytes.as_mut_ptr(), RECORD_SIZE) };
@@ -518,17 +524,19 @@ impl RingReader {
                     };
                     let ts = raw.ts_ns.get();
                     if ts > watermark {
-                        break; // stamped after this poll began: the next poll takes it
+                        false // stamped after this poll began: a later poll takes it
+                    } else {
+                        raw.seq = U64::new(scan.wrapping_mul(u64::from(self.lanes)).wrapping_add(u64::from(lane)));
+                        stamp_ref.store(free_next, Ordering::Release);
+                        merge.push((ts, raw.seq.get(), raw));
+                        taken += 1;
+                        true
                     }
-                    raw.seq = U64::new(pos.wrapping_mul(u64::from(self.lanes)).wrapping_add(u64::from(lane)));
-                    stamp_ref.store(free_next, Ordering::Release);
-                    merge.push((ts, raw.seq.get(), raw));
-                    taken += 1;
-                    pos += 1;
                 } else if stamp >= free_next && stamp - free_next < 4 {
-                    // Consumed by an earlier reader that died before saving its cursor (the
-                    // writer may already have reused the slot for the next lap).
-                    pos += 1;
+                    // Already consumed: ahead of the cursor by an earlier poll, or by an
+                    // earlier reader that died before saving its cursor (the writer may
+                    // already have reused the slot for the next lap).
+                    true
                 } else if writer_gone {
                     if stamp == lap.wrapping_mul(2) {
                         stats.lost_in_flight += 1;
@@ -536,14 +544,20 @@ impl RingReader {
                         stats.malformed += 1;
                     }
                     stamp_ref.store(free_next, Ordering::Release);
-                    pos += 1;
+                    true
                 } else {
                     if stamp != lap.wrapping_mul(2) {
                         stats.malformed += 1;
                     }
                     // Reserved but not yet published by a live writer: come back later.
-                    break;
+                    false
+                };
+                if prefix && consumed {
+                    pos = scan + 1;
+                } else {
+                    prefix = false;
                 }
+                scan += 1;
             }
             self.pos[lane as usize] = pos;
             // SAFETY: lane < lanes.
@@ -874,11 +888,18 @@ mod tests {
         assert!(writer.push(&ev(2)));
         let mut got = Vec::new();
         let stats = reader.poll(usize::MAX, false, |e| got.push(e));
-        assert_eq!(stats.delivered, 1, "stops at the unpublished slot while the writer lives");
-        let stats = reader.poll(usize::MAX, true, |e| got.push(e));
-        assert_eq!(stats.delivered, 1);
+        assert_eq!(stats.delivered, 2, "reads around the slot still being written");
+        assert_eq!(reader.position(), 1, "the saved cursor stays at the unpublished slot");
+        // A reader restarted now must not deliver event 2 again.
+        let len = ring_file_size(16);
+        let mut restarted = unsafe { RingReader::new(writer.base, len, None) }.expect("valid");
+        let stats = restarted.poll(usize::MAX, false, |e| got.push(e));
+        assert_eq!(stats.delivered, 0);
+        let stats = restarted.poll(usize::MAX, true, |e| got.push(e));
+        assert_eq!(stats.delivered, 0);
         assert_eq!(stats.lost_in_flight, 1);
         assert_eq!(got.iter().filter(|e| e.kind == EventKind::Alloc.code()).count(), 2);
+        assert_eq!(restarted.position(), 3);
     }
 
     #[test]

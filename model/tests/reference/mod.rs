@@ -26,6 +26,7 @@ struct P {
     dropped: u64,
     anomalies: u64,
     last_ts: u64,
+    thread_ts: Vec<(u32, u64)>,
     lead_up: Vec<EventRecord>,
     freed_total: u64,
     open: Option<usize>,
@@ -134,6 +135,7 @@ fn newp(pid: u32, st: u64) -> P {
         dropped: 0,
         anomalies: 0,
         last_ts: 0,
+        thread_ts: Vec::new(),
         lead_up: vec![],
         freed_total: 0,
         open: None,
@@ -317,7 +319,16 @@ impl Reference {
             self.anom(Some(slot), Anomaly::EventAfterExit);
             return;
         }
-        let back = ev.ts_ns < self.procs[slot].last_ts;
+        let p = &mut self.procs[slot];
+        let i = match p.thread_ts.iter().position(|(t, _)| *t == ev.tid) {
+            Some(i) => i,
+            None => {
+                p.thread_ts.push((ev.tid, 0));
+                p.thread_ts.len() - 1
+            }
+        };
+        let back = ev.ts_ns < p.thread_ts[i].1;
+        p.thread_ts[i].1 = p.thread_ts[i].1.max(ev.ts_ns);
         let ts = ev.ts_ns.max(self.procs[slot].last_ts);
         self.procs[slot].last_ts = ts;
         if back {
