@@ -138,7 +138,24 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
     if !head.starts_with("HTTP/1.1 200") {
         return Err(head.to_string());
     }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return dechunk(body);
+    }
     Ok(body.to_string())
+}
+
+/// Decodes a chunked HTTP/1.1 body.
+fn dechunk(mut body: &str) -> Result<String, String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").ok_or("bad chunk header")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).map_err(|e| e.to_string())?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).ok_or("short chunk")?);
+        body = rest.get(size + 2..).ok_or("short chunk")?;
+    }
 }
 
 /// A fresh directory on tmpfs for rings.

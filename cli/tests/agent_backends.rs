@@ -1,0 +1,380 @@
+//! The agent against REAL backends started on loopback by the tests: Jaeger v2 receives
+//! the OOM incident spans (checked through its query API), Prometheus 3 receives the
+//! metrics over OTLP (checked with PromQL against the model's numbers, through an
+//! endpoint that is down, then slow, then back), and promtool accepts /metrics.
+//!
+//! The binaries come from `.tools/bin`, built by `scripts/ci-backends.sh`; a missing one
+//! fails the test with how to build it.
+
+mod agent_support;
+
+use agent_support::*;
+use serde_json::Value;
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn process(state: &Value, pid: u32) -> Option<&Value> {
+    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
+}
+
+/// A backend process and its scratch directory (config, data, log), removed with it.
+struct Backend(Child, tempfile::TempDir);
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn wait_http(port: u16, path: &str, what: &str) {
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let start = Instant::now();
+    while http_get(addr, path).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(60), "{what} did not come up on port {port}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn promtool_accepts_the_metrics_endpoint() {
+    let promtool = backend_bin("promtool");
+    let rings = ring_dir("promtool");
+    let agent = Agent::start(&vramhook_bin(), &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "5"], rings.path(), &[]);
+    let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
+    let _ = oom.wait();
+    let pid = leak.id();
+    agent.wait_state(Duration::from_secs(20), "the leak", |s| {
+        process(s, pid).is_some_and(|p| p["live_bytes"] == 6_295_456u64)
+    });
+    let metrics = agent.get("/metrics");
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    check.stdin.take().expect("stdin").write_all(metrics.as_bytes()).expect("write");
+    let out = check.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics rejected /metrics:\n{}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = leak.kill();
+    let _ = leak.wait();
+}
+
+fn start_jaeger(otlp_grpc: u16, otlp_http: u16, query_http: u16, query_grpc: u16) -> Backend {
+    let bin = backend_bin("jaeger");
+    let dir = tempfile::tempdir().expect("jaeger dir");
+    let config = format!(
+        r#"service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+    logs:
+      receivers: [otlp]
+      exporters: [debug]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: info
+extensions:
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 10000
+  jaeger_query:
+    storage:
+      traces: memstore
+    http:
+      endpoint: 127.0.0.1:{query_http}
+    grpc:
+      endpoint: 127.0.0.1:{query_grpc}
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{otlp_grpc}
+      http:
+        endpoint: 127.0.0.1:{otlp_http}
+processors:
+  batch:
+    timeout: 200ms
+exporters:
+  debug:
+    verbosity: detailed
+  jaeger_storage_exporter:
+    trace_storage: memstore
+"#
+    );
+    let path = dir.path().join("jaeger.yaml");
+    std::fs::write(&path, config).expect("config");
+    let log = std::fs::File::create(dir.path().join("jaeger.log")).expect("log");
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(&path)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start jaeger");
+    let b = Backend(child, dir);
+    wait_http(query_http, "/api/services", "jaeger");
+    b
+}
+
+fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    span["tags"].as_array()?.iter().find(|t| t["key"] == key).map(|t| &t["value"])
+}
+
+#[test]
+fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
+    let rings = ring_dir("jaeger");
+    let endpoint = format!("http://127.0.0.1:{}", ports[0]);
+    let agent = Agent::start(
+        &vramhook_bin(),
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
+    let pid = oom.id();
+    let _ = oom.wait();
+    let state = agent.wait_state(Duration::from_secs(30), "the OOM incident to be exported", |s| {
+        s["agent"]["incidents_exported"].as_u64().unwrap_or(0) >= 1
+    });
+    let incident = state["snapshot"]["incidents"]
+        .as_array()
+        .and_then(|v| v.iter().find(|i| i["pid"] == pid))
+        .expect("incident in the model")
+        .clone();
+
+    let query = format!("/api/traces?service=vramhook-agent&operation={}&limit=50", urlencode("vramhook.oom"));
+    let addr = format!("127.0.0.1:{}", ports[2]).parse().expect("addr");
+    let start = Instant::now();
+    let span = loop {
+        if let Ok(body) = http_get(addr, &query) {
+            let v: Value = serde_json::from_str(&body).expect("jaeger JSON");
+            let found = v["data"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|t| t["spans"].as_array().into_iter().flatten())
+                .find(|s| {
+                    s["operationName"] == "vramhook.oom"
+                        && tag(s, "pid").and_then(Value::as_u64) == Some(u64::from(pid))
+                });
+            if let Some(s) = found {
+                break s.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "Jaeger never received the OOM span; agent counters {}",
+            agent.state()["agent"]
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let verdict = incident["verdict"].as_str().expect("verdict");
+    assert_eq!(tag(&span, "vramhook.oom.verdict").and_then(Value::as_str), Some(verdict));
+    assert_eq!(tag(&span, "vramhook.oom.explanation"), Some(&incident["explanation"]));
+    assert_eq!(
+        tag(&span, "vramhook.oom.requested_bytes").and_then(Value::as_u64),
+        incident["requested_bytes"].as_u64()
+    );
+    assert_eq!(tag(&span, "vramhook.oom.requested_bytes").and_then(Value::as_u64), Some(200u64 << 30));
+    assert_eq!(tag(&span, "error").and_then(Value::as_bool), Some(true), "OOM spans carry error status");
+
+    // The log record went through the same collector (Jaeger v2 is one): its debug
+    // exporter prints it.
+    let log_path = jaeger.1.path().join("jaeger.log");
+    let explanation = incident["explanation"].as_str().expect("explanation");
+    let start = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("vramhook.oom.verdict") && log.contains(explanation) && log.contains("ERROR") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the OOM log record never reached the collector; agent counters {}\n{log}",
+            agent.state()["agent"]
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(agent.state()["agent"]["otlp_log_exports"].as_u64().unwrap_or(0) >= 1);
+}
+
+/// A TCP endpoint that accepts connections and never answers.
+struct Slow {
+    stop: Arc<AtomicBool>,
+    join: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Slow {
+    fn start(port: u16) -> Slow {
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind slow endpoint");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let join = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((c, _)) = listener.accept() {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Slow { stop, join: Some(join) }
+    }
+}
+
+impl Drop for Slow {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+fn start_prometheus(port: u16) -> Backend {
+    let bin = backend_bin("prometheus");
+    let dir = tempfile::tempdir().expect("prometheus dir");
+    std::fs::write(dir.path().join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").expect("config");
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let child = Command::new(bin)
+        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--web.enable-otlp-receiver")
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    let b = Backend(child, dir);
+    wait_http(port, "/-/ready", "prometheus");
+    b
+}
+
+fn promql(port: u16, query: &str) -> Option<f64> {
+    let addr = format!("127.0.0.1:{port}").parse().ok()?;
+    let body = http_get(addr, &format!("/api/v1/query?query={}", urlencode(query))).ok()?;
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["data"]["result"].as_array()?.first()?["value"][1].as_str()?.parse().ok()
+}
+
+#[test]
+fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
+    let port = free_port();
+    let rings = ring_dir("prom");
+    let endpoint = format!("http://127.0.0.1:{port}/api/v1/otlp/v1/metrics");
+    let agent = Agent::start(
+        &vramhook_bin(),
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+            ("OTEL_LOGS_EXPORTER", "none"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+        ],
+    );
+    let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "60"], rings.path(), &[]);
+    let pid = leak.id();
+
+    // 1. Down: nothing listens. Exports fail and are counted; ingestion goes on.
+    let s = agent.wait_state(Duration::from_secs(30), "failed exports while the endpoint is down", |s| {
+        s["agent"]["otlp_metric_errors"].as_u64().unwrap_or(0) >= 1
+            && process(s, pid).is_some_and(|p| p["live_bytes"] == 6_295_456u64)
+    });
+    let errors_down = s["agent"]["otlp_metric_errors"].as_u64().unwrap_or(0);
+
+    // 2. Slow: the endpoint accepts and never answers. Exports time out; a new process is
+    //    still ingested and /metrics still answers at once.
+    let slow = Slow::start(port);
+    let mut more = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
+    let more_pid = more.id();
+    let _ = more.wait();
+    let t = Instant::now();
+    agent.wait_state(Duration::from_secs(40), "timeouts against the slow endpoint", |s| {
+        s["agent"]["otlp_metric_errors"].as_u64().unwrap_or(0) > errors_down
+            && process(s, more_pid).is_some_and(|p| p["alive"] == false)
+    });
+    let m0 = Instant::now();
+    let _ = agent.get("/metrics");
+    assert!(m0.elapsed() < Duration::from_secs(1), "/metrics must not wait for the exporter");
+    eprintln!("slow phase: {:?}", t.elapsed());
+    drop(slow);
+
+    // 3. Back: a real Prometheus 3 on the same port. The agent reconnects (after its
+    //    backoff) and PromQL answers the model's numbers.
+    let _prom = start_prometheus(port);
+    let state = agent.state();
+    let p = process(&state, pid).expect("process").clone();
+    let dev = state["snapshot"]["devices"][0].clone();
+    let checks = [
+        (
+            format!("vramhook_process_memory_live_bytes{{pid=\"{pid}\",kind=\"plain\"}}"),
+            p["live_by_class"]["plain"].as_f64(),
+        ),
+        (format!("vramhook_process_memory_peak_bytes{{pid=\"{pid}\"}}"), p["peak_bytes"].as_f64()),
+        (format!("vramhook_process_allocations_total{{pid=\"{pid}\"}}"), p["allocations"].as_f64()),
+        (format!("vramhook_process_allocations_live{{pid=\"{pid}\"}}"), p["live_allocations"].as_f64()),
+        (format!("vramhook_process_memory_fragmentation_ratio{{pid=\"{pid}\"}}"), p["fragmentation"].as_f64()),
+        ("vramhook_device_memory_total_bytes{device=\"0\"}".to_string(), dev["total"].as_f64()),
+        ("vramhook_device_memory_traced_bytes{device=\"0\"}".to_string(), dev["traced_bytes"].as_f64()),
+    ];
+    let start = Instant::now();
+    for (query, expected) in &checks {
+        let expected = expected.unwrap_or_else(|| panic!("model has no value for {query}"));
+        loop {
+            let got = promql(port, query);
+            if got == Some(expected) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "PromQL {query} = {got:?}, the model says {expected}; agent counters {}",
+                agent.state()["agent"]
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    assert_eq!(p["live_bytes"], 6_295_456u64, "the simulated driver's ground truth");
+    let s = agent.state();
+    assert!(s["agent"]["otlp_metric_exports"].as_u64().unwrap_or(0) >= 1, "exports succeed again: {}", s["agent"]);
+    let _ = leak.kill();
+    let _ = leak.wait();
+}
