@@ -17,6 +17,9 @@ const MAX_TRACKED_ARENAS: usize = 256;
 /// Layout entries kept in the report (the largest).
 const MAX_LAYOUT_ENTRIES: usize = 5000;
 const MAX_LAYOUT_ARENAS: usize = 500;
+/// Samples taken out of turn (new processes, OOMs): bounded, so that hostile input made of
+/// such events cannot make the replay O(events × state).
+const MAX_FORCED_SAMPLES: u32 = 10_000;
 /// Corrupt frames listed per input.
 const MAX_CORRUPT_LISTED: usize = 100;
 
@@ -25,6 +28,8 @@ struct ProcTrack {
     series: Series,
     dev_max: Vec<(i16, u64)>,
     last: u64,
+    /// Live bytes per device at the last update (for the device totals).
+    dev_last: Vec<(i16, u64)>,
 }
 
 #[derive(Default)]
@@ -84,6 +89,11 @@ pub struct Replayer {
     /// clock) on the captures' monotonic clock.
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
+    /// pid → the model's index of its current process, from the last sample.
+    cur_slot: HashMap<u32, usize>,
+    /// One-entry cache of `cur_slot`.
+    last_pid: Option<(u32, usize)>,
+    forced: u32,
 }
 
 impl Replayer {
@@ -113,6 +123,9 @@ impl Replayer {
             notes: Vec::new(),
             clock: None,
             tracked_overflow: false,
+            cur_slot: HashMap::new(),
+            last_pid: None,
+            forced: 0,
         }
     }
 
@@ -133,7 +146,10 @@ impl Replayer {
         if self.first_ts.is_none() {
             self.start_clock(ev.ts_ns);
         }
-        let special = ev.result != 0 || ev.kind == EventKind::ProcessExit as u8 || ev.kind == EventKind::MemInfo as u8;
+        let special = ev.result != 0
+            || ev.kind == EventKind::ProcessExit as u8
+            || ev.kind == EventKind::MemInfo as u8
+            || ev.kind == EventKind::ProcessStart as u8;
         if (ev.ts_ns >= self.watch_ts || special) && !self.slow_pre(ev) {
             return;
         }
@@ -145,8 +161,64 @@ impl Replayer {
         }
         self.model.apply(ev);
         self.applied += 1;
+        self.follow(ev);
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
+        }
+    }
+
+    fn force_sample(&mut self, at: u64) {
+        if self.forced < MAX_FORCED_SAMPLES {
+            self.forced += 1;
+            self.next_sample = self.next_sample.min(at);
+        }
+    }
+
+    /// Per event: the process's live bytes (and its devices') from the model, O(1), into the
+    /// timelines, so downsampling keeps every peak. Snapshots (O(state)) are only taken at
+    /// intervals, for arenas, and to learn which process a pid is now.
+    #[inline]
+    fn follow(&mut self, ev: &Event) {
+        let slot = match self.last_pid {
+            Some((pid, slot)) if pid == ev.pid => slot,
+            _ => match self.cur_slot.get(&ev.pid) {
+                Some(&slot) => {
+                    self.last_pid = Some((ev.pid, slot));
+                    slot
+                }
+                None => {
+                    // A process not seen at the last sample: sample now.
+                    self.force_sample(self.applied);
+                    return;
+                }
+            },
+        };
+        let live = self.model.process_live_bytes(ev.pid);
+        let Some(t) = self.procs.get_mut(&slot) else { return };
+        if t.last == live {
+            return;
+        }
+        t.last = live;
+        t.series.push(ev.ts_ns, live as f64);
+        for (d, v) in self.model.process_device_bytes(ev.pid) {
+            let old = match t.dev_last.iter_mut().find(|x| x.0 == d) {
+                Some(x) => std::mem::replace(&mut x.1, v),
+                None => {
+                    t.dev_last.push((d, v));
+                    0
+                }
+            };
+            if old == v {
+                continue;
+            }
+            match t.dev_max.iter_mut().find(|x| x.0 == d) {
+                Some(x) => x.1 = x.1.max(v),
+                None => t.dev_max.push((d, v)),
+            }
+            let dt = self.devs.entry(d).or_default();
+            dt.last_live = dt.last_live.saturating_sub(old).saturating_add(v);
+            dt.peak_live = dt.peak_live.max(dt.last_live);
+            dt.live.push(ev.ts_ns, dt.last_live as f64);
         }
     }
 
@@ -164,17 +236,25 @@ impl Replayer {
             }
         }
         if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
-            // The state the failing call met, then the failure itself.
-            self.sample(ev.ts_ns);
+            // The state the failing call met, then the failure itself (per-event timelines
+            // already hold the bytes; this adds the arenas).
+            if self.forced < MAX_FORCED_SAMPLES {
+                self.forced += 1;
+                self.sample(ev.ts_ns);
+            }
             if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
                 self.capture_layout(ev.ts_ns, "first OOM");
                 self.layout_fixed = true;
             }
-            self.next_sample = self.applied + 1;
+            self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
             self.remember_exit(ev.pid, 0, ev.ts_ns);
             self.next_sample = self.applied + 1;
+        }
+        if ev.kind == EventKind::ProcessStart as u8 {
+            // A new process (or a new image after exec): learn its index after this event.
+            self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
             let d = self.devs.entry(ev.device).or_default();
@@ -193,6 +273,8 @@ impl Replayer {
     pub fn process_info(&mut self, info: &ProcessInfo) {
         if !self.stopped {
             self.model.process_info(info);
+            // It may name a new process: learn its index at the next event.
+            self.force_sample(self.applied);
         }
     }
 
@@ -296,7 +378,11 @@ impl Replayer {
         self.next_sample = self.applied + stride;
         let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
         let mut total_live = 0u64;
+        self.last_pid = None;
         for (slot, p) in snap.processes.iter().enumerate() {
+            if p.alive || !self.cur_slot.contains_key(&p.pid) {
+                self.cur_slot.insert(p.pid, slot);
+            }
             for d in &p.devices {
                 *dev_live.entry(d.device).or_default() += d.live_bytes;
             }
@@ -317,6 +403,7 @@ impl Replayer {
                         series: Series::new(self.opts.max_points),
                         dev_max: Vec::new(),
                         last: u64::MAX,
+                        dev_last: Vec::new(),
                     },
                 );
             }
@@ -326,6 +413,8 @@ impl Replayer {
             }
             t.series.push(ts, p.live_bytes as f64);
             t.last = p.live_bytes;
+            t.dev_last.clear();
+            t.dev_last.extend(p.devices.iter().map(|d| (d.device, d.live_bytes)));
             for d in &p.devices {
                 match t.dev_max.iter_mut().find(|x| x.0 == d.device) {
                     Some(x) => x.1 = x.1.max(d.live_bytes),

@@ -1425,6 +1425,17 @@ impl Model {
         v
     }
 
+    /// Live bytes of the current process of `pid` (as `ProcessView::live_bytes`), O(1):
+    /// for following a process event by event without taking snapshots.
+    pub fn process_live_bytes(&self, pid: u32) -> u64 {
+        self.by_pid.get(&pid).map(|s| self.procs[*s].live_bytes).unwrap_or(0)
+    }
+
+    /// Live bytes per device of the current process of `pid` (as `ProcessView::devices`).
+    pub fn process_device_bytes(&self, pid: u32) -> impl Iterator<Item = (i16, u64)> + '_ {
+        self.by_pid.get(&pid).into_iter().flat_map(move |s| self.procs[*s].devices.iter().map(|d| (d.device, d.live)))
+    }
+
     /// The largest free span of one process over all its arenas: O(log arenas), no scan.
     pub fn largest_free_span(&self, pid: u32) -> u64 {
         self.by_pid.get(&pid).map(|s| self.procs[*s].largest_free_span()).unwrap_or(0)

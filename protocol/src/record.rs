@@ -56,10 +56,12 @@ macro_rules! code_enum {
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant,)*];
 
+            #[inline]
             pub fn from_code(code: $repr) -> Option<Self> {
                 match code { $($value => Some($name::$variant),)* _ => None }
             }
 
+            #[inline]
             pub fn code(self) -> $repr { self as $repr }
 
             pub fn name(self) -> &'static str {
@@ -198,6 +200,7 @@ impl MemClass {
 
 impl Api {
     /// The memory class of the bytes an allocating call hands out.
+    #[inline]
     pub fn mem_class(self) -> Option<MemClass> {
         use Api::*;
         Some(match self {
@@ -238,6 +241,7 @@ pub struct Event {
 }
 
 impl Event {
+    #[inline]
     pub fn from_raw(raw: &RawRecord) -> Self {
         Event {
             seq: raw.seq.get(),
@@ -274,18 +278,22 @@ impl Event {
         }
     }
 
+    #[inline]
     pub fn kind(&self) -> Option<EventKind> {
         EventKind::from_code(self.kind)
     }
 
+    #[inline]
     pub fn api(&self) -> Option<Api> {
         Api::from_code(self.api)
     }
 
+    #[inline]
     pub fn caller(&self) -> Option<Caller> {
         Caller::from_code(self.caller)
     }
 
+    #[inline]
     pub fn failed(&self) -> bool {
         self.result != 0
     }
@@ -300,6 +308,7 @@ impl Event {
         String::from_utf8_lossy(&bytes[..end]).into_owned()
     }
 
+    #[inline]
     pub fn is_oom(&self) -> bool {
         self.result == CUDA_ERROR_OUT_OF_MEMORY
     }
