@@ -211,8 +211,10 @@ struct Process {
     devices: Vec<DevBytes>,
     last_ts: u64,
     /// Latest time seen per thread: time may only go backwards across threads (they
-    /// reach the ring concurrently), never within one.
+    /// reach the ring concurrently), never within one. The last thread's entry is kept
+    /// apart (`cur_tid`), so a run of one thread's events costs no map lookup.
     thread_ts: FastMap<u32, u64>,
+    cur_tid: (u32, u64),
     lead_up: Vec<EventRecord>,
     lead_head: usize,
     freed_total: u64,
@@ -247,6 +249,7 @@ impl Process {
             devices: Vec::new(),
             last_ts: 0,
             thread_ts: FastMap::default(),
+            cur_tid: (0, 0),
             lead_up: Vec::new(),
             lead_head: 0,
             freed_total: 0,
@@ -459,9 +462,15 @@ impl Model {
         let ts = {
             let p = &mut self.procs[slot];
             let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
-            let thread_last = p.thread_ts.entry(ev.tid).or_insert(0);
-            let back = ev.ts_ns < *thread_last;
-            *thread_last = (*thread_last).max(ev.ts_ns);
+            if p.cur_tid.0 != ev.tid {
+                let (tid, last) = p.cur_tid;
+                if last != 0 || tid != 0 {
+                    p.thread_ts.insert(tid, last);
+                }
+                p.cur_tid = (ev.tid, p.thread_ts.get(&ev.tid).copied().unwrap_or(0));
+            }
+            let back = ev.ts_ns < p.cur_tid.1;
+            p.cur_tid.1 = p.cur_tid.1.max(ev.ts_ns);
             p.last_ts = ts;
             if back {
                 self.anomaly(Some(slot), Anomaly::TimeBackwards);
