@@ -175,41 +175,36 @@ fn u(v: &Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("field {k} missing in {v}"))
 }
 
-/// Normalises a ground-truth line; `None` for lines that are not comparable calls.
-pub fn truth_call(v: &Value) -> Option<(u64, Call)> {
-    let f = v["fn"].as_str()?;
-    let r = u(v, "result");
+/// Reduces a call to (function, result, key a, key b), reading fields through `get`.
+/// `pool` names the field that holds a pool handle on that side.
+fn reduce(f: &str, get: impl Fn(&str) -> u64, pool: &str) -> Option<Call> {
     let key = match f {
-        f if ALLOCS.contains(&f) => (u(v, "addr"), u(v, "size")),
-        f if FREES.contains(&f) => (u(v, "addr"), 0),
-        "cuMemCreate" => (u(v, "size"), u(v, "aux")),
-        "cuMemRelease" | "cuMemImportFromShareableHandle" => (u(v, "aux"), 0),
-        "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (u(v, "addr"), u(v, "size")),
-        "cuMemPoolTrimTo" => (u(v, "size"), u(v, "aux")),
-        "cuMemPoolCreate" | "cuMemPoolDestroy" => (u(v, "aux"), 0),
+        f if ALLOCS.contains(&f) => (get("addr"), get("size")),
+        f if FREES.contains(&f) => (get("addr"), 0),
+        "cuMemCreate" => (get("size"), get("aux")),
+        "cuMemRelease" | "cuMemImportFromShareableHandle" => (get("aux"), 0),
+        "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (get("addr"), get("size")),
+        "cuMemPoolTrimTo" => (get("size"), get(pool)),
+        "cuMemPoolCreate" | "cuMemPoolDestroy" => (get(pool), 0),
         _ => return None,
     };
-    Some((u(v, "tid"), (f.to_string(), r, key.0, key.1)))
+    Some((f.to_string(), get("result"), key.0, key.1))
 }
 
-/// Normalises a captured event the same way.
+/// Normalises a ground-truth line (the driver keeps pools in `aux`); `None` for lines
+/// that are not comparable calls.
+pub fn truth_call(v: &Value) -> Option<(u64, Call)> {
+    let call = reduce(v["fn"].as_str()?, |k| u(v, k), "aux")?;
+    Some((u(v, "tid"), call))
+}
+
+/// Normalises a captured event the same way (the record keeps pools in `stream`).
 pub fn event_call(v: &Value) -> Option<(u64, Call)> {
-    let f = v["api"].as_str()?;
     if v["kind"] == "mem_info" {
         return None;
     }
-    let r = u(v, "result");
-    let key = match f {
-        f if ALLOCS.contains(&f) => (u(v, "addr"), u(v, "size")),
-        f if FREES.contains(&f) => (u(v, "addr"), 0),
-        "cuMemCreate" => (u(v, "size"), u(v, "aux")),
-        "cuMemRelease" | "cuMemImportFromShareableHandle" => (u(v, "aux"), 0),
-        "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (u(v, "addr"), u(v, "size")),
-        "cuMemPoolTrimTo" => (u(v, "size"), u(v, "stream")),
-        "cuMemPoolCreate" | "cuMemPoolDestroy" => (u(v, "stream"), 0),
-        _ => return None,
-    };
-    Some((u(v, "tid"), (f.to_string(), r, key.0, key.1)))
+    let call = reduce(v["api"].as_str()?, |k| u(v, k), "stream")?;
+    Some((u(v, "tid"), call))
 }
 
 /// Per pid and thread, the ordered calls each side saw.
