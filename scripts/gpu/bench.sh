@@ -25,8 +25,12 @@ for k in ("cudaMallocAsync_1MiB_ns", "cudaFreeAsync_ns", "cudaMalloc_512B_ns", "
     h = statistics.median(r[k] for r in rows if r["hooked"])
     print(f"{k:26} plain {p:8.0f}  hooked {h:8.0f}  added {h - p:6.0f} ns  ratio {h / p:5.2f}")
 PY
-echo "== model replay benchmark"
+echo "== model benchmark (one core)"
 .gpu/bench_model
+echo "== analyzer replay benchmark (one core): raw read vs end to end"
+.gpu/bench_replay --dir /tmp
+echo "== agent benchmark"
+.gpu/bench_agent
 echo "== entry points that could not be wrapped (hook_miss events in the captures)"
 .gpu/vramhook run --record /tmp/miss1.vhc -- /tmp/probe_shared > /dev/null
 .gpu/vramhook dump /tmp/miss1.vhc | grep hook_miss

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook -p vramhook-interposer
 # Separately: target flags such as --example apply to every -p package.
 cargo build --release -p vramhook-model --example bench_model
+cargo build --release -p vramhook-analyzer --example bench_replay
+cargo build --release -p vramhook-agent --example bench_agent
 mkdir -p .gpu
-cp target/release/vramhook target/release/libvramhook.so target/release/examples/bench_model .gpu/
+cp target/release/vramhook target/release/libvramhook.so .gpu/
+cp target/release/examples/{bench_model,bench_replay,bench_agent} .gpu/
 ls -la .gpu
