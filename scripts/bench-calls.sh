@@ -3,13 +3,16 @@
 # Builds tests/simcuda, runs bench_calls for 1 and 16 threads, plain and with
 # LD_PRELOAD=$VRAMHOOK_LIB (default target/release/libvramhook.so), and prints the
 # median added ns per call (hooked - plain) and the ratio hooked/plain.
-# Env: VRAMHOOK_LIB, BENCH_ITERS (default 20000), BENCH_THREADS (default "1 16").
+# Env: VRAMHOOK_LIB, BENCH_ITERS (default 20000), BENCH_THREADS (default "1 16"),
+# BENCH_REPEAT (default 5): plain and hooked runs alternate that many times and the table
+# gives the median of the runs' medians, with the spread of the added cost.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
 case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
 ITERS="${BENCH_ITERS:-20000}"
 THREADS="${BENCH_THREADS:-1 16}"
+REPEAT="${BENCH_REPEAT:-5}"
 
 if [ ! -f "$LIB" ]; then
     echo "############################################################" >&2
@@ -41,20 +44,25 @@ run_one() {
     echo "$out" | grep '^{'
 }
 
-printf '%-8s %-6s %12s %12s %12s %12s %10s %10s\n' threads call plain_med hooked_med plain_p99 hooked_p99 added_ns ratio
+printf '%-8s %-6s %12s %12s %12s %10s %16s %8s\n' threads call plain_med hooked_med hooked_p99 added_ns added_min..max ratio
 for t in $THREADS; do
-    plain=$(run_one "$t")
-    hooked=$(run_one "$t" "$LIB")
-    python3 - "$t" "$plain" "$hooked" <<'PY'
-import json, sys
-t, p, h = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    runs=()
+    for _ in $(seq "$REPEAT"); do
+        runs+=("$(run_one "$t")" "$(run_one "$t" "$LIB")")
+    done
+    python3 - "$t" "${runs[@]}" <<'PY'
+import json, statistics, sys
+t, rows = sys.argv[1], [json.loads(r) for r in sys.argv[2:]]
+plain, hooked = rows[0::2], rows[1::2]
 for call in ("alloc", "free"):
-    pm, hm = p[f"{call}_median_ns"], h[f"{call}_median_ns"]
-    pp, hp = p[f"{call}_p99_ns"], h[f"{call}_p99_ns"]
-    ratio = hm / pm if pm else float("inf")
-    print(f"{t:<8} {call:<6} {pm:>12} {hm:>12} {pp:>12} {hp:>12} {hm - pm:>10} {ratio:>10.2f}")
-if p.get("errors") or h.get("errors"):
-    print(f"warning: errors plain={p.get('errors')} hooked={h.get('errors')}", file=sys.stderr)
+    pm = [r[f"{call}_median_ns"] for r in plain]
+    hm = [r[f"{call}_median_ns"] for r in hooked]
+    added = [h - p for p, h in zip(pm, hm)]
+    p, h = statistics.median(pm), statistics.median(hm)
+    hp99 = statistics.median(r[f"{call}_p99_ns"] for r in hooked)
+    print(f"{t:<8} {call:<6} {p:>12.0f} {h:>12.0f} {hp99:>12.0f} {h - p:>10.0f} {min(added):>7}..{max(added):<8} {h / p:>8.2f}")
+if any(r.get("errors") for r in rows):
+    print("warning: calls returned errors", file=sys.stderr)
 PY
 done
-echo "(ns per call, median over all threads' calls; VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread)"
+echo "(ns per call: median over all threads' calls, then the median over $REPEAT alternating runs; VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread)"
