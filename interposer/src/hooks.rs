@@ -4,7 +4,7 @@
 
 use crate::config;
 use crate::real::{self, F};
-use crate::sink::{self, emit};
+use crate::sink::{self, Hook};
 use core::ffi::c_void;
 use libc::c_char;
 use vramhook_protocol::record::{Api, EventKind};
@@ -44,7 +44,7 @@ pub struct Array3dDescriptor {
 /// disabled or re-entered, otherwise calls it and runs `$record` (never letting a panic
 /// out) with the result bound to `$r`.
 macro_rules! hook {
-    ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident| $record:block) => {
+    ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
         #[unsafe(no_mangle)]
         /// # Safety
         /// Same contract as the CUDA driver function of this name.
@@ -55,18 +55,21 @@ macro_rules! hook {
             }
             // SAFETY: `p` is libcuda's function of this exact name and signature.
             let real_fn: unsafe extern "C" fn($($t),*) -> CUresult = core::mem::transmute(p);
-            if config::disabled() || !sink::enter() {
+            if config::disabled() {
                 return real_fn($($arg),*);
             }
+            let Some($h) = Hook::enter() else {
+                return real_fn($($arg),*);
+            };
             let $r = real_fn($($arg),*);
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $record));
-            sink::leave();
             $r
         }
     };
 }
 
 /// The current context's device, -1 when there is none (10 ns on an H200).
+#[inline(always)]
 fn current_device() -> i16 {
     let p = real::real(F::cuCtxGetDevice);
     if p.is_null() {
@@ -90,6 +93,7 @@ unsafe fn location_id(props: *const c_void) -> i16 {
     core::ptr::read_unaligned((props as *const u8).add(12) as *const i32) as i16
 }
 
+#[inline(always)]
 unsafe fn read_ptr(p: *const u64, ok: bool) -> u64 {
     if ok && !p.is_null() {
         *p
@@ -100,7 +104,7 @@ unsafe fn read_ptr(p: *const u64, ok: bool) -> u64 {
 
 /// Records a device free/total sample (`cuMemGetInfo` costs about 4 µs: only after an
 /// out-of-memory failure, and at most every `VRAMHOOK_MEMINFO_MS` otherwise).
-fn sample_meminfo(device: i16) {
+fn sample_meminfo(h: &Hook, device: i16) {
     let p = real::real(F::cuMemGetInfo_v2);
     if p.is_null() {
         return;
@@ -112,112 +116,112 @@ fn sample_meminfo(device: i16) {
             &mut free, &mut total,
         )
     };
-    emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, device, free as u64, total as u64, 0, 0);
+    h.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, device, free as u64, total as u64, 0, 0);
 }
 
 /// After an allocating call: every OOM gets a device sample, others a periodic one.
-#[inline]
-fn after_alloc(result: CUresult, device: i16) {
-    if result == CUDA_ERROR_OUT_OF_MEMORY || sink::periodic_sample_due() {
-        sample_meminfo(device);
+#[inline(always)]
+fn after_alloc(h: &Hook, result: CUresult, device: i16) {
+    if result == CUDA_ERROR_OUT_OF_MEMORY || h.periodic_sample_due() {
+        sample_meminfo(h, device);
     }
 }
 
-#[inline]
-fn alloc_event(api: Api, r: CUresult, addr: u64, size: u64, aux: u64, stream: u64) {
+#[inline(always)]
+fn alloc_event(h: &Hook, api: Api, r: CUresult, addr: u64, size: u64, aux: u64, stream: u64) {
     let device = current_device();
-    emit(EventKind::Alloc, api, r, device, addr, size, aux, stream);
-    after_alloc(r, device);
+    h.emit(EventKind::Alloc, api, r, device, addr, size, aux, stream);
+    after_alloc(h, r, device);
 }
 
-#[inline]
-fn free_event(api: Api, r: CUresult, addr: u64, stream: u64) {
-    emit(EventKind::Free, api, r, -1, addr, 0, 0, stream);
+#[inline(always)]
+fn free_event(h: &Hook, api: Api, r: CUresult, addr: u64, stream: u64) {
+    h.emit(EventKind::Free, api, r, -1, addr, 0, 0, stream);
 }
 
-hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r| {
-    alloc_event(Api::cuMemAlloc_v2, r, read_ptr(dptr, r == 0), size as u64, 0, 0);
+hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r, h| {
+    alloc_event(&h, Api::cuMemAlloc_v2, r, read_ptr(dptr, r == 0), size as u64, 0, 0);
 });
 
-hook!(cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) |r| {
+hook!(cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) |r, h| {
     let _ = elem;
     let pitch_bytes = if r == 0 && !pitch.is_null() { *pitch } else { 0 };
     let size = if r == 0 { pitch_bytes * height } else { width * height };
-    alloc_event(Api::cuMemAllocPitch_v2, r, read_ptr(dptr, r == 0), size as u64, pitch_bytes as u64, 0);
+    alloc_event(&h, Api::cuMemAllocPitch_v2, r, read_ptr(dptr, r == 0), size as u64, pitch_bytes as u64, 0);
 });
 
-hook!(cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) |r| {
-    alloc_event(Api::cuMemAllocManaged, r, read_ptr(dptr, r == 0), size as u64, u64::from(flags), 0);
+hook!(cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) |r, h| {
+    alloc_event(&h, Api::cuMemAllocManaged, r, read_ptr(dptr, r == 0), size as u64, u64::from(flags), 0);
 });
 
-hook!(cuMemFree_v2(dptr: u64) |r| {
-    free_event(Api::cuMemFree_v2, r, dptr, 0);
+hook!(cuMemFree_v2(dptr: u64) |r, h| {
+    free_event(&h, Api::cuMemFree_v2, r, dptr, 0);
 });
 
-hook!(cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r| {
-    alloc_event(Api::cuMemAllocAsync, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+hook!(cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
+    alloc_event(&h, Api::cuMemAllocAsync, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
 });
 
-hook!(cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r| {
-    alloc_event(Api::cuMemAllocAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+hook!(cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
+    alloc_event(&h, Api::cuMemAllocAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
 });
 
-hook!(cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r| {
-    alloc_event(Api::cuMemAllocFromPoolAsync, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+hook!(cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
+    alloc_event(&h, Api::cuMemAllocFromPoolAsync, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
 });
 
-hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r| {
-    alloc_event(Api::cuMemAllocFromPoolAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
+    alloc_event(&h, Api::cuMemAllocFromPoolAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
 });
 
-hook!(cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r| {
-    free_event(Api::cuMemFreeAsync, r, dptr, stream as u64);
+hook!(cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r, h| {
+    free_event(&h, Api::cuMemFreeAsync, r, dptr, stream as u64);
 });
 
-hook!(cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r| {
-    free_event(Api::cuMemFreeAsync_ptsz, r, dptr, stream as u64);
+hook!(cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r, h| {
+    free_event(&h, Api::cuMemFreeAsync_ptsz, r, dptr, stream as u64);
 });
 
-hook!(cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) |r| {
-    emit(EventKind::PoolTrim, Api::cuMemPoolTrimTo, r, -1, 0, min_bytes_to_keep as u64, 0, pool as u64);
+hook!(cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) |r, h| {
+    h.emit(EventKind::PoolTrim, Api::cuMemPoolTrimTo, r, -1, 0, min_bytes_to_keep as u64, 0, pool as u64);
 });
 
-hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r| {
+hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r, h| {
     let handle = if r == 0 && !pool.is_null() { *pool as u64 } else { 0 };
-    emit(EventKind::PoolCreate, Api::cuMemPoolCreate, r, location_id(props), 0, 0, 0, handle);
+    h.emit(EventKind::PoolCreate, Api::cuMemPoolCreate, r, location_id(props), 0, 0, 0, handle);
 });
 
-hook!(cuMemPoolDestroy(pool: *mut c_void) |r| {
-    emit(EventKind::PoolDestroy, Api::cuMemPoolDestroy, r, -1, 0, 0, 0, pool as u64);
+hook!(cuMemPoolDestroy(pool: *mut c_void) |r, h| {
+    h.emit(EventKind::PoolDestroy, Api::cuMemPoolDestroy, r, -1, 0, 0, 0, pool as u64);
 });
 
-hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r| {
+hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r, h| {
     let _ = flags;
     let device = location_id(prop);
-    emit(EventKind::VmmCreate, Api::cuMemCreate, r, device, 0, size as u64, read_ptr(handle, r == 0), 0);
-    after_alloc(r, device);
+    h.emit(EventKind::VmmCreate, Api::cuMemCreate, r, device, 0, size as u64, read_ptr(handle, r == 0), 0);
+    after_alloc(&h, r, device);
 });
 
-hook!(cuMemRelease(handle: u64) |r| {
-    emit(EventKind::VmmRelease, Api::cuMemRelease, r, -1, 0, 0, handle, 0);
+hook!(cuMemRelease(handle: u64) |r, h| {
+    h.emit(EventKind::VmmRelease, Api::cuMemRelease, r, -1, 0, 0, handle, 0);
 });
 
-hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r| {
+hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r, h| {
     let _ = flags;
-    emit(EventKind::VmmMap, Api::cuMemMap, r, -1, ptr, size as u64, handle, offset as u64);
+    h.emit(EventKind::VmmMap, Api::cuMemMap, r, -1, ptr, size as u64, handle, offset as u64);
 });
 
-hook!(cuMemUnmap(ptr: u64, size: usize) |r| {
-    emit(EventKind::VmmUnmap, Api::cuMemUnmap, r, -1, ptr, size as u64, 0, 0);
+hook!(cuMemUnmap(ptr: u64, size: usize) |r, h| {
+    h.emit(EventKind::VmmUnmap, Api::cuMemUnmap, r, -1, ptr, size as u64, 0, 0);
 });
 
-hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u64, flags: u64) |r| {
+hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u64, flags: u64) |r, h| {
     let _ = flags;
-    emit(EventKind::VmmReserve, Api::cuMemAddressReserve, r, -1, read_ptr(ptr, r == 0), size as u64, addr, alignment as u64);
+    h.emit(EventKind::VmmReserve, Api::cuMemAddressReserve, r, -1, read_ptr(ptr, r == 0), size as u64, addr, alignment as u64);
 });
 
-hook!(cuMemAddressFree(ptr: u64, size: usize) |r| {
-    emit(EventKind::VmmAddressFree, Api::cuMemAddressFree, r, -1, ptr, size as u64, 0, 0);
+hook!(cuMemAddressFree(ptr: u64, size: usize) |r, h| {
+    h.emit(EventKind::VmmAddressFree, Api::cuMemAddressFree, r, -1, ptr, size as u64, 0, 0);
 });
 
 /// Bytes per element of a `CUarray_format` times channels; arrays are opaque, so array
@@ -239,25 +243,25 @@ fn array_bytes(width: usize, height: usize, depth: usize, format: i32, channels:
         .saturating_mul(element_bytes(format, channels))
 }
 
-hook!(cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const ArrayDescriptor) |r| {
+hook!(cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const ArrayDescriptor) |r, h| {
     let size = if desc.is_null() { 0 } else {
         let d = &*desc;
         array_bytes(d.width, d.height, 1, d.format, d.channels)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(Api::cuArrayCreate_v2, r, addr, size, 0, 0);
+    alloc_event(&h, Api::cuArrayCreate_v2, r, addr, size, 0, 0);
 });
 
-hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescriptor) |r| {
+hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescriptor) |r, h| {
     let size = if desc.is_null() { 0 } else {
         let d = &*desc;
         array_bytes(d.width, d.height, d.depth, d.format, d.channels)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(Api::cuArray3DCreate_v2, r, addr, size, 0, 0);
+    alloc_event(&h, Api::cuArray3DCreate_v2, r, addr, size, 0, 0);
 });
 
-hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescriptor, levels: u32) |r| {
+hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescriptor, levels: u32) |r, h| {
     let size = if desc.is_null() { 0 } else {
         let d = &*desc;
         (0..levels.clamp(1, 64))
@@ -268,19 +272,19 @@ hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescr
             .fold(0u64, u64::saturating_add)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(Api::cuMipmappedArrayCreate, r, addr, size, u64::from(levels), 0);
+    alloc_event(&h, Api::cuMipmappedArrayCreate, r, addr, size, u64::from(levels), 0);
 });
 
-hook!(cuArrayDestroy(handle: *mut c_void) |r| {
-    free_event(Api::cuArrayDestroy, r, handle as u64, 0);
+hook!(cuArrayDestroy(handle: *mut c_void) |r, h| {
+    free_event(&h, Api::cuArrayDestroy, r, handle as u64, 0);
 });
 
-hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r| {
-    free_event(Api::cuMipmappedArrayDestroy, r, handle as u64, 0);
+hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r, h| {
+    free_event(&h, Api::cuMipmappedArrayDestroy, r, handle as u64, 0);
 });
 
 /// Records an IPC import, sized with `cuMemGetAddressRange` (IPC opens are rare).
-fn ipc_open_event(api: Api, r: CUresult, dptr: *mut u64) {
+fn ipc_open_event(h: &Hook, api: Api, r: CUresult, dptr: *mut u64) {
     // SAFETY: the driver wrote *dptr when r == 0.
     let addr = unsafe { read_ptr(dptr, r == 0) };
     let mut size = 0usize;
@@ -294,32 +298,32 @@ fn ipc_open_event(api: Api, r: CUresult, dptr: *mut u64) {
             size = 0;
         }
     }
-    alloc_event(api, r, addr, size as u64, 0, 0);
+    alloc_event(h, api, r, addr, size as u64, 0, 0);
 }
 
-hook!(cuIpcOpenMemHandle(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
+hook!(cuIpcOpenMemHandle(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r, h| {
     let _ = (handle, flags);
-    ipc_open_event(Api::cuIpcOpenMemHandle, r, dptr);
+    ipc_open_event(&h, Api::cuIpcOpenMemHandle, r, dptr);
 });
 
-hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r| {
+hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r, h| {
     let _ = (handle, flags);
-    ipc_open_event(Api::cuIpcOpenMemHandle_v2, r, dptr);
+    ipc_open_event(&h, Api::cuIpcOpenMemHandle_v2, r, dptr);
 });
 
-hook!(cuIpcCloseMemHandle(dptr: u64) |r| {
-    free_event(Api::cuIpcCloseMemHandle, r, dptr, 0);
+hook!(cuIpcCloseMemHandle(dptr: u64) |r, h| {
+    free_event(&h, Api::cuIpcCloseMemHandle, r, dptr, 0);
 });
 
-hook!(cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: i32) |r| {
+hook!(cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: i32) |r, h| {
     let _ = (os_handle, handle_type);
-    emit(EventKind::VmmCreate, Api::cuMemImportFromShareableHandle, r, -1, 0, 0, read_ptr(handle, r == 0), 0);
+    h.emit(EventKind::VmmCreate, Api::cuMemImportFromShareableHandle, r, -1, 0, 0, read_ptr(handle, r == 0), 0);
 });
 
-hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r| {
+hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r, h| {
     // The program's own queries are free samples for us; keep them rate-limited.
-    if r == 0 && !free.is_null() && !total.is_null() && sink::periodic_sample_due() {
-        emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, current_device(), *free as u64, *total as u64, 0, 0);
+    if r == 0 && !free.is_null() && !total.is_null() && h.periodic_sample_due() {
+        h.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, current_device(), *free as u64, *total as u64, 0, 0);
     }
 });
 

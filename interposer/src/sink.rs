@@ -1,7 +1,7 @@
 //! The per-process ring: created at the first CUDA memory call, written by every hook.
 
 use crate::config;
-use core::cell::{Cell, UnsafeCell};
+use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vramhook_protocol::clock::{self, ClockSource};
@@ -44,49 +44,107 @@ static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 /// Coarse-clock ms of the last periodic cuMemGetInfo sample.
 static LAST_MEMINFO_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Everything a hook needs of its thread, in one thread-local: a shared library reaches
+/// thread-locals through `__tls_get_addr`, so each hook makes exactly one such access.
+struct ThreadState {
+    in_hook: bool,
+    /// `FORK_GENERATION` when `tid` was fetched.
+    generation: u32,
+    tid: u32,
+    /// Allocations since this thread last looked at the clock for sampling.
+    allocs: u32,
+}
+
 thread_local! {
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    static TID: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
-    /// Allocations this thread made since it last looked at the clock for sampling.
-    static SINCE_CLOCK_CHECK: Cell<u32> = const { Cell::new(0) };
+    static THREAD: UnsafeCell<ThreadState> =
+        const { UnsafeCell::new(ThreadState { in_hook: false, generation: 0, tid: 0, allocs: 0 }) };
 }
 
-/// Enters a hook body. Returns false when this thread is already inside one (the driver
-/// calling itself, or our own sampling): the caller must then pass straight through.
-#[inline]
-pub fn enter() -> bool {
-    IN_HOOK.with(|g| {
-        if g.get() {
-            false
-        } else {
-            g.set(true);
-            true
-        }
-    })
+/// The calling thread inside one of our hooks. Made by `Hook::enter`, which refuses when
+/// the thread is already inside one (the driver calling itself, or our own sampling): the
+/// caller then passes straight through. Leaves the hook when dropped.
+pub struct Hook {
+    state: *mut ThreadState,
 }
 
-#[inline]
-pub fn leave() {
-    IN_HOOK.with(|g| g.set(false));
-}
+impl Hook {
+    #[inline]
+    pub fn enter() -> Option<Hook> {
+        THREAD.with(|cell| {
+            let state = cell.get();
+            // SAFETY: only this thread touches its own state.
+            unsafe {
+                if (*state).in_hook {
+                    None
+                } else {
+                    (*state).in_hook = true;
+                    Some(Hook { state })
+                }
+            }
+        })
+    }
 
-#[inline]
-fn tid() -> u32 {
-    let generation = FORK_GENERATION.load(Ordering::Relaxed);
-    TID.with(|c| {
-        let (g, t) = c.get();
-        if g == generation {
-            t
-        } else {
+    #[inline(always)]
+    fn tid(&self) -> u32 {
+        // SAFETY: `state` is this thread's, alive while the thread runs this hook.
+        let s = unsafe { &mut *self.state };
+        let generation = FORK_GENERATION.load(Ordering::Relaxed);
+        if s.generation != generation {
             // SAFETY: gettid has no preconditions.
-            let t = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-            c.set((generation, t));
-            t
+            s.tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+            s.generation = generation;
         }
-    })
+        s.tid
+    }
+
+    /// Records one event. Never blocks: a full ring drops and counts it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub fn emit(
+        &self,
+        kind: EventKind,
+        api: Api,
+        result: i32,
+        device: i16,
+        addr: u64,
+        size: u64,
+        aux: u64,
+        stream: u64,
+    ) {
+        if let Some(w) = ring() {
+            w.push(&record(self.tid(), kind, api, result as u32, device, addr, size, aux, stream));
+        }
+    }
+
+    /// True at most once every `VRAMHOOK_MEMINFO_MS` across the process. Each thread
+    /// looks at the (coarse) clock only every 64th allocation, keeping it off most calls.
+    #[inline]
+    pub fn periodic_sample_due(&self) -> bool {
+        // SAFETY: as in `tid`.
+        let s = unsafe { &mut *self.state };
+        s.allocs = s.allocs.wrapping_add(1);
+        s.allocs % 64 == 1 && sample_clock_due()
+    }
 }
 
-#[inline]
+impl Drop for Hook {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: as in `tid`.
+        unsafe { (*self.state).in_hook = false };
+    }
+}
+
+/// This thread's id outside a hook (cold paths).
+fn current_tid() -> u32 {
+    match Hook::enter() {
+        Some(hook) => hook.tid(),
+        // SAFETY: gettid has no preconditions.
+        None => (unsafe { libc::syscall(libc::SYS_gettid) }) as u32,
+    }
+}
+
+#[inline(always)]
 fn now() -> u64 {
     if RING.tsc.load(Ordering::Relaxed) {
         clock::read_tsc()
@@ -96,7 +154,7 @@ fn now() -> u64 {
 }
 
 /// The ring, creating it on first use. `None` when recording is impossible.
-#[inline]
+#[inline(always)]
 fn ring() -> Option<&'static RingWriter> {
     if RING.state.load(Ordering::Acquire) == READY {
         // SAFETY: READY is published after the writer was initialised.
@@ -389,7 +447,17 @@ fn create_ring() -> bool {
     }
     // SAFETY: just written above.
     let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
-    writer.push(&record(EventKind::ProcessStart, Api::Interposer, 0, -1, u64::from(ppid), 0, start_time, 0));
+    writer.push(&record(
+        current_tid(),
+        EventKind::ProcessStart,
+        Api::Interposer,
+        0,
+        -1,
+        u64::from(ppid),
+        0,
+        start_time,
+        0,
+    ));
     true
 }
 
@@ -409,8 +477,9 @@ extern "C" fn after_fork_in_child() {
 }
 
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn record(
+    tid: u32,
     kind: EventKind,
     api: Api,
     result: u32,
@@ -428,21 +497,12 @@ fn record(
         aux: U64::new(aux),
         stream: U64::new(stream),
         pid: U32::new(RING.pid.load(Ordering::Relaxed)),
-        tid: U32::new(tid()),
+        tid: U32::new(tid),
         result: U16::new(saturate_result(result)),
         device: I16::new(device),
         kind: kind.code(),
         caller: 0,
         api: U16::new(api.code()),
-    }
-}
-
-/// Records one event. Never blocks: a full ring drops and counts it.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn emit(kind: EventKind, api: Api, result: i32, device: i16, addr: u64, size: u64, aux: u64, stream: u64) {
-    if let Some(w) = ring() {
-        w.push(&record(kind, api, result as u32, device, addr, size, aux, stream));
     }
 }
 
@@ -455,6 +515,7 @@ pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     packed[..n].copy_from_slice(&name[..n]);
     let word = |i: usize| u64::from_le_bytes(packed[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
     let mut rec = record(
+        current_tid(),
         EventKind::HookMiss,
         Api::Interposer,
         0,
@@ -466,18 +527,6 @@ pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     );
     rec.caller = flags.min(255) as u8;
     w.push(&rec);
-}
-
-/// True at most once every `VRAMHOOK_MEMINFO_MS` across the process. Each thread looks
-/// at the (coarse) clock only every 64th allocation, keeping it off most calls.
-#[inline]
-pub fn periodic_sample_due() -> bool {
-    let look = SINCE_CLOCK_CHECK.with(|c| {
-        let n = c.get().wrapping_add(1);
-        c.set(n);
-        n % 64 == 1
-    });
-    look && sample_clock_due()
 }
 
 #[cold]
@@ -499,7 +548,7 @@ pub fn process_exit() {
     if RING.state.load(Ordering::Acquire) == READY && RING.pid.load(Ordering::Relaxed) == pid {
         // SAFETY: READY.
         let w = unsafe { (*RING.writer.get()).assume_init_ref() };
-        w.push(&record(EventKind::ProcessExit, Api::Interposer, 0, -1, 0, 0, 0, 0));
+        w.push(&record(current_tid(), EventKind::ProcessExit, Api::Interposer, 0, -1, 0, 0, 0, 0));
         w.mark_exited();
     }
 }
