@@ -66,3 +66,20 @@ if any(r.get("errors") for r in rows):
 PY
 done
 echo "(ns per call: median over all threads' calls, then the median over $REPEAT alternating runs; VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread)"
+
+# Instructions are counted exactly (callgrind), whatever else the machine is doing: the
+# added instructions per call are the stable measure of the hook's cost.
+if command -v valgrind >/dev/null; then
+    count() {
+        local out="$TMP/cg.$1"
+        rm -rf "$TMP/rings"
+        env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$TMP/rings" VRAMHOOK_RING_SLOTS=65536 ${2:+LD_PRELOAD="$2"} \
+            valgrind --tool=callgrind --callgrind-out-file="$out" "$BENCH" --threads 1 --iters 20000 >/dev/null 2>&1
+        callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+    }
+    plain_ir=$(count plain)
+    hooked_ir=$(count hooked "$LIB")
+    echo "instructions added per call (callgrind, 1 thread, 40000 calls): $(( (hooked_ir - plain_ir) / 40000 ))"
+else
+    echo "(valgrind not installed: instruction counts skipped)"
+fi
