@@ -125,7 +125,7 @@ fn bench_ingest() -> f64 {
         writer.push(&event(child.id(), i));
     }
     let mut source = RingSource::new(&dir, RingFilter::default(), None);
-    source.batch_limit = 1 << 16;
+    source.batch_limit = IngestConfig::new(&dir).batch_limit; // what the agent uses
     let mut model = Model::new(ModelConfig::default());
     let mut got = 0u64;
     let cpu0 = thread_cpu();

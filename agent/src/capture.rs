@@ -65,6 +65,8 @@ pub enum CaptureMsg {
     Checkpoint {
         model: Vec<u8>,
         rings: Vec<(RingKey, u64)>,
+        /// Writer drops each ring's reader has reported (all sent to the capture before).
+        drops: Vec<(RingKey, u64)>,
         rotate: bool,
     },
     Stop,
@@ -76,6 +78,9 @@ struct NoteJson {
     ring: Option<RingKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rings: Option<Vec<(RingKey, u64)>>,
+    /// Writer drops each ring's reader had reported (and the capture recorded) by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    drops: Option<Vec<(RingKey, u64)>>,
 }
 
 /// The ingest side of the queue: never blocks.
@@ -263,7 +268,8 @@ impl CaptureThread {
         self.msgs.fetch_sub(1, Ordering::Relaxed);
         match msg {
             CaptureMsg::Ring(key) => {
-                let note = serde_json::to_vec(&NoteJson { ring: Some(key), rings: None }).unwrap_or_default();
+                let note =
+                    serde_json::to_vec(&NoteJson { ring: Some(key), rings: None, drops: None }).unwrap_or_default();
                 self.write(|w| w.write_frame(FrameType::Note, &note));
             }
             CaptureMsg::Process(info) => self.write(|w| w.write_process(&info)),
@@ -272,7 +278,7 @@ impl CaptureThread {
                 self.write(|w| w.write_events(&events));
             }
             CaptureMsg::End(end) => self.write(|w| w.write_process_end(&end)),
-            CaptureMsg::Checkpoint { model, rings, rotate } => {
+            CaptureMsg::Checkpoint { model, rings, drops, rotate } => {
                 self.queued.fetch_sub(model.len() as u64, Ordering::Relaxed);
                 if rotate || self.file.is_none() {
                     self.close();
@@ -282,7 +288,8 @@ impl CaptureThread {
                         return;
                     }
                 }
-                let note = serde_json::to_vec(&NoteJson { ring: None, rings: Some(rings) }).unwrap_or_default();
+                let note = serde_json::to_vec(&NoteJson { ring: None, rings: Some(rings), drops: Some(drops) })
+                    .unwrap_or_default();
                 self.write(|w| {
                     w.write_frame(FrameType::Checkpoint, &model)?;
                     w.write_frame(FrameType::Note, &note)
@@ -349,6 +356,8 @@ pub struct Recovered {
     /// Per ring: the ring slots accounted for by what was recorded (events, and slots
     /// that `Dropped` markers say were lost); compared with the ring's cursor on reopening.
     pub next_pos: BTreeMap<RingKey, u64>,
+    /// Per ring: writer drops recorded (markers' dropped events that took no slot).
+    pub drops: BTreeMap<RingKey, u64>,
     pub events: u64,
     pub file: PathBuf,
 }
@@ -375,6 +384,7 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
     let mut reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file)).map_err(|e| e.to_string())?;
     let mut model: Option<Model> = None;
     let mut next_pos: BTreeMap<RingKey, u64> = BTreeMap::new();
+    let mut drops: BTreeMap<RingKey, u64> = BTreeMap::new();
     let mut current: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut events = 0u64;
     loop {
@@ -396,6 +406,7 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                 if let Some(rings) = note.rings {
                     if model.is_some() {
                         next_pos = rings.iter().copied().collect();
+                        drops = note.drops.clone().unwrap_or_default().into_iter().collect();
                         current = rings.iter().map(|(k, _)| (k.0, *k)).collect();
                     }
                 }
@@ -419,8 +430,12 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                     // the slots it says were lost (aux). Lane-agnostic: a ring's cursor is
                     // the sum of its lanes' positions, i.e. the slots consumed.
                     if let Some(key) = current.get(&e.pid) {
-                        let slots = if e.kind() == Some(EventKind::Dropped) { e.aux } else { 1 };
+                        let dropped = e.kind() == Some(EventKind::Dropped);
+                        let slots = if dropped { e.aux } else { 1 };
                         *next_pos.entry(*key).or_insert(0) += slots;
+                        if dropped {
+                            *drops.entry(*key).or_insert(0) += e.size.saturating_sub(e.aux);
+                        }
                     }
                 }
             }
@@ -430,10 +445,11 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                 }
                 if let Some(key) = current.remove(&end.pid) {
                     next_pos.remove(&key);
+                    drops.remove(&key);
                 }
             }
             Frame::Unknown(_) | Frame::End { .. } => {}
         }
     }
-    Ok(model.map(|model| Recovered { model, next_pos, events, file: path.to_path_buf() }))
+    Ok(model.map(|model| Recovered { model, next_pos, drops, events, file: path.to_path_buf() }))
 }

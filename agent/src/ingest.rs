@@ -38,7 +38,7 @@ impl IngestConfig {
             idle_poll: Duration::from_millis(10),
             rescan: Duration::from_secs(1),
             checkpoint_interval: Duration::from_secs(10),
-            batch_limit: 16_384,
+            batch_limit: 4096,
             include_run_rings: false,
         }
     }
@@ -91,6 +91,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     source.auto_discover = false;
     source.liveness_interval = Duration::from_millis(100);
     source.skip_run_rings = !cfg.include_run_rings;
+    // Close a ring when its process is gone, not when it says it is exiting: threads and
+    // destructors may still write after the exit mark.
+    source.trust_exit_mark = false;
     let _ = std::fs::create_dir_all(&cfg.ring_dir);
     let mut watcher = Watcher::new(&cfg.ring_dir);
     if watcher.is_none() {
@@ -101,12 +104,12 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         );
     }
 
-    let (mut model, mut next_pos) = match recovered {
+    let (mut model, mut next_pos, mut drops) = match recovered {
         Some(r) => {
             add(&stats.events_recovered, r.events);
-            (r.model, r.next_pos)
+            (r.model, r.next_pos, r.drops)
         }
-        None => (Model::new(ModelConfig::default()), BTreeMap::new()),
+        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeMap::new()),
     };
     let recovered_rings: BTreeSet<RingKey> = next_pos.keys().copied().collect();
     let mut exported_incident = model.incidents().iter().map(|i| i.id).max();
@@ -115,6 +118,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         c.send(CaptureMsg::Checkpoint {
             model: model.checkpoint(),
             rings: next_pos.iter().map(|(k, v)| (*k, *v)).collect(),
+            drops: drops.iter().map(|(k, v)| (*k, *v)).collect(),
             rotate: true,
         });
     }
@@ -134,7 +138,10 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
                 add(&stats.rings_opened, 1);
-                pending.insert(key, opened.position);
+                pending.insert(key, opened.drops_reported);
+                if let Some(recorded) = next_pos.remove(&key) {
+                    source.set_recorded(key, recorded);
+                }
             }
             for refusal in source.take_refusals() {
                 add(&stats.rings_refused, 1);
@@ -157,7 +164,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let capture = &capture;
             let stats = &stats;
             let pending = &mut pending;
-            let next_pos = &mut next_pos;
+            let drops = &mut drops;
             source.poll(&mut |item| match item {
                 SourceItem::Process(info) => {
                     // The ring announced now is the lowest pending image of this process;
@@ -168,18 +175,18 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                         .next()
                         .map(|(k, _)| *k);
                     if let Some(key) = key {
-                        let position = pending.remove(&key).unwrap_or(0);
+                        let drops_reported = pending.remove(&key).unwrap_or(0);
                         if let Some(c) = capture {
                             c.send(CaptureMsg::Ring(key));
                         }
-                        // Slots between what was recorded and where the ring's cursor stands
-                        // were consumed by an earlier agent that died before recording them.
-                        let recorded = next_pos.remove(&key).unwrap_or(0);
-                        let lost = position.saturating_sub(recorded);
-                        if lost > 0 {
-                            let marker = lost_marker(info.pid, position, lost);
+                        // Writer drops an earlier reader reported but never recorded (its
+                        // `Dropped` marker died with it). They took no slot (aux 0).
+                        let unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
+                        if unrecorded > 0 {
+                            let mut marker = lost_marker(info.pid, 0, unrecorded);
+                            marker.aux = 0;
                             model.apply(&marker);
-                            add(&stats.restart_lost, lost);
+                            add(&stats.restart_lost, unrecorded);
                             if let Some(c) = capture {
                                 c.send(CaptureMsg::Events(vec![marker]));
                             }
@@ -217,7 +224,13 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
             if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
                 last_checkpoint = Instant::now();
-                c.send(CaptureMsg::Checkpoint { model: model.checkpoint(), rings: source.ring_positions(), rotate });
+                let cursors = source.ring_cursors();
+                c.send(CaptureMsg::Checkpoint {
+                    model: model.checkpoint(),
+                    rings: cursors.iter().map(|c| (c.key, c.slots)).collect(),
+                    drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
+                    rotate,
+                });
             }
         }
         // A process that ended is published at once (its series end with it).
@@ -239,7 +252,13 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // Drain what is left, publish a last snapshot and checkpoint.
     publish(&model, &links, &mut exported_incident);
     if let Some(c) = &capture {
-        c.send(CaptureMsg::Checkpoint { model: model.checkpoint(), rings: source.ring_positions(), rotate: false });
+        let cursors = source.ring_cursors();
+        c.send(CaptureMsg::Checkpoint {
+            model: model.checkpoint(),
+            rings: cursors.iter().map(|c| (c.key, c.slots)).collect(),
+            drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
+            rotate: false,
+        });
     }
 }
 

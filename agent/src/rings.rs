@@ -57,6 +57,29 @@ pub struct OpenedRing {
     pub start_time: u64,
     pub image: u64,
     pub position: u64,
+    /// Writer drops already reported (as `Dropped` markers) by earlier readers.
+    pub drops_reported: u64,
+}
+
+/// What a ring's reader has handed on: slots accounted for (each delivered event one,
+/// each `Dropped` marker its `aux`) and writer drops reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingCursor {
+    pub key: (u32, u64, u64),
+    pub slots: u64,
+    pub drops_reported: u64,
+}
+
+/// The header's `dropped_reported` counter, read from the file (the reader's mapping is
+/// private to the protocol crate; the page cache is the same).
+fn drops_reported(ring: &MappedRing) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let offset = std::mem::offset_of!(vramhook_protocol::ring::RingHeader, dropped_reported) as u64;
+    let mut b = [0u8; 8];
+    match ring.file().read_exact_at(&mut b, offset) {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(_) => 0,
+    }
 }
 
 struct Tracked {
@@ -69,6 +92,11 @@ struct Tracked {
     announced: bool,
     /// Last /proc liveness check, and its answer.
     checked: Option<(std::time::Instant, bool)>,
+    /// Slots accounted for: delivered, lost in flight or malformed by this reader, plus
+    /// what earlier readers recorded (see [`RingSource::set_recorded`]).
+    accounted: u64,
+    /// Slots reported lost (taken by an earlier reader, never recorded).
+    lost_reported: u64,
 }
 
 /// Key: (pid, start time, image).
@@ -102,6 +130,11 @@ pub struct RingSource {
     /// session, which drains its own descendants). Their header is peeked without
     /// locking, so the session never finds its ring locked by us.
     pub skip_run_rings: bool,
+    /// Whether a ring marked exited by its writer counts as finished (the default). When
+    /// false, a ring is closed only once its process is gone (/proc), so that events a
+    /// process still writes after marking its ring (other threads, later destructors) are
+    /// not lost.
+    pub trust_exit_mark: bool,
 }
 
 impl RingSource {
@@ -123,6 +156,7 @@ impl RingSource {
             liveness_interval: std::time::Duration::ZERO,
             opened_log: Vec::new(),
             skip_run_rings: false,
+            trust_exit_mark: true,
         }
     }
 
@@ -141,6 +175,27 @@ impl RingSource {
     /// (pid, start time, image) and read position of every open ring.
     pub fn ring_positions(&self) -> Vec<((u32, u64, u64), u64)> {
         self.rings.iter().map(|(k, t)| (*k, t.ring.reader.position())).collect()
+    }
+
+    /// Position and reported writer drops of every open ring.
+    pub fn ring_cursors(&self) -> Vec<RingCursor> {
+        self.rings
+            .iter()
+            .map(|(k, t)| RingCursor {
+                key: *k,
+                slots: t.accounted + t.lost_reported,
+                drops_reported: drops_reported(&t.ring),
+            })
+            .collect()
+    }
+
+    /// Tells the source how many slots of a just-opened ring earlier readers handed on
+    /// and were recorded (events, and `Dropped` markers' aux): the rest behind the
+    /// cursor is reported lost. Without it, everything an earlier reader took is.
+    pub fn set_recorded(&mut self, key: (u32, u64, u64), slots: u64) {
+        if let Some(t) = self.rings.get_mut(&key) {
+            t.accounted = slots;
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -186,7 +241,12 @@ impl RingSource {
             }
             let counters = t.ring.reader.counters();
             let alive = match t.checked {
-                Some((at, alive)) if !liveness_interval.is_zero() && now.duration_since(at) < liveness_interval => {
+                // A ring marked exited is looked up every poll until its process is gone.
+                Some((at, alive))
+                    if !liveness_interval.is_zero()
+                        && now.duration_since(at) < liveness_interval
+                        && !counters.exited =>
+                {
                     alive
                 }
                 _ => {
@@ -195,17 +255,21 @@ impl RingSource {
                     alive
                 }
             };
-            let writer_gone = superseded || counters.exited || !alive;
+            let writer_gone = superseded || (counters.exited && self.trust_exit_mark) || !alive;
             self.batch.clear();
             let batch = &mut self.batch;
-            let before = t.ring.reader.position();
             let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| batch.push(e));
-            // Slots the cursor passed without delivering, losing in flight or finding
-            // malformed were consumed by an earlier reader that died before saving its
-            // cursor: their events are gone. Say so with a `Dropped` marker (aux = slots).
-            let consumed = t.ring.reader.position().saturating_sub(before);
-            let skipped = consumed.saturating_sub(stats.delivered + stats.lost_in_flight + stats.malformed);
-            if skipped > 0 {
+            // Slot accounting: every slot behind the cursor was delivered (now or before a
+            // restart, as recorded), lost in flight, malformed, or taken by an earlier
+            // reader that died before its events were recorded. The reader may consume
+            // ahead of its cursor, so `position - accounted` is a lower bound of the last
+            // kind, exact whenever the reader has caught up: report its growth as a
+            // `Dropped` marker (aux = slots), so nothing is lost silently.
+            t.accounted += stats.delivered + stats.lost_in_flight + stats.malformed;
+            let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
+            if unexplained > t.lost_reported {
+                let skipped = unexplained - t.lost_reported;
+                t.lost_reported = unexplained;
                 batch.push(Event {
                     seq: t.ring.reader.position(),
                     ts_ns: vramhook_protocol::clock::monotonic_ns(),
@@ -282,6 +346,7 @@ impl RingSource {
                         start_time: key.1,
                         image: key.2,
                         position: tracked.ring.reader.position(),
+                        drops_reported: drops_reported(&tracked.ring),
                     });
                     self.rings.insert(key, tracked);
                     opened += 1;
@@ -343,6 +408,8 @@ impl RingSource {
             image: key.2,
             announced: false,
             checked: None,
+            accounted: 0,
+            lost_reported: 0,
         }))
     }
 
