@@ -70,16 +70,9 @@ pub struct RingCursor {
     pub drops_reported: u64,
 }
 
-/// The header's `dropped_reported` counter, read from the file (the reader's mapping is
-/// private to the protocol crate; the page cache is the same).
+/// The writer drops the ring's readers have reported so far.
 fn drops_reported(ring: &MappedRing) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let offset = std::mem::offset_of!(vramhook_protocol::ring::RingHeader, dropped_reported) as u64;
-    let mut b = [0u8; 8];
-    match ring.file().read_exact_at(&mut b, offset) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => 0,
-    }
+    ring.reader.drops_reported()
 }
 
 struct Tracked {

@@ -169,14 +169,25 @@ fn ring_slow() -> Option<&'static RingWriter> {
         Ok(_) => {
             let ok = create_ring();
             RING.state.store(if ok { READY } else { FAILED }, Ordering::Release);
+            if ok {
+                settle_early_drops();
+            }
         }
         Err(_) => {
             // Another thread is creating it: a bounded wait, once per process.
-            for _ in 0..10_000 {
+            for _ in 0..100_000 {
                 if RING.state.load(Ordering::Acquire) != CREATING {
                     break;
                 }
                 std::thread::yield_now();
+            }
+            if RING.state.load(Ordering::Acquire) == CREATING {
+                // Still not ready: this event is lost, and counted once the ring exists.
+                EARLY_DROPS.fetch_add(1, Ordering::AcqRel);
+                if RING.state.load(Ordering::Acquire) == READY {
+                    settle_early_drops();
+                }
+                return None;
             }
         }
     }
@@ -185,6 +196,19 @@ fn ring_slow() -> Option<&'static RingWriter> {
         Some(unsafe { (*RING.writer.get()).assume_init_ref() })
     } else {
         None
+    }
+}
+
+/// Events lost while another thread was still creating the ring.
+static EARLY_DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// Moves `EARLY_DROPS` into the ring's drop counter. Both the creator (after publishing
+/// READY) and a late counter (after seeing READY) call it, so every count lands once.
+fn settle_early_drops() {
+    let n = EARLY_DROPS.swap(0, Ordering::AcqRel);
+    if n > 0 && RING.state.load(Ordering::Acquire) == READY {
+        // SAFETY: READY is published after the writer was initialised.
+        unsafe { (*RING.writer.get()).assume_init_ref() }.count_dropped(n);
     }
 }
 

@@ -271,6 +271,11 @@ impl RingWriter {
         true
     }
 
+    /// Counts `n` events lost before they reached the ring.
+    pub fn count_dropped(&self, n: u64) {
+        self.header().dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub fn count_hook_miss(&self) {
         self.header().hook_misses.fetch_add(1, Ordering::Relaxed);
     }
@@ -465,6 +470,11 @@ impl RingReader {
         }
     }
 
+    /// Writer drops already reported as `Dropped` events (by this reader or earlier ones).
+    pub fn drops_reported(&self) -> u64 {
+        self.header().dropped_reported.load(Ordering::Acquire)
+    }
+
     /// Events reserved but not yet read.
     pub fn pending(&self) -> u64 {
         (0..self.lanes).map(|l| self.write_pos(l).saturating_sub(self.pos[l as usize])).fold(0u64, u64::saturating_add)
@@ -579,6 +589,10 @@ impl RingReader {
             }
             stats.delivered += 1;
             sink(Event::from_raw(&raw));
+        }
+        // Keep the buffer, but not the peak of a burst (a reader may hold many rings).
+        if merge.capacity() > 4096 {
+            merge.shrink_to(4096);
         }
         self.merge = merge;
         let header = self.header();
