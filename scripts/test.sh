@@ -10,4 +10,4 @@ cargo fmt --all -- --check
 cargo build --workspace --all-targets
 cargo clippy --workspace --all-targets -- -D warnings
 bash tests/simcuda/selftest.sh
-cargo test --workspace
+cargo test --workspace --no-fail-fast
