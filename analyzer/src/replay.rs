@@ -5,6 +5,11 @@ use crate::report::*;
 use crate::series::Series;
 use crate::{AnalyzeError, Options};
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+use vramhook_model::IntHasher;
+
+/// Per-event maps keyed by small integers: the model's integer hasher, not SipHash.
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 use std::io::{Read, Seek};
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo};
@@ -74,11 +79,11 @@ pub struct Replayer {
     /// Events at or after this time take the slow path (layout capture, end of window).
     watch_ts: u64,
     pub(crate) stopped: bool,
-    procs: HashMap<usize, ProcTrack>,
+    procs: FastMap<usize, ProcTrack>,
     devs: BTreeMap<i16, DevTrack>,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
-    pub(crate) exits: HashMap<usize, ExitInfo>,
+    pub(crate) exits: FastMap<usize, ExitInfo>,
     pub(crate) layout: Option<LayoutReport>,
     layout_fixed: bool,
     peak_captured: u64,
@@ -90,7 +95,7 @@ pub struct Replayer {
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
     /// pid → the model's index of its current process, from the last sample.
-    cur_slot: HashMap<u32, usize>,
+    cur_slot: FastMap<u32, usize>,
     /// One-entry cache of `cur_slot`.
     last_pid: Option<(u32, usize)>,
     forced: u32,
@@ -111,10 +116,10 @@ impl Replayer {
             at_abs: None,
             watch_ts: u64::MAX,
             stopped: false,
-            procs: HashMap::new(),
+            procs: FastMap::default(),
             devs: BTreeMap::new(),
             arenas: BTreeMap::new(),
-            exits: HashMap::new(),
+            exits: FastMap::default(),
             layout: None,
             layout_fixed: false,
             peak_captured: 0,
@@ -123,7 +128,7 @@ impl Replayer {
             notes: Vec::new(),
             clock: None,
             tracked_overflow: false,
-            cur_slot: HashMap::new(),
+            cur_slot: FastMap::default(),
             last_pid: None,
             forced: 0,
         }

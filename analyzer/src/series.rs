@@ -22,6 +22,8 @@ pub struct Series {
     width: u64,
     cap: usize,
     buckets: Vec<Bucket>,
+    /// Where the last bucket ends: points before it join it without a division.
+    last_end: u64,
 }
 
 /// One output point: `[t_ns, min, max, last]`.
@@ -68,7 +70,7 @@ impl Default for Series {
 
 impl Series {
     pub fn new(cap: usize) -> Series {
-        Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new() }
+        Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new(), last_end: 0 }
     }
 
     pub fn push(&mut self, t: u64, v: f64) {
@@ -79,6 +81,14 @@ impl Series {
             Some(b) if t < b.t => b.t,
             _ => t,
         };
+        if t < self.last_end {
+            if let Some(b) = self.buckets.last_mut() {
+                b.min = b.min.min(v);
+                b.max = b.max.max(v);
+                b.last = v;
+                return;
+            }
+        }
         let idx = (t - self.origin.min(t)) / self.width;
         if let Some(b) = self.buckets.last_mut() {
             if b.idx >= idx {
@@ -92,6 +102,14 @@ impl Series {
         while self.buckets.len() > self.cap {
             self.halve();
         }
+        self.last_end = self.bucket_end();
+    }
+
+    /// End (exclusive) of the last bucket's time range.
+    fn bucket_end(&self) -> u64 {
+        self.buckets
+            .last()
+            .map_or(0, |b| self.origin.saturating_add(b.idx.saturating_add(1).saturating_mul(self.width)))
     }
 
     fn halve(&mut self) {
