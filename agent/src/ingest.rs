@@ -28,6 +28,9 @@ pub struct IngestConfig {
     pub batch_limit: usize,
     /// Also drain rings that belong to a `vramhook run` session (stamped with a run id).
     pub include_run_rings: bool,
+    /// Processes that exited longer ago than this are forgotten (with their incidents), so
+    /// that memory does not grow with every process that ever ran on the host.
+    pub forget_exited_after: Duration,
 }
 
 impl IngestConfig {
@@ -40,6 +43,7 @@ impl IngestConfig {
             checkpoint_interval: Duration::from_secs(10),
             batch_limit: 4096,
             include_run_rings: false,
+            forget_exited_after: Duration::from_secs(600),
         }
     }
 }
@@ -125,6 +129,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
 
     let mut last_snapshot = Instant::now() - cfg.snapshot_interval;
     let mut last_checkpoint = Instant::now();
+    let mut last_forget = Instant::now();
     let mut last_scan = Instant::now() - cfg.rescan;
     let mut first = true;
     // Rings opened but not yet announced, with their cursor at open.
@@ -232,6 +237,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     rotate,
                 });
             }
+        }
+        if last_forget.elapsed() >= cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10)) {
+            last_forget = Instant::now();
+            let retention = u64::try_from(cfg.forget_exited_after.as_nanos()).unwrap_or(u64::MAX);
+            model.forget_exited(model.now_ns().saturating_sub(retention));
         }
         // A process that ended is published at once (its series end with it).
         if summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval {

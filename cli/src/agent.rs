@@ -55,6 +55,10 @@ pub struct AgentArgs {
     /// Milliseconds between published snapshots (what /metrics and OTLP read).
     #[arg(long, value_name = "MS", default_value_t = 250)]
     pub snapshot_ms: u64,
+    /// Forget processes (and their OOM incidents) this many seconds after they exited, so
+    /// that the agent's memory stays bounded on a host where processes come and go.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub forget_exited_after: u64,
 }
 
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
@@ -63,6 +67,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     ingest.include_run_rings = args.include_run_rings;
     ingest.snapshot_interval = Duration::from_millis(args.snapshot_ms.max(10));
     ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
+    ingest.forget_exited_after = Duration::from_secs(args.forget_exited_after);
     let capture = args.capture_dir.as_ref().map(|dir| {
         let mut c = CaptureConfig::new(dir);
         c.max_bytes = args.capture_max_mib.max(1) << 20;

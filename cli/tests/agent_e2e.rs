@@ -425,3 +425,16 @@ fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
     let s = agent.state();
     assert_eq!(s["agent"]["rings_opened"], 0, "the agent took none of the session's rings: {}", s["agent"]);
 }
+
+#[test]
+fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() {
+    let rings = ring_dir("forget");
+    let bin = vramhook_bin();
+    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap(), "--forget-exited-after", "0"], &[]);
+    let mut child = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
+    let pid = child.id();
+    let _ = child.wait();
+    // Seen (the ring is drained and closed), then forgotten with no retention.
+    agent.wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
+    agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| process(s, pid).is_none());
+}

@@ -1434,6 +1434,57 @@ impl Model {
         v
     }
 
+    /// Latest event time seen (monotonic ns).
+    pub fn now_ns(&self) -> u64 {
+        self.now
+    }
+
+    /// Forgets processes that exited before `before_ts`, with their OOM incidents, so that
+    /// a long-running agent's memory does not grow with every process that ever ran (an
+    /// offline replay keeps everything). Returns how many processes were forgotten.
+    pub fn forget_exited(&mut self, before_ts: u64) -> usize {
+        let keep: Vec<bool> = self.procs.iter().map(|p| p.alive || p.exit_ts.is_none_or(|t| t >= before_ts)).collect();
+        let forgotten = keep.iter().filter(|k| !**k).count();
+        if forgotten == 0 {
+            return 0;
+        }
+        let mut slot_map = vec![usize::MAX; self.procs.len()];
+        let mut next = 0;
+        for (old, kept) in keep.iter().enumerate() {
+            if *kept {
+                slot_map[old] = next;
+                next += 1;
+            }
+        }
+        let mut incident_map = vec![usize::MAX; self.incidents.len()];
+        let mut incidents = Vec::with_capacity(self.incidents.len());
+        for (old, mut inc) in std::mem::take(&mut self.incidents).into_iter().enumerate() {
+            if keep.get(inc.slot).copied().unwrap_or(false) {
+                inc.slot = slot_map[inc.slot];
+                incident_map[old] = incidents.len();
+                incidents.push(inc);
+            }
+        }
+        self.incidents = incidents;
+        let remap = |i: usize| incident_map.get(i).copied().filter(|n| *n != usize::MAX);
+        let mut procs = Vec::with_capacity(next);
+        for (old, mut p) in std::mem::take(&mut self.procs).into_iter().enumerate() {
+            if keep[old] {
+                p.open_incident = p.open_incident.and_then(remap);
+                p.awaiting_sample = p.awaiting_sample.and_then(|(i, tid)| remap(i).map(|n| (n, tid)));
+                procs.push(p);
+            }
+        }
+        self.procs = procs;
+        // The current process of a pid is its latest one: later slots win.
+        self.by_pid.clear();
+        for (slot, p) in self.procs.iter().enumerate() {
+            self.by_pid.insert(p.pid, slot);
+        }
+        self.pid_cache = None;
+        forgotten
+    }
+
     /// Live bytes of the current process of `pid` (as `ProcessView::live_bytes`), O(1):
     /// for following a process event by event without taking snapshots.
     pub fn process_live_bytes(&self, pid: u32) -> u64 {

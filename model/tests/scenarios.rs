@@ -521,3 +521,42 @@ fn checkpoint_round_trip_mid_incident() {
     }
     assert_eq!(whole.snapshot().incidents[0].outcome, Outcome::Recovered);
 }
+
+#[test]
+fn forgetting_exited_processes_keeps_the_rest_exact() {
+    // Process 1 leaks and exits early; process 2 keeps running with an OOM incident.
+    let mut gone = Proc::new(1, 0);
+    gone.alloc(Api::cuMemAlloc_v2, 0x1000, 4096);
+    let mut live = Proc::new(2, 0);
+    live.meminfo(1 << 30).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
+    live.push(EventKind::Alloc, Api::cuMemAlloc_v2, 2, 0, 0, 200 << 30, 0);
+    let mut m = run(&[&gone, &live]);
+    m.process_exit(1, 0, Some(0), 1);
+    let before = m.snapshot();
+    assert!(before.incidents.iter().any(|i| i.pid == 2), "the kept process has an incident");
+    let checkpoint = m.checkpoint();
+    assert_eq!(m.forget_exited(u64::MAX), 1);
+    assert_eq!(m.forget_exited(u64::MAX), 0, "idempotent");
+    let after = m.snapshot();
+    assert_eq!(after.processes.len(), 1);
+    assert_eq!(after.processes[0], before.processes.iter().find(|p| p.pid == 2).expect("pid 2").clone());
+    assert_eq!(after.incidents, before.incidents.iter().filter(|i| i.pid == 2).cloned().collect::<Vec<_>>());
+    // The kept process goes on exactly; a new process of the forgotten pid starts afresh.
+    m.apply(&Event { pid: 2, tid: 2, kind: 2, api: 4, addr: 0x9000, ts_ns: u64::MAX / 2, ..Event::default() });
+    m.apply(&Event {
+        pid: 1,
+        tid: 1,
+        kind: 1,
+        api: 1,
+        addr: 0x2000,
+        size: 10,
+        ts_ns: u64::MAX / 2,
+        ..Event::default()
+    });
+    let s = m.snapshot();
+    assert_eq!(proc_view(&m, 2).live_bytes, 0);
+    assert_eq!(proc_view(&m, 1).live_bytes, 10);
+    assert_eq!(s.processes.len(), 2);
+    // Checkpoints taken before forgetting still restore.
+    assert!(Model::restore(&checkpoint).is_ok());
+}
