@@ -148,61 +148,55 @@ fn hostile_rings_are_refused_and_counted_never_a_crash() {
     });
 }
 
-/// Every event of a traced process in the capture files: (seqs delivered, dropped count).
-/// Calls per API name in the capture files (for a diagnosis when the totals differ).
-fn captured_by_api(dir: &Path, pid: u32) -> std::collections::BTreeMap<String, i64> {
-    let mut m = std::collections::BTreeMap::new();
+/// Hands every event of `pid` in the capture files of `dir` (in file order) to `f`.
+fn for_each_event(dir: &Path, pid: u32, mut f: impl FnMut(&Event)) {
     let mut files: Vec<_> =
         std::fs::read_dir(dir).expect("capture dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
     files.sort();
-    for f in files {
+    for file in files {
         let mut r =
-            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(&f).expect("open"))).expect("capture");
+            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(&file).expect("open"))).expect("capture");
         while let Ok(Some(frame)) = r.next_frame() {
             if let Frame::Events(records) = frame {
                 for raw in records {
                     let e = Event::from_raw(raw);
-                    if e.pid == pid
-                        && !matches!(
-                            e.kind(),
-                            Some(EventKind::Dropped | EventKind::ProcessStart | EventKind::ProcessExit)
-                        )
-                    {
-                        *m.entry(e.api().map(|a| a.name().to_string()).unwrap_or_default()).or_insert(0) += 1;
+                    if e.pid == pid {
+                        f(&e);
                     }
                 }
             }
         }
     }
+}
+
+/// A driver call (not a marker the interposer or reader added).
+fn is_call(e: &Event) -> bool {
+    !matches!(e.kind(), Some(EventKind::Dropped | EventKind::ProcessStart | EventKind::ProcessExit))
+}
+
+fn api_name(e: &Event) -> String {
+    e.api().map(|a| a.name().to_string()).unwrap_or_default()
+}
+
+/// Calls per API name in the capture files (for a diagnosis when the totals differ).
+fn captured_by_api(dir: &Path, pid: u32) -> std::collections::BTreeMap<String, i64> {
+    let mut m = std::collections::BTreeMap::new();
+    for_each_event(dir, pid, |e| {
+        if is_call(e) {
+            *m.entry(api_name(e)).or_insert(0) += 1;
+        }
+    });
     m
 }
 
 /// The first call of each thread: (api, addr), in the capture.
 fn first_call_per_thread(dir: &Path, pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
     let mut m = std::collections::BTreeMap::new();
-    let mut files: Vec<_> =
-        std::fs::read_dir(dir).expect("capture dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    files.sort();
-    for f in files {
-        let mut r =
-            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(&f).expect("open"))).expect("capture");
-        while let Ok(Some(frame)) = r.next_frame() {
-            if let Frame::Events(records) = frame {
-                for raw in records {
-                    let e = Event::from_raw(raw);
-                    if e.pid == pid
-                        && !matches!(
-                            e.kind(),
-                            Some(EventKind::Dropped | EventKind::ProcessStart | EventKind::ProcessExit)
-                        )
-                    {
-                        m.entry(e.tid)
-                            .or_insert_with(|| (e.api().map(|a| a.name().to_string()).unwrap_or_default(), e.addr));
-                    }
-                }
-            }
+    for_each_event(dir, pid, |e| {
+        if is_call(e) {
+            m.entry(e.tid).or_insert_with(|| (api_name(e), e.addr));
         }
-    }
+    });
     m
 }
 
@@ -236,35 +230,20 @@ fn missed_by_interposer(truth_dir: &Path, captures: &Path, pid: u32) -> u64 {
     missed
 }
 
+/// Every event of a traced process in the capture files: (seqs delivered, dropped count,
+/// calls).
 fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
     let mut seqs = Vec::new();
     let mut dropped = 0;
     let mut calls = 0;
-    let mut files: Vec<_> =
-        std::fs::read_dir(dir).expect("capture dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    files.sort();
-    for f in files {
-        let mut r =
-            CaptureReader::new(std::io::BufReader::new(std::fs::File::open(&f).expect("open"))).expect("capture");
-        while let Ok(Some(frame)) = r.next_frame() {
-            if let Frame::Events(records) = frame {
-                for raw in records {
-                    let e = Event::from_raw(raw);
-                    if e.pid != pid {
-                        continue;
-                    }
-                    match e.kind() {
-                        Some(EventKind::Dropped) => dropped += e.size,
-                        Some(EventKind::ProcessStart | EventKind::ProcessExit) => seqs.push(e.seq),
-                        _ => {
-                            seqs.push(e.seq);
-                            calls += 1;
-                        }
-                    }
-                }
-            }
+    for_each_event(dir, pid, |e| match e.kind() {
+        Some(EventKind::Dropped) => dropped += e.size,
+        Some(EventKind::ProcessStart | EventKind::ProcessExit) => seqs.push(e.seq),
+        _ => {
+            seqs.push(e.seq);
+            calls += 1;
         }
-    }
+    });
     (seqs, dropped, calls)
 }
 
