@@ -385,6 +385,20 @@ impl RingSource {
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
         }
+        // The ring must belong to the process it names: /proc/PID is owned by that
+        // process's uid. (A process already gone cannot be checked; so is one that made
+        // itself non-dumpable, whose /proc entry root owns: such a ring is refused.)
+        if process_alive(key.0, key.1) {
+            if let Ok(meta) = std::fs::metadata(format!("/proc/{}", key.0)) {
+                if meta.uid() != owner {
+                    return Err(OpenError::Refuse(format!(
+                        "ring owned by uid {owner} names process {}, which runs as uid {}",
+                        key.0,
+                        meta.uid()
+                    )));
+                }
+            }
+        }
         let process = ProcessInfo {
             pid: info.pid,
             ppid: info.ppid,

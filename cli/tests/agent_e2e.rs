@@ -124,20 +124,38 @@ fn hostile_rings_are_refused_and_counted_never_a_crash() {
         garbage[off..off + 8].copy_from_slice(&1u64.to_le_bytes());
     }
     write_ring(dir, "99992-1-0.ring", &garbage);
+    // 5. A forged ring naming a live process of another user (pid 1, root's): the file's
+    //    owner and its header agree, but the process it names does not run as that uid.
+    let init_stat = std::fs::read_to_string("/proc/1/stat").expect("/proc/1/stat");
+    let init_start: u64 =
+        init_stat[init_stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start");
+    let forger = if euid == 0 { 4243 } else { euid };
+    let forged_name = format!("1-{init_start}-0.ring");
+    let forged = write_ring(dir, &forged_name, &{
+        let mut b = header(16, 1, forger, init_start);
+        b.resize(4096 + 16 * 64, 0);
+        b
+    });
+    if euid == 0 {
+        std::os::unix::fs::chown(&forged, Some(forger), Some(forger)).expect("chown");
+    }
 
     let bin = vramhook_bin();
     let agent = Agent::start(&bin, &["--ring-dir", dir.to_str().unwrap()], &[]);
     let s = agent.wait_state(Duration::from_secs(20), "hostile rings to be judged", |s| {
-        s["agent"]["rings_refused"] == 3 && s["agent"]["rings_closed"] == 1
+        s["agent"]["rings_refused"] == 4 && s["agent"]["rings_closed"] == 1
     });
     assert!(s["agent"]["records_malformed"].as_u64().unwrap_or(0) >= 1, "garbage counted: {}", s["agent"]);
     let log = agent.log();
     assert!(
-        log.contains("99991-1-0.ring") && log.contains("99993-1-0.ring") && log.contains("99994-1-0.ring"),
+        log.contains("99991-1-0.ring")
+            && log.contains("99993-1-0.ring")
+            && log.contains("99994-1-0.ring")
+            && log.contains(&forged_name),
         "each refusal reported:\n{log}"
     );
     let metrics = agent.get("/metrics");
-    assert_eq!(prom_value(&metrics, "vramhook_agent_rings_refused_total"), Some(3.0));
+    assert_eq!(prom_value(&metrics, "vramhook_agent_rings_refused_total"), Some(4.0));
 
     // The agent still traces a real process afterwards.
     let mut child = spawn_traced(&workload("leak"), &["--n", "4"], dir, &[]);
