@@ -709,24 +709,14 @@ impl Model {
         let class = Class::from_index(a.class);
         self.procs[slot].sub_bytes(class, a.device, a.size);
         if class == Class::Pool {
-            let g = self.config.granularity;
             let key = Self::pool_key(pid, a.device, a.pool);
-            if let Some(pl) = self.pools.get_mut(&key) {
-                let before = pl.numbers(g);
+            self.change_pool(slot, key, |pl| {
                 pl.live = pl.live.saturating_sub(a.size);
                 pl.count = pl.count.saturating_sub(1);
                 if pl.destroyed {
                     pl.hwm = pl.live;
                 }
-                let remove = pl.destroyed && pl.count == 0;
-                let after = pl.numbers(g);
-                if remove {
-                    self.pools.remove(&key);
-                    self.procs[slot].arena_change(Some(before), None);
-                } else {
-                    self.procs[slot].arena_change(Some(before), Some(after));
-                }
-            }
+            });
         }
         if !self.segments.is_empty() {
             if let Some(seg) = self.segments.remove(&(pid, addr)) {
@@ -967,18 +957,10 @@ impl Model {
             self.anomaly(Some(slot), Anomaly::PoolUnknown);
             return;
         };
-        let g = self.config.granularity;
-        let pl = self.pools.get_mut(&key).expect("present");
-        let before = pl.numbers(g);
-        pl.destroyed = true;
-        pl.hwm = pl.live;
-        if pl.count == 0 {
-            self.pools.remove(&key);
-            self.procs[slot].arena_change(Some(before), None);
-        } else {
-            let after = pl.numbers(g);
-            self.procs[slot].arena_change(Some(before), Some(after));
-        }
+        self.change_pool(slot, key, |pl| {
+            pl.destroyed = true;
+            pl.hwm = pl.live;
+        });
     }
 
     fn on_pool_trim(&mut self, slot: usize, ev: &Event) {
@@ -986,12 +968,24 @@ impl Model {
             self.anomaly(Some(slot), Anomaly::PoolUnknown);
             return;
         };
+        let keep = ev.size;
+        self.change_pool(slot, key, |pl| pl.hwm = pl.live.max(pl.hwm.min(keep)));
+    }
+
+    /// Changes a pool and keeps its process's arena numbers in step; a destroyed pool goes
+    /// when its last allocation does.
+    fn change_pool(&mut self, slot: usize, key: PoolKey, change: impl FnOnce(&mut Pool)) {
         let g = self.config.granularity;
-        let pl = self.pools.get_mut(&key).expect("present");
+        let Some(pl) = self.pools.get_mut(&key) else { return };
         let before = pl.numbers(g);
-        pl.hwm = pl.live.max(pl.hwm.min(ev.size));
-        let after = pl.numbers(g);
-        self.procs[slot].arena_change(Some(before), Some(after));
+        change(pl);
+        if pl.destroyed && pl.count == 0 {
+            self.pools.remove(&key);
+            self.procs[slot].arena_change(Some(before), None);
+        } else {
+            let after = pl.numbers(g);
+            self.procs[slot].arena_change(Some(before), Some(after));
+        }
     }
 
     fn on_meminfo(&mut self, slot: usize, ev: &Event, ts: u64) {
