@@ -357,21 +357,108 @@ pub enum Frame<'a> {
     },
 }
 
-/// Streams a capture frame by frame with one reusable buffer, so memory stays bounded
-/// by the largest frame whatever the file's size.
-pub struct CaptureReader<R: Read> {
+/// Where a reader's bytes come from: a stream read into one reusable buffer
+/// ([`Streamed`]), or bytes already in memory lent out without a copy ([`Bytes`], and
+/// [`crate::mapped::Mapped`] for a memory-mapped file).
+pub trait Source {
+    /// The next `n` bytes; fewer only where the input ends.
+    fn take(&mut self, n: usize) -> io::Result<&[u8]>;
+    /// Where the input was cut if it shrank while being read (a mapped file truncated
+    /// underneath reads as zeros from there).
+    fn shrank(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A [`Source`] that can move to any byte (for resynchronising after a corrupt frame).
+pub trait SeekSource: Source {
+    fn seek_to(&mut self, pos: u64) -> io::Result<()>;
+}
+
+/// Any reader, through one reusable buffer: memory stays bounded by the largest frame
+/// whatever the input's size.
+pub struct Streamed<R> {
     input: R,
+    buf: Vec<u8>,
+}
+
+impl<R: Read> Streamed<R> {
+    pub fn new(input: R) -> Streamed<R> {
+        Streamed { input, buf: Vec::new() }
+    }
+}
+
+impl<R: Read> Source for Streamed<R> {
+    fn take(&mut self, n: usize) -> io::Result<&[u8]> {
+        self.buf.resize(n, 0);
+        let got = read_full(&mut self.input, &mut self.buf)?;
+        Ok(&self.buf[..got])
+    }
+}
+
+impl<R: Read + io::Seek> SeekSource for Streamed<R> {
+    fn seek_to(&mut self, pos: u64) -> io::Result<()> {
+        self.input.seek(io::SeekFrom::Start(pos)).map(|_| ())
+    }
+}
+
+/// Bytes in memory, lent out frame by frame without a copy.
+pub struct Bytes<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Bytes<'a> {
+    pub fn new(data: &'a [u8]) -> Bytes<'a> {
+        Bytes { data, pos: 0 }
+    }
+}
+
+/// The next `n` bytes of `data` from `*pos` (fewer at its end), advancing `*pos`.
+#[inline]
+pub(crate) fn take_from<'a>(data: &'a [u8], pos: &mut usize, n: usize) -> &'a [u8] {
+    let start = (*pos).min(data.len());
+    let end = start.saturating_add(n).min(data.len());
+    *pos = end;
+    &data[start..end]
+}
+
+impl Source for Bytes<'_> {
+    fn take(&mut self, n: usize) -> io::Result<&[u8]> {
+        Ok(take_from(self.data, &mut self.pos, n))
+    }
+}
+
+impl SeekSource for Bytes<'_> {
+    fn seek_to(&mut self, pos: u64) -> io::Result<()> {
+        self.pos = usize::try_from(pos).unwrap_or(usize::MAX);
+        Ok(())
+    }
+}
+
+/// Reads a capture frame by frame from a [`Source`].
+pub struct CaptureReader<S> {
+    source: S,
     header: CaptureHeader,
     offset: u64,
     frame_offset: u64,
-    buf: Vec<u8>,
     ended: bool,
 }
 
-impl<R: Read> CaptureReader<R> {
-    pub fn new(mut input: R) -> Result<CaptureReader<R>, CaptureError> {
+impl<R: Read> CaptureReader<Streamed<R>> {
+    /// Streams from any reader (give it a `BufReader` for files; [`crate::mapped::Mapped`]
+    /// is faster for a file on disk).
+    pub fn new(input: R) -> Result<CaptureReader<Streamed<R>>, CaptureError> {
+        CaptureReader::from_source(Streamed::new(input))
+    }
+}
+
+impl<S: Source> CaptureReader<S> {
+    pub fn from_source(mut source: S) -> Result<CaptureReader<S>, CaptureError> {
         let mut fixed = [0u8; FIXED_HEADER_SIZE];
-        let got = read_full(&mut input, &mut fixed).map_err(|e| io_err(0, e))?;
+        let head = source.take(FIXED_HEADER_SIZE).map_err(|e| io_err(0, e))?;
+        let got = head.len();
+        fixed[..got].copy_from_slice(head);
         if got >= 8 && fixed[..8] != CAPTURE_MAGIC {
             return Err(CaptureError::BadMagic);
         }
@@ -394,10 +481,9 @@ impl<R: Read> CaptureReader<R> {
         if host_len > 255 || header_len != FIXED_HEADER_SIZE + host_len + pad8(host_len) {
             return Err(CaptureError::BadHeader("header length does not match host name length"));
         }
-        let mut rest = vec![0u8; header_len - FIXED_HEADER_SIZE];
-        let got_rest = read_full(&mut input, &mut rest).map_err(|e| io_err(64, e))?;
-        if got_rest < rest.len() {
-            return Err(CaptureError::Truncated((FIXED_HEADER_SIZE + got_rest) as u64));
+        let rest = source.take(header_len - FIXED_HEADER_SIZE).map_err(|e| io_err(64, e))?.to_vec();
+        if rest.len() < header_len - FIXED_HEADER_SIZE {
+            return Err(CaptureError::Truncated((FIXED_HEADER_SIZE + rest.len()) as u64));
         }
         let mut whole = fixed.to_vec();
         whole.extend_from_slice(&rest);
@@ -413,14 +499,7 @@ impl<R: Read> CaptureReader<R> {
             flags: u64_at(32),
             host: String::from_utf8_lossy(&rest[..host_len]).into_owned(),
         };
-        Ok(CaptureReader {
-            input,
-            header,
-            offset: header_len as u64,
-            frame_offset: header_len as u64,
-            buf: Vec::new(),
-            ended: false,
-        })
+        Ok(CaptureReader { source, header, offset: header_len as u64, frame_offset: header_len as u64, ended: false })
     }
 
     pub fn header(&self) -> &CaptureHeader {
@@ -437,6 +516,11 @@ impl<R: Read> CaptureReader<R> {
         self.offset
     }
 
+    /// Where the input was cut if it shrank while being read (see [`Source::shrank`]).
+    pub fn shrank(&self) -> Option<u64> {
+        self.source.shrank()
+    }
+
     /// Next frame; `Ok(None)` after the end frame. A file that stops without an end
     /// frame yields `Err(Truncated(offset))` where the incomplete data starts. A frame
     /// with a bad checksum yields `Err(Corrupt)` and the reader is left just past it
@@ -447,14 +531,12 @@ impl<R: Read> CaptureReader<R> {
         }
         self.frame_offset = self.offset;
         let start = self.offset;
+        let got = self.source.take(FRAME_HEADER_SIZE).map_err(|e| io_err(start, e))?;
+        if got.len() < FRAME_HEADER_SIZE {
+            return Err(CaptureError::Truncated(start));
+        }
         let mut fh = [0u8; FRAME_HEADER_SIZE];
-        let got = read_full(&mut self.input, &mut fh).map_err(|e| io_err(start, e))?;
-        if got == 0 {
-            return Err(CaptureError::Truncated(start));
-        }
-        if got < FRAME_HEADER_SIZE {
-            return Err(CaptureError::Truncated(start));
-        }
+        fh.copy_from_slice(got);
         if fh[..4] != FRAME_MAGIC {
             return Err(CaptureError::Corrupt { offset: start, reason: "bad frame magic".into() });
         }
@@ -465,13 +547,12 @@ impl<R: Read> CaptureReader<R> {
             return Err(CaptureError::Corrupt { offset: start, reason: format!("frame claims {len} bytes") });
         }
         let padded = len + pad8(len);
-        self.buf.resize(padded, 0);
-        let got = read_full(&mut self.input, &mut self.buf).map_err(|e| io_err(start, e))?;
-        if got < padded {
+        let body = self.source.take(padded).map_err(|e| io_err(start, e))?;
+        if body.len() < padded {
             return Err(CaptureError::Truncated(start));
         }
         self.offset = start + (FRAME_HEADER_SIZE + padded) as u64;
-        let payload = &self.buf[..len];
+        let payload = &body[..len];
         if frame_crc(&fh[4..12], payload) != crc {
             return Err(CaptureError::Corrupt { offset: start, reason: "checksum mismatch".into() });
         }
@@ -501,27 +582,27 @@ impl<R: Read> CaptureReader<R> {
     }
 }
 
-impl<R: Read + io::Seek> CaptureReader<R> {
+impl<S: SeekSource> CaptureReader<S> {
     /// After a `Corrupt` error: scans forward from one byte past the bad frame's start
     /// for the next frame magic and positions the reader there. Returns the bytes
     /// skipped, or `None` when no further frame exists.
     pub fn resync(&mut self) -> Result<Option<u64>, CaptureError> {
         let from = self.frame_offset + 1;
-        self.input.seek(io::SeekFrom::Start(from)).map_err(|e| io_err(from, e))?;
-        let mut chunk = vec![0u8; 64 * 1024];
+        self.source.seek_to(from).map_err(|e| io_err(from, e))?;
         let mut pos = from;
         let mut carry: Vec<u8> = Vec::new();
         loop {
-            let got = self.input.read(&mut chunk).map_err(|e| io_err(pos, e))?;
+            let chunk = self.source.take(64 * 1024).map_err(|e| io_err(pos, e))?;
+            let got = chunk.len();
             if got == 0 {
                 self.offset = pos;
                 return Ok(None);
             }
             let base = pos - carry.len() as u64;
-            carry.extend_from_slice(&chunk[..got]);
+            carry.extend_from_slice(chunk);
             if let Some(i) = carry.windows(4).position(|w| w == FRAME_MAGIC) {
                 let at = base + i as u64;
-                self.input.seek(io::SeekFrom::Start(at)).map_err(|e| io_err(at, e))?;
+                self.source.seek_to(at).map_err(|e| io_err(at, e))?;
                 self.offset = at;
                 return Ok(Some(at - self.frame_offset));
             }

@@ -2,10 +2,12 @@
 //! - [`record`]: the fixed 64-byte little-endian event record;
 //! - [`ring`]: the per-process shared-memory ring (bounded multi-producer queue);
 //! - [`capture`]: the capture-file format (header, checksummed frames, end marker);
+//! - [`mapped`]: a capture file read through a memory map;
 //! - [`clock`]: timestamps and their conversion.
 
 pub mod capture;
 pub mod clock;
+pub mod mapped;
 pub mod record;
 pub mod ring;
 
