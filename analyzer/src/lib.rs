@@ -21,9 +21,11 @@ pub use replay::Replayer;
 pub use report::*;
 
 use std::fs::File;
-use std::io::{BufReader, Cursor, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 use vramhook_model::{fmt_bytes, ModelConfig};
+use vramhook_protocol::capture::{Bytes, Streamed};
+use vramhook_protocol::mapped::Mapped;
 use vramhook_protocol::record::{Api, EventKind};
 
 /// What to analyse and how.
@@ -92,7 +94,12 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
         } else {
             let file =
                 File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
-            r.capture(&name, BufReader::with_capacity(1 << 20, file))?;
+            // Mapped: frames come straight from the page cache. What cannot be mapped
+            // (a pipe, an empty file) is streamed.
+            match Mapped::new(&file) {
+                Ok(mapped) => r.capture(&name, mapped)?,
+                Err(_) => r.capture(&name, Streamed::new(BufReader::with_capacity(1 << 20, file)))?,
+            }
         }
     }
     Ok(finish(r))
@@ -115,7 +122,7 @@ pub fn analyze_bytes(name: &str, bytes: &[u8], opts: &Options) -> Result<Report,
     if is_pickle(bytes) {
         torch::import(&mut r, name, bytes)?;
     } else {
-        r.capture(name, Cursor::new(bytes))?;
+        r.capture(name, Bytes::new(bytes))?;
     }
     Ok(finish(r))
 }

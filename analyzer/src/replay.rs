@@ -10,9 +10,8 @@ use vramhook_model::IntHasher;
 
 /// Per-event maps keyed by small integers: the model's integer hasher, not SipHash.
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
-use std::io::{Read, Seek};
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
-use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo};
+use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo, SeekSource};
 use vramhook_protocol::record::{Event, EventKind};
 
 /// Processes with their own timeline; more are counted in device totals only.
@@ -31,14 +30,35 @@ const MAX_CORRUPT_LISTED: usize = 100;
 struct ProcTrack {
     pid: u32,
     series: Series,
-    dev_max: Vec<(i16, u64)>,
     last: u64,
-    /// Live bytes per device at the last update (for the device totals).
-    dev_last: Vec<(i16, u64)>,
+    devs: Vec<ProcDev>,
+}
+
+/// One process on one device.
+struct ProcDev {
+    device: i16,
+    /// Live bytes at the last update (for the device totals).
+    last: u64,
+    max: u64,
+}
+
+impl ProcTrack {
+    #[inline]
+    fn dev(&mut self, device: i16) -> &mut ProcDev {
+        let i = match self.devs.iter().position(|d| d.device == device) {
+            Some(i) => i,
+            None => {
+                self.devs.push(ProcDev { device, last: 0, max: 0 });
+                self.devs.len() - 1
+            }
+        };
+        &mut self.devs[i]
+    }
 }
 
 #[derive(Default)]
 struct DevTrack {
+    device: i16,
     live: Series,
     free: Series,
     total: Option<u64>,
@@ -79,8 +99,12 @@ pub struct Replayer {
     /// Events at or after this time take the slow path (layout capture, end of window).
     watch_ts: u64,
     pub(crate) stopped: bool,
-    procs: FastMap<usize, ProcTrack>,
-    devs: BTreeMap<i16, DevTrack>,
+    /// Indexed by the model's process index; as long as the model's process list at the
+    /// last sample (a longer index is a process not seen yet).
+    procs: Vec<Option<ProcTrack>>,
+    tracked: usize,
+    /// Sorted by device.
+    devs: Vec<DevTrack>,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
@@ -94,10 +118,6 @@ pub struct Replayer {
     /// clock) on the captures' monotonic clock.
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
-    /// pid → the model's index of its current process, from the last sample.
-    cur_slot: FastMap<u32, usize>,
-    /// One-entry cache of `cur_slot`.
-    last_pid: Option<(u32, usize)>,
     forced: u32,
 }
 
@@ -116,8 +136,9 @@ impl Replayer {
             at_abs: None,
             watch_ts: u64::MAX,
             stopped: false,
-            procs: FastMap::default(),
-            devs: BTreeMap::new(),
+            procs: Vec::new(),
+            tracked: 0,
+            devs: Vec::new(),
             arenas: BTreeMap::new(),
             exits: FastMap::default(),
             layout: None,
@@ -128,8 +149,6 @@ impl Replayer {
             notes: Vec::new(),
             clock: None,
             tracked_overflow: false,
-            cur_slot: FastMap::default(),
-            last_pid: None,
             forced: 0,
         }
     }
@@ -184,43 +203,32 @@ impl Replayer {
     /// intervals, for arenas, and to learn which process a pid is now.
     #[inline]
     fn follow(&mut self, ev: &Event) {
-        let slot = match self.last_pid {
-            Some((pid, slot)) if pid == ev.pid => slot,
-            _ => match self.cur_slot.get(&ev.pid) {
-                Some(&slot) => {
-                    self.last_pid = Some((ev.pid, slot));
-                    slot
-                }
-                None => {
-                    // A process not seen at the last sample: sample now.
-                    self.force_sample(self.applied);
-                    return;
-                }
-            },
+        let Some(slot) = self.model.process_slot(ev.pid) else { return };
+        let t = match self.procs.get_mut(slot) {
+            Some(Some(t)) => t,
+            Some(None) => return, // not tracked (no bytes yet, or too many processes)
+            None => {
+                // A process not seen at the last sample: sample now.
+                self.force_sample(self.applied);
+                return;
+            }
         };
-        let live = self.model.process_live_bytes(ev.pid);
-        let Some(t) = self.procs.get_mut(&slot) else { return };
+        let live = self.model.live_bytes_at(slot);
         if t.last == live {
             return;
         }
         t.last = live;
         t.series.push(ev.ts_ns, live as f64);
-        for (d, v) in self.model.process_device_bytes(ev.pid) {
-            let old = match t.dev_last.iter_mut().find(|x| x.0 == d) {
-                Some(x) => std::mem::replace(&mut x.1, v),
-                None => {
-                    t.dev_last.push((d, v));
-                    0
-                }
-            };
+        for (d, v) in self.model.device_bytes_at(slot) {
+            let pd = t.dev(d);
+            let old = std::mem::replace(&mut pd.last, v);
             if old == v {
                 continue;
             }
-            match t.dev_max.iter_mut().find(|x| x.0 == d) {
-                Some(x) => x.1 = x.1.max(v),
-                None => t.dev_max.push((d, v)),
+            if v > pd.max {
+                pd.max = v;
             }
-            let dt = self.devs.entry(d).or_default();
+            let dt = dev_track(&mut self.devs, d);
             dt.last_live = dt.last_live.saturating_sub(old).saturating_add(v);
             dt.peak_live = dt.peak_live.max(dt.last_live);
             dt.live.push(ev.ts_ns, dt.last_live as f64);
@@ -262,7 +270,7 @@ impl Replayer {
             self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
-            let d = self.devs.entry(ev.device).or_default();
+            let d = dev_track(&mut self.devs, ev.device);
             d.total = Some(ev.size);
             d.free_latest = Some(ev.addr);
             d.min_free = Some(d.min_free.map_or(ev.addr, |m| m.min(ev.addr)));
@@ -370,71 +378,67 @@ impl Replayer {
     /// Records the model's numbers now, and schedules the next sample so that sampling
     /// costs a bounded fraction of the replay (`snapshot` is O(live state)).
     pub(crate) fn sample(&mut self, ts: u64) {
-        let snap = self.model.snapshot();
+        let snap = self.model.snapshot_numbers();
         self.sample_from(&snap, ts);
     }
 
     fn sample_from(&mut self, snap: &ModelSnapshot, ts: u64) {
         let live = self.model.live_allocation_count() as u64;
         let state = live * 2 + snap.processes.len() as u64 + snap.arenas.len() as u64;
-        // Small states are cheap to sample every event; large ones every ~4× their size, and
-        // never more than ~2,000 samples per doubling of the event count.
+        // The pace follows the state's size: small states every event, large ones every ~4×
+        // their size, and never more than ~2,000 samples per doubling of the event count.
+        // (A sample costs O(processes + arenas): `snapshot_numbers` skips the histograms.)
         let stride = if state < 128 { 1 } else { state * 4 }.max(self.applied / 2048);
         self.next_sample = self.applied + stride;
         let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
         let mut total_live = 0u64;
-        self.last_pid = None;
+        if self.procs.len() < snap.processes.len() {
+            self.procs.resize_with(snap.processes.len(), || None);
+        }
         for (slot, p) in snap.processes.iter().enumerate() {
-            if p.alive || !self.cur_slot.contains_key(&p.pid) {
-                self.cur_slot.insert(p.pid, slot);
-            }
             for d in &p.devices {
                 *dev_live.entry(d.device).or_default() += d.live_bytes;
             }
             total_live = total_live.saturating_add(p.live_bytes);
-            let tracked = self.procs.contains_key(&slot);
-            if !tracked {
+            if self.procs[slot].is_none() {
                 if p.live_bytes == 0 && !p.alive {
                     continue;
                 }
-                if self.procs.len() >= MAX_TRACKED_PROCS {
+                if self.tracked >= MAX_TRACKED_PROCS {
                     self.tracked_overflow = true;
                     continue;
                 }
-                self.procs.insert(
-                    slot,
-                    ProcTrack {
-                        pid: p.pid,
-                        series: Series::new(self.opts.max_points),
-                        dev_max: Vec::new(),
-                        last: u64::MAX,
-                        dev_last: Vec::new(),
-                    },
-                );
+                self.tracked += 1;
+                self.procs[slot] = Some(ProcTrack {
+                    pid: p.pid,
+                    series: Series::new(self.opts.max_points),
+                    last: u64::MAX,
+                    devs: Vec::new(),
+                });
             }
-            let Some(t) = self.procs.get_mut(&slot) else { continue };
+            let Some(t) = self.procs[slot].as_mut() else { continue };
             if t.last == 0 && p.live_bytes == 0 && !p.alive {
                 continue;
             }
             t.series.push(ts, p.live_bytes as f64);
             t.last = p.live_bytes;
-            t.dev_last.clear();
-            t.dev_last.extend(p.devices.iter().map(|d| (d.device, d.live_bytes)));
+            for pd in &mut t.devs {
+                pd.last = 0;
+            }
             for d in &p.devices {
-                match t.dev_max.iter_mut().find(|x| x.0 == d.device) {
-                    Some(x) => x.1 = x.1.max(d.live_bytes),
-                    None => t.dev_max.push((d.device, d.live_bytes)),
-                }
+                let pd = t.dev(d.device);
+                pd.last = d.live_bytes;
+                pd.max = pd.max.max(d.live_bytes);
             }
         }
         for d in &snap.devices {
-            let t = self.devs.entry(d.ordinal).or_default();
+            let t = dev_track(&mut self.devs, d.ordinal);
             if d.total.is_some() {
                 t.total = d.total;
             }
         }
-        for (dev, t) in self.devs.iter_mut() {
-            let v = dev_live.remove(dev).unwrap_or(0);
+        for t in self.devs.iter_mut() {
+            let v = dev_live.remove(&t.device).unwrap_or(0);
             if v != 0 || t.last_live != 0 || t.live.is_empty() {
                 t.live.push(ts, v as f64);
             }
@@ -442,7 +446,7 @@ impl Replayer {
             t.peak_live = t.peak_live.max(v);
         }
         for (dev, v) in dev_live {
-            let t = self.devs.entry(dev).or_default();
+            let t = dev_track(&mut self.devs, dev);
             t.live.push(ts, v as f64);
             t.last_live = v;
             t.peak_live = t.peak_live.max(v);
@@ -487,7 +491,7 @@ impl Replayer {
     }
 
     /// Streams one capture. Errors only in strict mode (a corrupt frame).
-    pub fn capture<R: Read + Seek>(&mut self, path: &str, input: R) -> Result<(), AnalyzeError> {
+    pub fn capture<S: SeekSource>(&mut self, path: &str, input: S) -> Result<(), AnalyzeError> {
         let mut rep = InputReport {
             path: path.to_string(),
             kind: "capture".into(),
@@ -505,7 +509,7 @@ impl Replayer {
             error: None,
             pytorch: None,
         };
-        let mut reader = match CaptureReader::new(input) {
+        let mut reader = match CaptureReader::from_source(input) {
             Ok(r) => r,
             Err(e) => {
                 rep.status =
@@ -596,6 +600,13 @@ impl Replayer {
             }
         }
         rep.bytes_read = reader.offset();
+        if let Some(cut) = reader.shrank() {
+            // Another program truncated the file while it was mapped: what follows the cut
+            // read as zeros (reported above as corrupt), not as data.
+            rep.status = "truncated".into();
+            rep.truncated_at = Some(rep.truncated_at.map_or(cut, |t| t.min(cut)));
+            rep.error = Some(format!("the file shrank while it was read (cut at byte {cut} by another program)"));
+        }
         if first_before.is_none() {
             if let Some(f) = self.first_ts {
                 rep.wall_start_ns = Some(header.wall_time_ns(f));
@@ -625,15 +636,15 @@ impl Replayer {
     }
 
     pub(crate) fn proc_series(&self, slot: usize) -> Option<&Series> {
-        self.procs.get(&slot).map(|t| &t.series)
+        self.procs.get(slot)?.as_ref().map(|t| &t.series)
     }
 
     pub(crate) fn proc_main_device(&self, slot: usize) -> (i16, Vec<i16>) {
-        match self.procs.get(&slot) {
-            Some(t) if !t.dev_max.is_empty() => {
-                let mut devs: Vec<i16> = t.dev_max.iter().map(|d| d.0).collect();
+        match self.procs.get(slot).and_then(Option::as_ref) {
+            Some(t) if !t.devs.is_empty() => {
+                let mut devs: Vec<i16> = t.devs.iter().map(|d| d.device).collect();
                 devs.sort_unstable();
-                let main = t.dev_max.iter().max_by_key(|d| (d.1, -d.0)).map(|d| d.0).unwrap_or(-1);
+                let main = t.devs.iter().max_by_key(|d| (d.max, -d.device)).map(|d| d.device).unwrap_or(-1);
                 (main, devs)
             }
             _ => (-1, Vec::new()),
@@ -643,16 +654,16 @@ impl Replayer {
     pub(crate) fn device_reports(&self) -> (Vec<DeviceReport>, Vec<DeviceTimeline>) {
         let mut reps = Vec::new();
         let mut tls = Vec::new();
-        for (dev, t) in &self.devs {
+        for t in &self.devs {
             reps.push(DeviceReport {
-                device: *dev,
+                device: t.device,
                 total_bytes: t.total,
                 free_bytes: t.free_latest,
                 min_free_bytes: t.min_free,
                 peak_live_bytes: t.peak_live,
             });
             tls.push(DeviceTimeline {
-                device: *dev,
+                device: t.device,
                 total_bytes: t.total,
                 live_bytes: t.live.points_in(self.from_abs, self.to_abs),
                 free_bytes: t.free.points_in(self.from_abs, self.to_abs),
@@ -666,8 +677,22 @@ impl Replayer {
     }
 
     pub(crate) fn track_pid(&self, slot: usize) -> Option<u32> {
-        self.procs.get(&slot).map(|t| t.pid)
+        self.procs.get(slot)?.as_ref().map(|t| t.pid)
     }
+}
+
+/// The device's track, created in device order on first use.
+#[inline]
+fn dev_track(devs: &mut Vec<DevTrack>, device: i16) -> &mut DevTrack {
+    let i = match devs.iter().position(|d| d.device == device) {
+        Some(i) => i,
+        None => {
+            let at = devs.partition_point(|d| d.device < device);
+            devs.insert(at, DevTrack { device, ..DevTrack::default() });
+            at
+        }
+    };
+    &mut devs[i]
 }
 
 pub(crate) fn layout_item(e: &LayoutEntry) -> LayoutItem {

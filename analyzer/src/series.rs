@@ -73,7 +73,29 @@ impl Series {
         Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new(), last_end: 0 }
     }
 
+    /// Adds a point; a point before the last bucket's end (also one that went back in
+    /// time) joins the last bucket without a division: the per-event case.
+    #[inline]
     pub fn push(&mut self, t: u64, v: f64) {
+        if t < self.last_end {
+            if let Some(b) = self.buckets.last_mut() {
+                // Plain compares, not f64::min/max (their NaN handling costs more; no value
+                // pushed here is NaN).
+                if v < b.min {
+                    b.min = v;
+                }
+                if v > b.max {
+                    b.max = v;
+                }
+                b.last = v;
+                return;
+            }
+        }
+        self.push_new(t, v);
+    }
+
+    #[inline(never)]
+    fn push_new(&mut self, t: u64, v: f64) {
         if self.buckets.is_empty() {
             self.origin = t;
         }

@@ -3,6 +3,7 @@
 mod common;
 use common::*;
 use vramhook_analyzer::{analyze_bytes, perfetto, text, Options};
+use vramhook_protocol::capture::Bytes;
 
 fn proc(r: &vramhook_analyzer::Report, pid: u32) -> &vramhook_analyzer::ProcessReport {
     r.processes.iter().find(|p| p.pid == pid).expect("process in report")
@@ -164,8 +165,8 @@ fn inputs_out_of_time_order_keep_every_timeline() {
     .expect("w");
     let early = w.finish().expect("finish");
     let mut r = vramhook_analyzer::Replayer::new(Options::default());
-    r.capture("late.vhc", std::io::Cursor::new(&bytes[..])).expect("late");
-    r.capture("early.vhc", std::io::Cursor::new(&early[..])).expect("early");
+    r.capture("late.vhc", Bytes::new(&bytes)).expect("late");
+    r.capture("early.vhc", Bytes::new(&early)).expect("early");
     let rep = vramhook_analyzer::finish(r);
     assert_valid(&rep);
     assert_eq!(rep.time.first_ts_ns, 1_000);

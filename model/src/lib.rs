@@ -1,6 +1,7 @@
 //! The VRAM model (see README.md for the operator's meaning of every number).
 #![doc = include_str!("../README.md")]
 
+mod addr_map;
 mod model;
 mod types;
 mod verdict;

@@ -1,5 +1,6 @@
 //! The state machine: `apply` and the queries.
 
+use crate::addr_map::{AddrMap, Alloc, EXPLICIT_POOL};
 use crate::types::*;
 use crate::verdict::{decide_verdict, explain, ExplainCtx};
 use serde::{Deserialize, Serialize};
@@ -44,15 +45,19 @@ impl Hasher for IntHasher {
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
-/// A live allocation (32 bytes; with its 16-byte key 48 bytes in the table).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Alloc {
-    size: u64,
-    ts: u64,
-    /// Explicit pool handle for `cuMemAllocFromPoolAsync*`; 0 = the device's default pool.
-    pool: u64,
-    device: i16,
-    class: u8,
+/// Serialises events as [`EventRecord`]s (the protocol's `Event` has no serde).
+mod events_as_records {
+    use crate::types::EventRecord;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vramhook_protocol::Event;
+
+    pub fn serialize<S: Serializer>(v: &[Event], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(EventRecord::from))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Event>, D::Error> {
+        Ok(Vec::<EventRecord>::deserialize(d)?.iter().map(Event::from).collect())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -215,7 +220,9 @@ struct Process {
     /// apart (`cur_tid`), so a run of one thread's events costs no map lookup.
     thread_ts: FastMap<u32, u64>,
     cur_tid: (u32, u64),
-    lead_up: Vec<EventRecord>,
+    /// The last events, as they came (a plain copy per event); records when serialised.
+    #[serde(with = "events_as_records")]
+    lead_up: Vec<Event>,
     lead_head: usize,
     freed_total: u64,
     open_incident: Option<usize>,
@@ -271,6 +278,7 @@ impl Process {
         &mut self.devices[i]
     }
 
+    #[inline]
     fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_add(size);
         self.live_allocations += 1;
@@ -288,6 +296,7 @@ impl Process {
         }
     }
 
+    #[inline]
     fn sub_bytes(&mut self, class: Class, device: i16, size: u64) {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
         self.live_allocations = self.live_allocations.saturating_sub(1);
@@ -355,7 +364,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 1;
+pub const CHECKPOINT_VERSION: u8 = 2;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -363,7 +372,10 @@ pub struct Model {
     config: ModelConfig,
     procs: Vec<Process>,
     by_pid: FastMap<u32, usize>,
-    allocs: FastMap<(u32, u64), Alloc>,
+    allocs: AddrMap,
+    /// Pool handle of each live allocation made from an explicit pool
+    /// (`cuMemAllocFromPoolAsync*`); the others use their device's default pool.
+    alloc_pools: FastMap<(u32, u64), u64>,
     handles: FastMap<(u32, u64), Handle>,
     reservations: BTreeMap<(u32, u64), Reservation>,
     pools: BTreeMap<PoolKey, Pool>,
@@ -383,7 +395,8 @@ impl Model {
             config,
             procs: Vec::new(),
             by_pid: FastMap::default(),
-            allocs: FastMap::default(),
+            allocs: AddrMap::default(),
+            alloc_pools: FastMap::default(),
             handles: FastMap::default(),
             reservations: BTreeMap::new(),
             pools: BTreeMap::new(),
@@ -520,12 +533,12 @@ impl Model {
         if n > 0 {
             let p = &mut self.procs[slot];
             if p.lead_up.len() < n {
-                p.lead_up.push(EventRecord::from(ev));
+                p.lead_up.push(*ev);
             } else {
                 // A compare, not `%`: two integer divisions per event were a tenth of
                 // `apply`'s time. (A restored checkpoint may carry any head: clamp it.)
                 let h = if p.lead_head < p.lead_up.len() { p.lead_head } else { 0 };
-                p.lead_up[h] = EventRecord::from(ev);
+                p.lead_up[h] = *ev;
                 p.lead_head = if h + 1 < p.lead_up.len() { h + 1 } else { 0 };
             }
         }
@@ -620,7 +633,8 @@ impl Model {
 
     fn close_process(&mut self, slot: usize, ts: u64) {
         let pid = self.procs[slot].pid;
-        self.allocs.retain(|k, _| k.0 != pid);
+        self.allocs.retain(|p, _, _| p != pid);
+        self.alloc_pools.retain(|k, _| k.0 != pid);
         self.handles.retain(|k, _| k.0 != pid);
         let range = (pid, 0)..=(pid, u64::MAX);
         let keys: Vec<_> = self.reservations.range(range.clone()).map(|(k, _)| *k).collect();
@@ -677,10 +691,14 @@ impl Model {
             Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
             _ => 0,
         };
-        let a = Alloc { size: ev.size, ts, pool, device: ev.device, class: class as u8 };
-        if let Some(old) = self.allocs.insert((pid, ev.addr), a) {
+        let flag = if pool != 0 { EXPLICIT_POOL } else { 0 };
+        let a = Alloc { size: ev.size, ts, device: ev.device, class: class as u8 | flag };
+        if let Some(old) = self.allocs.insert(pid, ev.addr, a) {
             self.anomaly(Some(slot), Anomaly::AllocOverLive);
             self.remove_alloc(slot, pid, ev.addr, old);
+        }
+        if pool != 0 {
+            self.alloc_pools.insert((pid, ev.addr), pool);
         }
         let p = &mut self.procs[slot];
         p.allocations += 1;
@@ -705,11 +723,14 @@ impl Model {
     }
 
     /// Accounts for an allocation already taken out of `allocs`.
+    #[inline]
     fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
-        let class = Class::from_index(a.class);
+        let class = a.class();
         self.procs[slot].sub_bytes(class, a.device, a.size);
         if class == Class::Pool {
-            let key = Self::pool_key(pid, a.device, a.pool);
+            let pool =
+                if a.class & EXPLICIT_POOL != 0 { self.alloc_pools.remove(&(pid, addr)).unwrap_or(0) } else { 0 };
+            let key = Self::pool_key(pid, a.device, pool);
             self.change_pool(slot, key, |pl| {
                 pl.live = pl.live.saturating_sub(a.size);
                 pl.count = pl.count.saturating_sub(1);
@@ -725,11 +746,12 @@ impl Model {
         }
     }
 
+    #[inline]
     fn on_free(&mut self, slot: usize, ev: &Event) {
         if ev.addr == 0 {
             return; // cudaFree(NULL) is a no-op.
         }
-        match self.allocs.remove(&(ev.pid, ev.addr)) {
+        match self.allocs.remove(ev.pid, ev.addr) {
             Some(a) => self.remove_alloc(slot, ev.pid, ev.addr, a),
             None => self.anomaly(Some(slot), Anomaly::FreeUnknown),
         }
@@ -1140,7 +1162,7 @@ impl Model {
             outcome: Outcome::Open,
             lead_up: {
                 let h = p.lead_head.min(p.lead_up.len());
-                p.lead_up[h..].iter().chain(&p.lead_up[..h]).copied().collect()
+                p.lead_up[h..].iter().chain(&p.lead_up[..h]).map(EventRecord::from).collect()
             },
             own_idle_bytes: own_idle,
             other_idle_bytes: other_idle,
@@ -1233,6 +1255,17 @@ impl Model {
 
     /// The full state. O(live allocations + arenas).
     pub fn snapshot(&self) -> ModelSnapshot {
+        self.snapshot_with(true)
+    }
+
+    /// As [`Model::snapshot`] but without what costs a pass over every live allocation or
+    /// incident: the size and age histograms and `incidents` are left empty. For sampling
+    /// the other numbers often.
+    pub fn snapshot_numbers(&self) -> ModelSnapshot {
+        self.snapshot_with(false)
+    }
+
+    fn snapshot_with(&self, full: bool) -> ModelSnapshot {
         let g = self.config.granularity;
         let now = self.now;
         // Histograms: one pass over live allocations and handles.
@@ -1242,11 +1275,13 @@ impl Model {
             sizes.entry(pid).or_insert_with(|| Histogram::new(&self.config.size_buckets)).add(size);
             ages.entry(pid).or_insert_with(|| Histogram::new(&self.config.age_buckets_ns)).add(now.saturating_sub(ts));
         };
-        for (k, a) in &self.allocs {
-            add(k.0, a.size, a.ts);
-        }
-        for (k, h) in &self.handles {
-            add(k.0, h.size, h.ts);
+        if full {
+            for (pid, _, a) in self.allocs.iter() {
+                add(pid, a.size, a.ts);
+            }
+            for (k, h) in &self.handles {
+                add(k.0, h.size, h.ts);
+            }
         }
         let mut pool_idle: FastMap<u32, (u64, u64)> = FastMap::default();
         let mut dev_pool_idle: BTreeMap<i16, u64> = BTreeMap::new();
@@ -1353,7 +1388,7 @@ impl Model {
             devices,
             processes,
             arenas: self.arenas(),
-            incidents: self.incidents.iter().map(|i| i.view.clone()).collect(),
+            incidents: if full { self.incidents.iter().map(|i| i.view.clone()).collect() } else { Vec::new() },
             anomalies: self.anomaly_totals(),
         }
     }
@@ -1481,15 +1516,27 @@ impl Model {
         forgotten
     }
 
-    /// Live bytes of the current process of `pid` (as `ProcessView::live_bytes`), O(1):
-    /// for following a process event by event without taking snapshots.
-    pub fn process_live_bytes(&self, pid: u32) -> u64 {
-        self.by_pid.get(&pid).map(|s| self.procs[*s].live_bytes).unwrap_or(0)
+    /// The model's index of the current process of `pid` (its position in
+    /// `snapshot().processes`), O(1) when `pid` sent the last event: for following a
+    /// process event by event through [`Model::live_bytes_at`] and [`Model::device_bytes_at`].
+    #[inline]
+    pub fn process_slot(&self, pid: u32) -> Option<usize> {
+        match self.pid_cache {
+            Some((p, s)) if p == pid => Some(s),
+            _ => self.by_pid.get(&pid).copied(),
+        }
     }
 
-    /// Live bytes per device of the current process of `pid` (as `ProcessView::devices`).
-    pub fn process_device_bytes(&self, pid: u32) -> impl Iterator<Item = (i16, u64)> + '_ {
-        self.by_pid.get(&pid).into_iter().flat_map(move |s| self.procs[*s].devices.iter().map(|d| (d.device, d.live)))
+    /// Live bytes of the process at `slot` (as `ProcessView::live_bytes`).
+    #[inline]
+    pub fn live_bytes_at(&self, slot: usize) -> u64 {
+        self.procs.get(slot).map_or(0, |p| p.live_bytes)
+    }
+
+    /// Live bytes per device of the process at `slot` (as `ProcessView::devices`).
+    #[inline]
+    pub fn device_bytes_at(&self, slot: usize) -> impl Iterator<Item = (i16, u64)> + '_ {
+        self.procs.get(slot).map_or(&[][..], |p| &p.devices[..]).iter().map(|d| (d.device, d.live))
     }
 
     /// The largest free span of one process over all its arenas: O(log arenas), no scan.
@@ -1511,15 +1558,15 @@ impl Model {
     /// `cudaMalloc` can get. Only gaps inside arenas (see [`Model::arenas`]) are free space.
     pub fn layout(&self, pid: Option<u32>) -> Vec<LayoutEntry> {
         let mut v = Vec::new();
-        for ((p, addr), a) in &self.allocs {
-            if pid.is_some_and(|x| x != *p) || a.class == Class::Array as u8 {
+        for (p, addr, a) in self.allocs.iter() {
+            if pid.is_some_and(|x| x != p) || a.class() == Class::Array {
                 continue;
             }
             v.push(LayoutEntry {
-                addr: *addr,
+                addr,
                 size: a.size,
-                class: Class::from_index(a.class),
-                pid: *p,
+                class: a.class(),
+                pid: p,
                 device: a.device,
                 ts_ns: a.ts,
                 reservation: None,

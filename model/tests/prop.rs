@@ -203,7 +203,28 @@ proptest! {
             for pid in 1..=3 {
                 prop_assert_eq!(m.layout(Some(pid)), r.layout(Some(pid)));
                 prop_assert_eq!(m.largest_free_span(pid), r.largest_free_span(pid));
+                // The O(1) accessors the analyzer follows event by event agree with the snapshot.
+                if let Some(slot) = m.process_slot(pid) {
+                    let view = &a.processes[slot];
+                    prop_assert_eq!(view.pid, pid);
+                    prop_assert_eq!(m.live_bytes_at(slot), view.live_bytes);
+                    let mut devs: Vec<(i16, u64)> = m.device_bytes_at(slot).filter(|d| d.1 > 0).collect();
+                    devs.sort_unstable();
+                    let want: Vec<(i16, u64)> = view.devices.iter().map(|d| (d.device, d.live_bytes)).collect();
+                    prop_assert_eq!(devs, want);
+                } else {
+                    prop_assert!(!a.processes.iter().any(|p| p.pid == pid));
+                }
             }
+            // The sampling snapshot is the full one without histograms and incidents.
+            let mut numbers = m.snapshot_numbers();
+            prop_assert!(numbers.incidents.is_empty());
+            numbers.incidents = a.incidents.clone();
+            for (p, q) in numbers.processes.iter_mut().zip(&a.processes) {
+                p.size_histogram = q.size_histogram.clone();
+                p.age_histogram = q.age_histogram.clone();
+            }
+            prop_assert_eq!(&blank(numbers), &a);
             for inc in &a.incidents {
                 prop_assert!(!m.incidents()[inc.id as usize - 1].explanation.is_empty());
             }
