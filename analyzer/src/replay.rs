@@ -10,7 +10,7 @@ use vramhook_model::IntHasher;
 
 /// Per-event maps keyed by small integers: the model's integer hasher, not SipHash.
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
-use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
+use vramhook_model::{ArenaKind, LayoutEntry, LiveChange, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo, SeekSource};
 use vramhook_protocol::record::{Event, EventKind};
 
@@ -24,6 +24,9 @@ const MAX_LAYOUT_ARENAS: usize = 500;
 /// Samples taken out of turn (new processes, OOMs): bounded, so that hostile input made of
 /// such events cannot make the replay O(events × state).
 const MAX_FORCED_SAMPLES: u32 = 10_000;
+/// Kinds that take the slow path (as bits): exits, device samples, starts.
+const SPECIAL_KINDS: u64 =
+    1 << EventKind::ProcessExit as u8 | 1 << EventKind::MemInfo as u8 | 1 << EventKind::ProcessStart as u8;
 /// Corrupt frames listed per input.
 const MAX_CORRUPT_LISTED: usize = 100;
 
@@ -31,29 +34,6 @@ struct ProcTrack {
     pid: u32,
     series: Series,
     last: u64,
-    devs: Vec<ProcDev>,
-}
-
-/// One process on one device.
-struct ProcDev {
-    device: i16,
-    /// Live bytes at the last update (for the device totals).
-    last: u64,
-    max: u64,
-}
-
-impl ProcTrack {
-    #[inline]
-    fn dev(&mut self, device: i16) -> &mut ProcDev {
-        let i = match self.devs.iter().position(|d| d.device == device) {
-            Some(i) => i,
-            None => {
-                self.devs.push(ProcDev { device, last: 0, max: 0 });
-                self.devs.len() - 1
-            }
-        };
-        &mut self.devs[i]
-    }
 }
 
 #[derive(Default)]
@@ -103,7 +83,7 @@ pub struct Replayer {
     /// last sample (a longer index is a process not seen yet).
     procs: Vec<Option<ProcTrack>>,
     tracked: usize,
-    /// Sorted by device.
+    /// In order of first appearance (indices stay valid); reports sort them.
     devs: Vec<DevTrack>,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
@@ -119,6 +99,8 @@ pub struct Replayer {
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
     forced: u32,
+    /// The nearest bucket edge of the device timelines: device totals are flushed there.
+    dev_flush_at: u64,
 }
 
 impl Replayer {
@@ -149,6 +131,7 @@ impl Replayer {
             notes: Vec::new(),
             clock: None,
             tracked_overflow: false,
+            dev_flush_at: u64::MAX,
             forced: 0,
         }
     }
@@ -170,10 +153,7 @@ impl Replayer {
         if self.first_ts.is_none() {
             self.start_clock(ev.ts_ns);
         }
-        let special = ev.result != 0
-            || ev.kind == EventKind::ProcessExit as u8
-            || ev.kind == EventKind::MemInfo as u8
-            || ev.kind == EventKind::ProcessStart as u8;
+        let special = ev.result != 0 || SPECIAL_KINDS.checked_shr(u32::from(ev.kind)).unwrap_or(0) & 1 != 0;
         if (ev.ts_ns >= self.watch_ts || special) && !self.slow_pre(ev) {
             return;
         }
@@ -182,6 +162,10 @@ impl Replayer {
         }
         if ev.ts_ns < self.min_ts {
             self.min_ts = ev.ts_ns;
+        }
+        if ev.ts_ns >= self.dev_flush_at {
+            // Device totals are taken from the model at their timelines' bucket edges.
+            self.flush_devices();
         }
         self.model.apply(ev);
         self.applied += 1;
@@ -203,6 +187,29 @@ impl Replayer {
     /// intervals, for arenas, and to learn which process a pid is now.
     #[inline]
     fn follow(&mut self, ev: &Event) {
+        match self.model.live_change() {
+            LiveChange::None => {}
+            LiveChange::One { slot, process_live } => {
+                let t = match self.procs.get_mut(slot) {
+                    Some(Some(t)) => t,
+                    Some(None) => return, // not tracked (too many processes)
+                    None => {
+                        // A process not seen at the last sample: sample now (after this event).
+                        self.force_sample(self.applied);
+                        return;
+                    }
+                };
+                t.last = process_live;
+                t.series.push(ev.ts_ns, process_live as f64);
+            }
+            LiveChange::Several => self.follow_all(ev),
+        }
+    }
+
+    /// After an event that moved several processes' bytes: follows the event's own process
+    /// (the others are exits and old images, which take samples).
+    #[cold]
+    fn follow_all(&mut self, ev: &Event) {
         let Some(slot) = self.model.process_slot(ev.pid) else { return };
         let t = match self.procs.get_mut(slot) {
             Some(Some(t)) => t,
@@ -219,20 +226,29 @@ impl Replayer {
         }
         t.last = live;
         t.series.push(ev.ts_ns, live as f64);
-        for (d, v) in self.model.device_bytes_at(slot) {
-            let pd = t.dev(d);
-            let old = std::mem::replace(&mut pd.last, v);
-            if old == v {
-                continue;
+    }
+
+    /// Moves the model's device totals into the device timelines: each window's lowest and
+    /// highest value land in the bucket where the window started, which is the bucket
+    /// following every event would have put them in (windows never cross a bucket edge:
+    /// the first event past the nearest edge flushes first).
+    fn flush_devices(&mut self) {
+        let mut next = u64::MAX;
+        for w in self.model.take_device_windows() {
+            let i = dev_track(&mut self.devs, w.device);
+            let dt = &mut self.devs[i];
+            if let Some((ts, min, max)) = w.window {
+                dt.live.push(ts, min as f64);
+                dt.live.push(ts, max as f64);
+                dt.live.push(ts, w.live as f64);
             }
-            if v > pd.max {
-                pd.max = v;
+            dt.last_live = w.live;
+            dt.peak_live = w.peak;
+            if let Some(end) = dt.live.bucket_end() {
+                next = next.min(end);
             }
-            let dt = dev_track(&mut self.devs, d);
-            dt.last_live = dt.last_live.saturating_sub(old).saturating_add(v);
-            dt.peak_live = dt.peak_live.max(dt.last_live);
-            dt.live.push(ev.ts_ns, dt.last_live as f64);
         }
+        self.dev_flush_at = next;
     }
 
     /// Returns false when the event must not be applied (past `--to`).
@@ -270,7 +286,8 @@ impl Replayer {
             self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
-            let d = dev_track(&mut self.devs, ev.device);
+            let i = dev_track(&mut self.devs, ev.device);
+            let d = &mut self.devs[i];
             d.total = Some(ev.size);
             d.free_latest = Some(ev.addr);
             d.min_free = Some(d.min_free.map_or(ev.addr, |m| m.min(ev.addr)));
@@ -390,15 +407,13 @@ impl Replayer {
         // (A sample costs O(processes + arenas): `snapshot_numbers` skips the histograms.)
         let stride = if state < 128 { 1 } else { state * 4 }.max(self.applied / 2048);
         self.next_sample = self.applied + stride;
-        let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
+        // Device totals first, so that their windows land before this sample's values.
+        self.flush_devices();
         let mut total_live = 0u64;
         if self.procs.len() < snap.processes.len() {
             self.procs.resize_with(snap.processes.len(), || None);
         }
         for (slot, p) in snap.processes.iter().enumerate() {
-            for d in &p.devices {
-                *dev_live.entry(d.device).or_default() += d.live_bytes;
-            }
             total_live = total_live.saturating_add(p.live_bytes);
             if self.procs[slot].is_none() {
                 if p.live_bytes == 0 && !p.alive {
@@ -409,12 +424,8 @@ impl Replayer {
                     continue;
                 }
                 self.tracked += 1;
-                self.procs[slot] = Some(ProcTrack {
-                    pid: p.pid,
-                    series: Series::new(self.opts.max_points),
-                    last: u64::MAX,
-                    devs: Vec::new(),
-                });
+                self.procs[slot] =
+                    Some(ProcTrack { pid: p.pid, series: Series::new(self.opts.max_points), last: u64::MAX });
             }
             let Some(t) = self.procs[slot].as_mut() else { continue };
             if t.last == 0 && p.live_bytes == 0 && !p.alive {
@@ -422,35 +433,20 @@ impl Replayer {
             }
             t.series.push(ts, p.live_bytes as f64);
             t.last = p.live_bytes;
-            for pd in &mut t.devs {
-                pd.last = 0;
-            }
-            for d in &p.devices {
-                let pd = t.dev(d.device);
-                pd.last = d.live_bytes;
-                pd.max = pd.max.max(d.live_bytes);
-            }
         }
         for d in &snap.devices {
-            let t = dev_track(&mut self.devs, d.ordinal);
+            let i = dev_track(&mut self.devs, d.ordinal);
+            let t = &mut self.devs[i];
             if d.total.is_some() {
                 t.total = d.total;
             }
         }
         for t in self.devs.iter_mut() {
-            let v = dev_live.remove(&t.device).unwrap_or(0);
-            if v != 0 || t.last_live != 0 || t.live.is_empty() {
-                t.live.push(ts, v as f64);
+            if t.last_live != 0 || t.live.is_empty() {
+                t.live.push(ts, t.last_live as f64);
             }
-            t.last_live = v;
-            t.peak_live = t.peak_live.max(v);
         }
-        for (dev, v) in dev_live {
-            let t = dev_track(&mut self.devs, dev);
-            t.live.push(ts, v as f64);
-            t.last_live = v;
-            t.peak_live = t.peak_live.max(v);
-        }
+        self.dev_flush_at = self.devs.iter().filter_map(|t| t.live.bucket_end()).min().unwrap_or(u64::MAX);
         for a in &snap.arenas {
             let key = (a.pid, a.device, a.kind, a.base);
             if !self.arenas.contains_key(&key) {
@@ -639,22 +635,21 @@ impl Replayer {
         self.procs.get(slot)?.as_ref().map(|t| &t.series)
     }
 
+    /// The device where the process held the most (its peak), and all devices it used.
     pub(crate) fn proc_main_device(&self, slot: usize) -> (i16, Vec<i16>) {
-        match self.procs.get(slot).and_then(Option::as_ref) {
-            Some(t) if !t.devs.is_empty() => {
-                let mut devs: Vec<i16> = t.devs.iter().map(|d| d.device).collect();
-                devs.sort_unstable();
-                let main = t.devs.iter().max_by_key(|d| (d.max, -d.device)).map(|d| d.device).unwrap_or(-1);
-                (main, devs)
-            }
-            _ => (-1, Vec::new()),
-        }
+        let peaks: Vec<(i16, u64)> = self.model.device_peaks_at(slot).filter(|d| d.1 > 0).collect();
+        let main = peaks.iter().max_by_key(|d| (d.1, -d.0)).map_or(-1, |d| d.0);
+        let mut devs: Vec<i16> = peaks.iter().map(|d| d.0).collect();
+        devs.sort_unstable();
+        (main, devs)
     }
 
     pub(crate) fn device_reports(&self) -> (Vec<DeviceReport>, Vec<DeviceTimeline>) {
         let mut reps = Vec::new();
         let mut tls = Vec::new();
-        for t in &self.devs {
+        let mut order: Vec<&DevTrack> = self.devs.iter().collect();
+        order.sort_by_key(|t| t.device);
+        for t in order {
             reps.push(DeviceReport {
                 device: t.device,
                 total_bytes: t.total,
@@ -681,18 +676,15 @@ impl Replayer {
     }
 }
 
-/// The device's track, created in device order on first use.
-#[inline]
-fn dev_track(devs: &mut Vec<DevTrack>, device: i16) -> &mut DevTrack {
-    let i = match devs.iter().position(|d| d.device == device) {
+/// Index of the device's track, created on first use.
+fn dev_track(devs: &mut Vec<DevTrack>, device: i16) -> usize {
+    match devs.iter().position(|d| d.device == device) {
         Some(i) => i,
         None => {
-            let at = devs.partition_point(|d| d.device < device);
-            devs.insert(at, DevTrack { device, ..DevTrack::default() });
-            at
+            devs.push(DevTrack { device, ..DevTrack::default() });
+            devs.len() - 1
         }
-    };
-    &mut devs[i]
+    }
 }
 
 pub(crate) fn layout_item(e: &LayoutEntry) -> LayoutItem {

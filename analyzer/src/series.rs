@@ -124,14 +124,12 @@ impl Series {
         while self.buckets.len() > self.cap {
             self.halve();
         }
-        self.last_end = self.bucket_end();
+        self.last_end = self.bucket_end().unwrap_or(0);
     }
 
-    /// End (exclusive) of the last bucket's time range.
-    fn bucket_end(&self) -> u64 {
-        self.buckets
-            .last()
-            .map_or(0, |b| self.origin.saturating_add(b.idx.saturating_add(1).saturating_mul(self.width)))
+    /// End (exclusive) of the last bucket's time range; `None` while empty.
+    pub fn bucket_end(&self) -> Option<u64> {
+        self.buckets.last().map(|b| self.origin.saturating_add(b.idx.saturating_add(1).saturating_mul(self.width)))
     }
 
     fn halve(&mut self) {

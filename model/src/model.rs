@@ -190,6 +190,24 @@ struct DevBytes {
     device: i16,
     live: u64,
     resident: u64,
+    /// Highest `live` so far (kept after exit).
+    peak: u64,
+    /// Index in `Model::device_live` (`u32::MAX` until known).
+    total: u32,
+}
+
+/// All processes' live bytes on one device, with their extremes since the last
+/// [`Model::take_device_windows`] (so a caller can plot them exactly without following
+/// every event).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DeviceLive {
+    device: i16,
+    live: u64,
+    peak: u64,
+    /// Time of the first change since the last take; `u64::MAX` when none.
+    window_ts: u64,
+    window_min: u64,
+    window_max: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -267,49 +285,59 @@ impl Process {
         }
     }
 
-    fn dev(&mut self, device: i16) -> &mut DevBytes {
+    #[inline]
+    fn dev(&mut self, device: i16) -> (usize, &mut DevBytes) {
         let i = match self.devices.iter().position(|d| d.device == device) {
             Some(i) => i,
             None => {
-                self.devices.push(DevBytes { device, live: 0, resident: 0 });
+                self.devices.push(DevBytes { device, live: 0, resident: 0, peak: 0, total: u32::MAX });
                 self.devices.len() - 1
             }
         };
-        &mut self.devices[i]
+        (i, &mut self.devices[i])
     }
 
+    /// Returns the index of the device's entry when live bytes changed.
     #[inline]
-    fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) {
+    fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_add(size);
         self.live_allocations += 1;
-        if class.owned() {
-            self.live_bytes = self.live_bytes.saturating_add(size);
-            let d = self.dev(device);
-            d.live = d.live.saturating_add(size);
-            if class.resident() {
-                d.resident = d.resident.saturating_add(size);
-            }
-            if self.live_bytes > self.peak_bytes {
-                self.peak_bytes = self.live_bytes;
-                self.peak_ts = ts;
-            }
+        if !class.owned() {
+            return None;
         }
+        self.live_bytes = self.live_bytes.saturating_add(size);
+        if self.live_bytes > self.peak_bytes {
+            self.peak_bytes = self.live_bytes;
+            self.peak_ts = ts;
+        }
+        let (i, d) = self.dev(device);
+        d.live = d.live.saturating_add(size);
+        if d.live > d.peak {
+            d.peak = d.live;
+        }
+        if class.resident() {
+            d.resident = d.resident.saturating_add(size);
+        }
+        Some(i)
     }
 
+    /// Returns the index of the device's entry when live bytes changed.
     #[inline]
-    fn sub_bytes(&mut self, class: Class, device: i16, size: u64) {
+    fn sub_bytes(&mut self, class: Class, device: i16, size: u64) -> Option<usize> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
         self.live_allocations = self.live_allocations.saturating_sub(1);
         self.frees += 1;
         self.freed_total = self.freed_total.saturating_add(size);
-        if class.owned() {
-            self.live_bytes = self.live_bytes.saturating_sub(size);
-            let d = self.dev(device);
-            d.live = d.live.saturating_sub(size);
-            if class.resident() {
-                d.resident = d.resident.saturating_sub(size);
-            }
+        if !class.owned() {
+            return None;
         }
+        self.live_bytes = self.live_bytes.saturating_sub(size);
+        let (i, d) = self.dev(device);
+        d.live = d.live.saturating_sub(size);
+        if class.resident() {
+            d.resident = d.resident.saturating_sub(size);
+        }
+        Some(i)
     }
 
     fn arena_change(&mut self, old: Option<(u64, u64)>, new: Option<(u64, u64)>) {
@@ -387,6 +415,9 @@ pub struct Model {
     events: u64,
     #[serde(skip)]
     pid_cache: Option<(u32, usize)>,
+    device_live: Vec<DeviceLive>,
+    #[serde(skip)]
+    change: LiveChange,
 }
 
 impl Model {
@@ -407,6 +438,8 @@ impl Model {
             now: 0,
             events: 0,
             pid_cache: None,
+            device_live: Vec::new(),
+            change: LiveChange::None,
         }
     }
 
@@ -431,6 +464,82 @@ impl Model {
         }
     }
 
+    /// Follows a change of a process's live bytes on one device (its entry `changed`, when
+    /// there was one) into the device's total and [`Model::live_change`].
+    #[inline(always)]
+    fn note_change(&mut self, slot: usize, changed: Option<usize>, up: bool, size: u64) {
+        let Some(i) = changed else { return };
+        let p = &mut self.procs[slot];
+        let process_live = p.live_bytes;
+        let ts = p.last_ts;
+        let d = &mut p.devices[i];
+        // Indices are only ever set here (and checked on restore).
+        let t = match self.device_live.get(d.total as usize) {
+            Some(_) => d.total as usize,
+            None => {
+                let t = device_index(&mut self.device_live, d.device);
+                d.total = t as u32;
+                t
+            }
+        };
+        let dl = &mut self.device_live[t];
+        // The window starts at the value at its take, so one compare per change keeps it.
+        if up {
+            dl.live = dl.live.saturating_add(size);
+            dl.peak = dl.peak.max(dl.live);
+            dl.window_max = dl.window_max.max(dl.live);
+        } else {
+            dl.live = dl.live.saturating_sub(size);
+            dl.window_min = dl.window_min.min(dl.live);
+        }
+        dl.window_ts = dl.window_ts.min(ts);
+        self.change = match self.change {
+            LiveChange::None => LiveChange::One { slot, process_live },
+            LiveChange::One { slot: s, .. } if s == slot => LiveChange::One { slot, process_live },
+            _ => LiveChange::Several,
+        };
+    }
+
+    /// Device totals agree with the processes' own bytes (a checkpoint is input too).
+    fn device_totals_consistent(&self) -> bool {
+        let mut sums = vec![0u64; self.device_live.len()];
+        for d in self.procs.iter().flat_map(|p| &p.devices) {
+            match sums.get_mut(d.total as usize) {
+                Some(s) if self.device_live[d.total as usize].device == d.device => *s = s.saturating_add(d.live),
+                None if d.total == u32::MAX && d.live == 0 => {}
+                _ => return false,
+            }
+        }
+        sums.iter().zip(&self.device_live).all(|(s, d)| *s == d.live && d.peak >= d.live)
+    }
+
+    /// Every device's live bytes (all processes) and peak, with the lowest and highest
+    /// values since the last call (counting the value at that call) and the time of the
+    /// first change; resets those extremes. Sampling this at the edges of a timeline's buckets gives the same
+    /// buckets as following every event.
+    pub fn take_device_windows(&mut self) -> Vec<DeviceWindow> {
+        self.device_live
+            .iter_mut()
+            .map(|d| {
+                let window = (d.window_ts != u64::MAX).then_some((d.window_ts, d.window_min, d.window_max));
+                (d.window_ts, d.window_min, d.window_max) = (u64::MAX, d.live, d.live);
+                DeviceWindow { device: d.device, live: d.live, peak: d.peak, window }
+            })
+            .collect()
+    }
+
+    /// The highest live bytes of the process at `slot` on each device it used.
+    pub fn device_peaks_at(&self, slot: usize) -> impl Iterator<Item = (i16, u64)> + '_ {
+        self.procs.get(slot).map_or(&[][..], |p| &p.devices[..]).iter().map(|d| (d.device, d.peak))
+    }
+
+    /// What the last [`Model::apply`] changed in live bytes: lets a caller follow every
+    /// process and device event by event in O(1) (the analyzer's timelines keep every peak).
+    #[inline]
+    pub fn live_change(&self) -> LiveChange {
+        self.change
+    }
+
     fn new_process(&mut self, pid: u32, start_time: u64) -> usize {
         let slot = self.procs.len();
         self.procs.push(Process::new(pid, start_time));
@@ -442,6 +551,7 @@ impl Model {
     /// Applies one event. Never panics; nonsense is counted in `anomalies` and ignored.
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
+        self.change = LiveChange::None;
         let Some(kind) = ev.kind() else {
             self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownKind);
             return;
@@ -528,20 +638,32 @@ impl Model {
                 EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }
-        self.incident_post(slot, ev);
-        let n = self.config.lead_up_events;
-        if n > 0 {
-            let p = &mut self.procs[slot];
-            if p.lead_up.len() < n {
-                p.lead_up.push(*ev);
-            } else {
-                // A compare, not `%`: two integer divisions per event were a tenth of
-                // `apply`'s time. (A restored checkpoint may carry any head: clamp it.)
-                let h = if p.lead_head < p.lead_up.len() { p.lead_head } else { 0 };
-                p.lead_up[h] = *ev;
-                p.lead_head = if h + 1 < p.lead_up.len() { h + 1 } else { 0 };
+        let p = &mut self.procs[slot];
+        if let Some(idx) = p.open_incident {
+            if let Some(inc) = self.incidents.get_mut(idx) {
+                if inc.view.retries == 0 {
+                    inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
+                }
             }
         }
+        // The lead-up ring: `lead_head` is where the next event goes (the oldest once the
+        // ring is full). A compare, not `%`: integer divisions per event cost a tenth of
+        // `apply`'s time.
+        let n = self.config.lead_up_events;
+        let mut h = p.lead_head;
+        let len = p.lead_up.len();
+        if h < len {
+            p.lead_up[h] = *ev;
+        } else if len < n {
+            p.lead_up.push(*ev);
+        } else if let Some(first) = p.lead_up.first_mut() {
+            // A restored checkpoint may carry any head.
+            *first = *ev;
+            h = 0;
+        } else {
+            return; // no lead-up kept
+        }
+        p.lead_head = if h + 1 < n { h + 1 } else { 0 };
     }
 
     fn process_start(&mut self, pid: u32, start_time: u64, ppid: u32, ts: u64) {
@@ -632,6 +754,7 @@ impl Model {
     }
 
     fn close_process(&mut self, slot: usize, ts: u64) {
+        self.change = LiveChange::Several;
         let pid = self.procs[slot].pid;
         self.allocs.retain(|p, _, _| p != pid);
         self.alloc_pools.retain(|k, _| k.0 != pid);
@@ -655,7 +778,16 @@ impl Model {
         p.by_class = [0; 8];
         p.live_bytes = 0;
         p.live_allocations = 0;
-        p.devices.clear();
+        // What it held leaves the device totals; its entries stay (with their peaks).
+        for d in &mut p.devices {
+            if let Some(dl) = self.device_live.get_mut(d.total as usize) {
+                dl.live = dl.live.saturating_sub(d.live);
+                dl.window_min = dl.window_min.min(dl.live);
+                dl.window_ts = dl.window_ts.min(ts);
+            }
+            d.live = 0;
+            d.resident = 0;
+        }
         p.arena_spans.clear();
         p.free_in_arenas = 0;
         p.open_incident = None;
@@ -702,7 +834,8 @@ impl Model {
         }
         let p = &mut self.procs[slot];
         p.allocations += 1;
-        p.add_bytes(class, ev.device, ev.size, ts);
+        let changed = p.add_bytes(class, ev.device, ev.size, ts);
+        self.note_change(slot, changed, true, ev.size);
         if class == Class::Pool {
             let g = self.config.granularity;
             let key = Self::pool_key(pid, ev.device, pool);
@@ -723,10 +856,11 @@ impl Model {
     }
 
     /// Accounts for an allocation already taken out of `allocs`.
-    #[inline]
+    #[inline(always)]
     fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
         let class = a.class();
-        self.procs[slot].sub_bytes(class, a.device, a.size);
+        let changed = self.procs[slot].sub_bytes(class, a.device, a.size);
+        self.note_change(slot, changed, false, a.size);
         if class == Class::Pool {
             let pool =
                 if a.class & EXPLICIT_POOL != 0 { self.alloc_pools.remove(&(pid, addr)).unwrap_or(0) } else { 0 };
@@ -770,14 +904,15 @@ impl Model {
             .insert(key, Handle { size: ev.size, ts, device: ev.device, class: class as u8, released: false, maps: 0 });
         let p = &mut self.procs[slot];
         p.allocations += 1;
-        p.add_bytes(class, ev.device, ev.size, ts);
+        let changed = p.add_bytes(class, ev.device, ev.size, ts);
+        self.note_change(slot, changed, true, ev.size);
     }
 
     fn drop_handle_if_done(&mut self, slot: usize, key: (u32, u64)) {
-        if let Some(h) = self.handles.get(&key) {
-            if h.released && h.maps == 0 {
-                let h = self.handles.remove(&key).expect("present");
-                self.procs[slot].sub_bytes(Class::from_index(h.class), h.device, h.size);
+        if self.handles.get(&key).is_some_and(|h| h.released && h.maps == 0) {
+            if let Some(h) = self.handles.remove(&key) {
+                let changed = self.procs[slot].sub_bytes(Class::from_index(h.class), h.device, h.size);
+                self.note_change(slot, changed, false, h.size);
             }
         }
     }
@@ -1058,16 +1193,6 @@ impl Model {
                     inc.view.outcome = Outcome::Recovered;
                     p.open_incident = None;
                 }
-            }
-        }
-    }
-
-    fn incident_post(&mut self, slot: usize, _ev: &Event) {
-        let p = &self.procs[slot];
-        if let Some(idx) = p.open_incident {
-            let inc = &mut self.incidents[idx];
-            if inc.view.retries == 0 {
-                inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
             }
         }
     }
@@ -1513,6 +1638,7 @@ impl Model {
             self.by_pid.insert(p.pid, slot);
         }
         self.pid_cache = None;
+        self.change = LiveChange::Several;
         forgotten
     }
 
@@ -1611,6 +1737,7 @@ impl Model {
         }
         let m: Model = postcard::from_bytes(rest).map_err(|e| ModelError::Corrupt(e.to_string()))?;
         if m.anomalies.len() != Anomaly::COUNT
+            || !m.device_totals_consistent()
             || m.by_pid.values().any(|s| *s >= m.procs.len())
             || m.incidents.iter().any(|i| i.slot >= m.procs.len())
             || m.procs.iter().any(|p| {
@@ -1627,5 +1754,16 @@ impl Model {
 impl Default for Model {
     fn default() -> Self {
         Model::new(ModelConfig::default())
+    }
+}
+
+/// Index of `device`'s entry in the device totals, created on first use.
+fn device_index(totals: &mut Vec<DeviceLive>, device: i16) -> usize {
+    match totals.iter().position(|d| d.device == device) {
+        Some(i) => i,
+        None => {
+            totals.push(DeviceLive { device, live: 0, peak: 0, window_ts: u64::MAX, window_min: 0, window_max: 0 });
+            totals.len() - 1
+        }
     }
 }

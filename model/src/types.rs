@@ -139,6 +139,29 @@ impl ClassBytes {
     }
 }
 
+/// What one [`crate::Model::apply`] changed in live bytes (read right after it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LiveChange {
+    /// Nothing.
+    #[default]
+    None,
+    /// One process only (the model's index, as in `snapshot().processes`): its new total.
+    One { slot: usize, process_live: u64 },
+    /// Several processes (an exit, a new image): look at the state again.
+    Several,
+}
+
+/// One device's live bytes over all processes (see [`crate::Model::take_device_windows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceWindow {
+    pub device: i16,
+    pub live: u64,
+    pub peak: u64,
+    /// Since the last take: (time of the first change, lowest, highest, counting the
+    /// value at the last take); `None` when nothing changed.
+    pub window: Option<(u64, u64, u64)>,
+}
+
 /// A copy of an event, serialisable (the protocol's `Event` is not).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventRecord {

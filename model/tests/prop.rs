@@ -182,6 +182,37 @@ fn blank(mut s: ModelSnapshot) -> ModelSnapshot {
     s
 }
 
+/// What `live_change` claims is what happened between the two snapshots (the scenario
+/// tests check that the precise answers are given where they should be).
+fn live_change_is_true(m: &Model, before: &ModelSnapshot, after: &ModelSnapshot) -> Result<(), TestCaseError> {
+    let devs = |p: &vramhook_model::ProcessView| -> Vec<(i16, u64)> {
+        p.devices.iter().map(|d| (d.device, d.live_bytes)).collect()
+    };
+    match m.live_change() {
+        LiveChange::Several => Ok(()),
+        LiveChange::None => {
+            for (i, y) in after.processes.iter().enumerate() {
+                // A process new since `before` holds nothing yet.
+                let x = before.processes.get(i).map_or((0, vec![]), |x| (x.live_bytes, devs(x)));
+                prop_assert_eq!(x, (y.live_bytes, devs(y)), "None, yet bytes moved");
+            }
+            Ok(())
+        }
+        LiveChange::One { slot, process_live } => {
+            for (i, y) in after.processes.iter().enumerate() {
+                let x = before.processes.get(i);
+                if i == slot {
+                    prop_assert_eq!(y.live_bytes, process_live);
+                } else {
+                    let x = x.map_or((0, vec![]), |x| (x.live_bytes, devs(x)));
+                    prop_assert_eq!(x, (y.live_bytes, devs(y)), "One, yet another process moved");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
 fn config() -> ModelConfig {
     ModelConfig { incident_window_events: 8, granularity: 0x2000, ..ModelConfig::default() }
 }
@@ -195,10 +226,18 @@ proptest! {
         let mut m = Model::new(config());
         let mut r = Reference::new(config());
         let mut clock = 1_000_000_000u64;
+        let mut before = m.snapshot();
+        // Per device: lowest and highest total seen since the last window take.
+        let mut seen: std::collections::BTreeMap<i16, (u64, u64)> = Default::default();
+        let mut last_sums: std::collections::BTreeMap<i16, u64> = Default::default();
         for (i, op) in ops.iter().enumerate() {
             apply_both(&mut m, &mut r, op, &mut clock);
             let (a, b) = (blank(m.snapshot()), r.snapshot());
             prop_assert_eq!(&a, &b, "after op {} {:?}", i, op);
+            if matches!(op, Op::Ev(_)) {
+                live_change_is_true(&m, &before, &a)?;
+            }
+            before = a.clone();
             prop_assert_eq!(m.layout(None), r.layout(None));
             for pid in 1..=3 {
                 prop_assert_eq!(m.layout(Some(pid)), r.layout(Some(pid)));
@@ -214,6 +253,39 @@ proptest! {
                     prop_assert_eq!(devs, want);
                 } else {
                     prop_assert!(!a.processes.iter().any(|p| p.pid == pid));
+                }
+            }
+            // Device totals are the processes' bytes summed; their windows bracket what
+            // was seen since the last take.
+            let mut sums: std::collections::BTreeMap<i16, u64> = Default::default();
+            for d in a.processes.iter().flat_map(|p| &p.devices) {
+                *sums.entry(d.device).or_default() += d.live_bytes;
+            }
+            for w in m.clone().take_device_windows() {
+                prop_assert_eq!(w.live, sums.get(&w.device).copied().unwrap_or(0), "device {} total", w.device);
+                prop_assert!(w.peak >= w.live);
+                seen.entry(w.device).or_insert((u64::MAX, 0));
+            }
+            for (dev, v) in &sums {
+                let s = seen.entry(*dev).or_insert((u64::MAX, 0));
+                if last_sums.get(dev) != Some(v) {
+                    *s = (s.0.min(*v), s.1.max(*v));
+                }
+            }
+            for dev in last_sums.keys() {
+                if !sums.contains_key(dev) {
+                    let s = seen.entry(*dev).or_insert((u64::MAX, 0));
+                    s.0 = 0;
+                }
+            }
+            last_sums = sums;
+            if i % 3 == 0 {
+                for w in m.take_device_windows() {
+                    let (lo, hi) = seen.remove(&w.device).unwrap_or((u64::MAX, 0));
+                    if lo != u64::MAX {
+                        let (_, min, max) = w.window.ok_or_else(|| TestCaseError::fail("a change, yet no window"))?;
+                        prop_assert!(min <= lo && max >= hi, "window {min}..{max} misses {lo}..{hi}");
+                    }
                 }
             }
             // The sampling snapshot is the full one without histograms and incidents.

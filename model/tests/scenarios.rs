@@ -560,3 +560,28 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     // Checkpoints taken before forgetting still restore.
     assert!(Model::restore(&checkpoint).is_ok());
 }
+
+/// `live_change` gives the precise answer for the common events (the property test checks
+/// that every answer it gives is true).
+#[test]
+fn live_change_names_the_one_process() {
+    let mut p = Proc::new(7, 0);
+    p.alloc(Api::cuMemAlloc_v2, 0x1000, 4096)
+        .alloc(Api::cuMemAlloc_v2, 0x9000, 100)
+        .meminfo(1 << 30)
+        .free(Api::cuMemFree_v2, 0x1000)
+        .push(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0, 0);
+    let mut m = Model::default();
+    let mut seen = Vec::new();
+    for e in &p.out {
+        m.apply(e);
+        seen.push(m.live_change());
+    }
+    let one = |process_live| LiveChange::One { slot: 0, process_live };
+    assert_eq!(seen, vec![LiveChange::None, one(4096), one(4196), LiveChange::None, one(100), LiveChange::Several]);
+    let w = m.take_device_windows();
+    assert_eq!(w.len(), 1);
+    assert_eq!((w[0].device, w[0].live, w[0].peak), (0, 0, 4196));
+    assert_eq!(w[0].window.map(|x| (x.1, x.2)), Some((0, 4196)), "lowest after the exit, highest at the peak");
+    assert_eq!(m.take_device_windows()[0].window, None, "taken");
+}

@@ -223,21 +223,23 @@ impl Api {
 pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
 
 /// A decoded record with native types. Unknown codes are kept raw so that nothing is lost.
+/// Laid out as [`RawRecord`] up to `tid`, so decoding is mostly a block copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Event {
     pub seq: u64,
     pub ts_ns: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub kind: u8,
-    pub api: u16,
-    pub caller: u8,
-    pub result: u32,
-    pub device: i16,
     pub addr: u64,
     pub size: u64,
     pub aux: u64,
     pub stream: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub result: u32,
+    pub device: i16,
+    pub kind: u8,
+    pub caller: u8,
+    pub api: u16,
 }
 
 impl Event {
