@@ -10,7 +10,7 @@ use vramhook_model::IntHasher;
 
 /// Per-event maps keyed by small integers: the model's integer hasher, not SipHash.
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
-use vramhook_model::{ArenaKind, LayoutEntry, LiveChange, Model, ModelSnapshot, ProcessView};
+use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo, SeekSource};
 use vramhook_protocol::record::{Event, EventKind};
 
@@ -80,9 +80,12 @@ pub struct Replayer {
     watch_ts: u64,
     pub(crate) stopped: bool,
     /// Indexed by the model's process index; as long as the model's process list at the
-    /// last sample (a longer index is a process not seen yet).
+    /// last sample.
     procs: Vec<Option<ProcTrack>>,
-    tracked: usize,
+    /// The indices of `procs` that hold a track.
+    tracked_slots: Vec<usize>,
+    /// The time grid of the live-bytes timelines.
+    grid: Grid,
     /// In order of first appearance (indices stay valid); reports sort them.
     devs: Vec<DevTrack>,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
@@ -99,8 +102,8 @@ pub struct Replayer {
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
     forced: u32,
-    /// The nearest bucket edge of the device timelines: device totals are flushed there.
-    dev_flush_at: u64,
+    /// The nearest bucket edge of the live-bytes timelines: totals are flushed there.
+    flush_at: u64,
 }
 
 impl Replayer {
@@ -119,7 +122,8 @@ impl Replayer {
             watch_ts: u64::MAX,
             stopped: false,
             procs: Vec::new(),
-            tracked: 0,
+            tracked_slots: Vec::new(),
+            grid: Grid::default(),
             devs: Vec::new(),
             arenas: BTreeMap::new(),
             exits: FastMap::default(),
@@ -131,13 +135,14 @@ impl Replayer {
             notes: Vec::new(),
             clock: None,
             tracked_overflow: false,
-            dev_flush_at: u64::MAX,
+            flush_at: u64::MAX,
             forced: 0,
         }
     }
 
     fn start_clock(&mut self, ts: u64) {
         self.first_ts = Some(ts);
+        self.grid = Grid { origin: ts };
         self.from_abs = self.opts.from_ns.map_or(0, |f| ts.saturating_add(f));
         self.to_abs = self.opts.to_ns.map_or(u64::MAX, |t| ts.saturating_add(t));
         self.at_abs = self.opts.at_ns.map(|a| ts.saturating_add(a));
@@ -163,13 +168,12 @@ impl Replayer {
         if ev.ts_ns < self.min_ts {
             self.min_ts = ev.ts_ns;
         }
-        if ev.ts_ns >= self.dev_flush_at {
-            // Device totals are taken from the model at their timelines' bucket edges.
-            self.flush_devices();
+        if ev.ts_ns >= self.flush_at {
+            // Live bytes are taken from the model at their timelines' bucket edges.
+            self.flush();
         }
         self.model.apply(ev);
         self.applied += 1;
-        self.follow(ev);
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
         }
@@ -182,65 +186,34 @@ impl Replayer {
         }
     }
 
-    /// Per event: the process's live bytes (and its devices') from the model, O(1), into the
-    /// timelines, so downsampling keeps every peak. Snapshots (O(state)) are only taken at
-    /// intervals, for arenas, and to learn which process a pid is now.
-    #[inline]
-    fn follow(&mut self, ev: &Event) {
-        match self.model.live_change() {
-            LiveChange::None => {}
-            LiveChange::One { slot, process_live } => {
-                let t = match self.procs.get_mut(slot) {
-                    Some(Some(t)) => t,
-                    Some(None) => return, // not tracked (too many processes)
-                    None => {
-                        // A process not seen at the last sample: sample now (after this event).
-                        self.force_sample(self.applied);
-                        return;
-                    }
-                };
-                t.last = process_live;
-                t.series.push(ev.ts_ns, process_live as f64);
-            }
-            LiveChange::Several => self.follow_all(ev),
-        }
-    }
-
-    /// After an event that moved several processes' bytes: follows the event's own process
-    /// (the others are exits and old images, which take samples).
-    #[cold]
-    fn follow_all(&mut self, ev: &Event) {
-        let Some(slot) = self.model.process_slot(ev.pid) else { return };
-        let t = match self.procs.get_mut(slot) {
-            Some(Some(t)) => t,
-            Some(None) => return, // not tracked (no bytes yet, or too many processes)
-            None => {
-                // A process not seen at the last sample: sample now.
-                self.force_sample(self.applied);
-                return;
-            }
-        };
-        let live = self.model.live_bytes_at(slot);
-        if t.last == live {
-            return;
-        }
-        t.last = live;
-        t.series.push(ev.ts_ns, live as f64);
-    }
-
-    /// Moves the model's device totals into the device timelines: each window's lowest and
-    /// highest value land in the bucket where the window started, which is the bucket
-    /// following every event would have put them in (windows never cross a bucket edge:
-    /// the first event past the nearest edge flushes first).
-    fn flush_devices(&mut self) {
+    /// Moves how the model's totals (tracked processes, devices) moved since the last call
+    /// into their timelines. Each window's lowest and highest value land in the bucket
+    /// where the window began, which is where following every event would have put them:
+    /// a window never crosses a bucket edge, since the first event past the nearest edge
+    /// flushes before it is applied. All timelines share one time grid (see
+    /// [`Replayer::timeline`]), so the edges to watch are few.
+    fn flush(&mut self) {
         let mut next = u64::MAX;
+        for &slot in &self.tracked_slots {
+            let Some(Some(t)) = self.procs.get_mut(slot) else { continue };
+            if let Some((live, window)) = self.model.take_process_window(slot) {
+                if let Some(w) = window {
+                    push_window(&mut t.series, w, live);
+                }
+                t.last = live;
+            }
+            if let Some(end) = t.series.bucket_end() {
+                next = next.min(end);
+            }
+        }
         for w in self.model.take_device_windows() {
             let i = dev_track(&mut self.devs, w.device);
             let dt = &mut self.devs[i];
-            if let Some((ts, min, max)) = w.window {
-                dt.live.push(ts, min as f64);
-                dt.live.push(ts, max as f64);
-                dt.live.push(ts, w.live as f64);
+            if let Some(window) = w.window {
+                if dt.live.is_empty() {
+                    dt.live = self.grid.series(self.opts.max_points);
+                }
+                push_window(&mut dt.live, window, w.live);
             }
             dt.last_live = w.live;
             dt.peak_live = w.peak;
@@ -248,7 +221,7 @@ impl Replayer {
                 next = next.min(end);
             }
         }
-        self.dev_flush_at = next;
+        self.flush_at = next;
     }
 
     /// Returns false when the event must not be applied (past `--to`).
@@ -407,27 +380,27 @@ impl Replayer {
         // (A sample costs O(processes + arenas): `snapshot_numbers` skips the histograms.)
         let stride = if state < 128 { 1 } else { state * 4 }.max(self.applied / 2048);
         self.next_sample = self.applied + stride;
-        // Device totals first, so that their windows land before this sample's values.
-        self.flush_devices();
         let mut total_live = 0u64;
         if self.procs.len() < snap.processes.len() {
             self.procs.resize_with(snap.processes.len(), || None);
         }
         for (slot, p) in snap.processes.iter().enumerate() {
             total_live = total_live.saturating_add(p.live_bytes);
-            if self.procs[slot].is_none() {
-                if p.live_bytes == 0 && !p.alive {
-                    continue;
-                }
-                if self.tracked >= MAX_TRACKED_PROCS {
+            if self.procs[slot].is_none() && (p.live_bytes != 0 || p.alive) {
+                if self.tracked_slots.len() >= MAX_TRACKED_PROCS {
                     self.tracked_overflow = true;
                     continue;
                 }
-                self.tracked += 1;
-                self.procs[slot] =
-                    Some(ProcTrack { pid: p.pid, series: Series::new(self.opts.max_points), last: u64::MAX });
+                self.tracked_slots.push(slot);
+                let series = self.grid.series(self.opts.max_points);
+                self.procs[slot] = Some(ProcTrack { pid: p.pid, series, last: u64::MAX });
             }
-            let Some(t) = self.procs[slot].as_mut() else { continue };
+        }
+        // What moved since the last flush lands before this sample's values (new tracks get
+        // their process's history since it began).
+        self.flush();
+        for (slot, p) in snap.processes.iter().enumerate() {
+            let Some(Some(t)) = self.procs.get_mut(slot) else { continue };
             if t.last == 0 && p.live_bytes == 0 && !p.alive {
                 continue;
             }
@@ -443,10 +416,22 @@ impl Replayer {
         }
         for t in self.devs.iter_mut() {
             if t.last_live != 0 || t.live.is_empty() {
+                if t.live.is_empty() {
+                    t.live = self.grid.series(self.opts.max_points);
+                }
                 t.live.push(ts, t.last_live as f64);
+                if let Some(end) = t.live.bucket_end() {
+                    self.flush_at = self.flush_at.min(end);
+                }
             }
         }
-        self.dev_flush_at = self.devs.iter().filter_map(|t| t.live.bucket_end()).min().unwrap_or(u64::MAX);
+        for &slot in &self.tracked_slots {
+            if let Some(Some(t)) = self.procs.get(slot) {
+                if let Some(end) = t.series.bucket_end() {
+                    self.flush_at = self.flush_at.min(end);
+                }
+            }
+        }
         for a in &snap.arenas {
             let key = (a.pid, a.device, a.kind, a.base);
             if !self.arenas.contains_key(&key) {
@@ -674,6 +659,27 @@ impl Replayer {
     pub(crate) fn track_pid(&self, slot: usize) -> Option<u32> {
         self.procs.get(slot)?.as_ref().map(|t| t.pid)
     }
+}
+
+/// Where the live-bytes timelines start: all share one origin, so that their bucket edges
+/// coincide (a coarser timeline's edges are a subset of a finer one's) and flushing at the
+/// nearest edge serves them all.
+#[derive(Clone, Copy, Default)]
+struct Grid {
+    origin: u64,
+}
+
+impl Grid {
+    fn series(&self, cap: usize) -> Series {
+        Series::starting_at(cap, self.origin)
+    }
+}
+
+/// A window of a total into its timeline: its extremes where it began, then its value now.
+fn push_window(series: &mut Series, w: vramhook_model::Window, live: u64) {
+    series.push(w.since_ns, w.min as f64);
+    series.push(w.since_ns, w.max as f64);
+    series.push(w.since_ns, live as f64);
 }
 
 /// Index of the device's track, created on first use.

@@ -99,7 +99,7 @@ pub struct DeviceReport {
     pub free_bytes: Option<u64>,
     /// Lowest free bytes the driver reported.
     pub min_free_bytes: Option<u64>,
-    /// Highest sum of live bytes of traced processes on this device (sampled).
+    /// Highest sum of live bytes of traced processes on this device (exact).
     pub peak_live_bytes: u64,
 }
 

@@ -24,6 +24,7 @@ pub struct Series {
     buckets: Vec<Bucket>,
     /// Where the last bucket ends: points before it join it without a division.
     last_end: u64,
+    fixed_origin: bool,
 }
 
 /// One output point: `[t_ns, min, max, last]`.
@@ -70,7 +71,13 @@ impl Default for Series {
 
 impl Series {
     pub fn new(cap: usize) -> Series {
-        Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new(), last_end: 0 }
+        Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new(), last_end: 0, fixed_origin: false }
+    }
+
+    /// A series whose buckets are counted from `origin` (not from its first point): series
+    /// that share an origin share bucket edges.
+    pub fn starting_at(cap: usize, origin: u64) -> Series {
+        Series { origin, fixed_origin: true, ..Series::new(cap) }
     }
 
     /// Adds a point; a point before the last bucket's end (also one that went back in
@@ -96,7 +103,7 @@ impl Series {
 
     #[inline(never)]
     fn push_new(&mut self, t: u64, v: f64) {
-        if self.buckets.is_empty() {
+        if self.buckets.is_empty() && !self.fixed_origin {
             self.origin = t;
         }
         let t = match self.buckets.last() {

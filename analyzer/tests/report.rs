@@ -4,6 +4,7 @@ mod common;
 use common::*;
 use vramhook_analyzer::{analyze_bytes, perfetto, text, Options};
 use vramhook_protocol::capture::Bytes;
+use vramhook_protocol::record::{Api, Event, EventKind};
 
 fn proc(r: &vramhook_analyzer::Report, pid: u32) -> &vramhook_analyzer::ProcessReport {
     r.processes.iter().find(|p| p.pid == pid).expect("process in report")
@@ -174,4 +175,75 @@ fn inputs_out_of_time_order_keep_every_timeline() {
     assert_eq!(t.live_bytes.iter().map(|p| p.max).fold(0.0, f64::max), (64 * MIB) as f64);
     assert!(t.live_bytes.iter().all(|p| p.t_ns >= 1_000));
     assert!(t.live_bytes.iter().any(|p| p.t_ns <= 2_000 && p.max > 0.0), "the allocation shows at its own time");
+}
+
+/// Timelines are bounded yet keep every peak: against the truth computed event by event,
+/// the highest point of each process and device timeline is exact (and the lowest never
+/// above the truth), for three processes, one on two devices, churning allocations with
+/// 60 points per timeline.
+#[test]
+fn timelines_keep_exact_extremes_of_every_process_and_device() {
+    use std::collections::BTreeMap;
+    let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut live: BTreeMap<(u32, u64), (i16, u64)> = BTreeMap::new();
+    let mut proc_live: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut dev_live: BTreeMap<i16, u64> = BTreeMap::new();
+    let mut truth_proc: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let mut truth_dev: BTreeMap<i16, (u64, u64)> = BTreeMap::new();
+    let mut events = Vec::new();
+    for i in 0..60_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let pid = [10u32, 20, 30][(x % 3) as usize];
+        let device = if pid == 30 { ((x >> 8) % 2) as i16 } else { (pid / 20) as i16 };
+        let addr = 0x7000_0000 + ((x >> 16) % 64) * 0x10_0000;
+        let ts = 1_000_000 + i * 1_000 + (x >> 40) % 1_000;
+        let e = match live.remove(&(pid, addr)) {
+            Some((d, size)) => {
+                *proc_live.entry(pid).or_default() -= size;
+                *dev_live.entry(d).or_default() -= size;
+                ev(pid, ts, EventKind::Free, Api::cuMemFree_v2, addr, 0, 0, 0)
+            }
+            None => {
+                let size = 4096 << ((x >> 32) % 12);
+                live.insert((pid, addr), (device, size));
+                *proc_live.entry(pid).or_default() += size;
+                *dev_live.entry(device).or_default() += size;
+                Event { device, ..ev(pid, ts, EventKind::Alloc, Api::cuMemAlloc_v2, addr, size, 0, 0) }
+            }
+        };
+        events.push(e);
+        let p = truth_proc.entry(pid).or_insert((u64::MAX, 0));
+        *p = (p.0.min(proc_live[&pid]), p.1.max(proc_live[&pid]));
+        let d = e.device;
+        let t = truth_dev.entry(d).or_insert((u64::MAX, 0));
+        *t = (t.0.min(dev_live[&d]), t.1.max(dev_live[&d]));
+    }
+    for c in events.chunks(4096) {
+        w.write_events(c).expect("events");
+    }
+    let bytes = w.finish().expect("finish");
+    let r = analyze_bytes("churn.vhc", &bytes, &Options { max_points: 60, ..Options::default() }).expect("analyze");
+    for t in &r.timelines.processes {
+        assert!(t.live_bytes.len() <= 60, "bounded: {}", t.live_bytes.len());
+        let (lo, hi) = truth_proc[&t.pid];
+        let max = t.live_bytes.iter().map(|p| p.max).fold(0.0, f64::max);
+        let min = t.live_bytes.iter().map(|p| p.min).fold(f64::MAX, f64::min);
+        assert_eq!(max, hi as f64, "pid {} highest", t.pid);
+        assert!(min <= lo as f64, "pid {} lowest {min} above the truth {lo}", t.pid);
+        assert_eq!(proc(&r, t.pid).peak_bytes, hi);
+    }
+    for t in &r.timelines.devices {
+        let (lo, hi) = truth_dev[&t.device];
+        let max = t.live_bytes.iter().map(|p| p.max).fold(0.0, f64::max);
+        let min = t.live_bytes.iter().map(|p| p.min).fold(f64::MAX, f64::min);
+        assert_eq!(max, hi as f64, "device {} highest", t.device);
+        assert!(min <= lo as f64, "device {} lowest", t.device);
+        let rep = r.devices.iter().find(|d| d.device == t.device).expect("device report");
+        assert_eq!(rep.peak_live_bytes, hi, "device {} peak", t.device);
+        assert_eq!(t.live_bytes.last().map(|p| p.last), Some(dev_live[&t.device] as f64), "device {} final", t.device);
+    }
+    assert_eq!(r.timelines.devices.len(), 2);
 }

@@ -196,18 +196,48 @@ struct DevBytes {
     total: u32,
 }
 
-/// All processes' live bytes on one device, with their extremes since the last
-/// [`Model::take_device_windows`] (so a caller can plot them exactly without following
-/// every event).
+/// All processes' live bytes on one device.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct DeviceLive {
     device: i16,
     live: u64,
     peak: u64,
-    /// Time of the first change since the last take; `u64::MAX` when none.
-    window_ts: u64,
-    window_min: u64,
-    window_max: u64,
+    extremes: Extremes,
+}
+
+/// A total's lowest and highest value since it was last taken (starting from its value
+/// then) and the time of the first change: lets a caller plot a total exactly at its own
+/// pace (the analyzer's timeline buckets) without following every event. One compare per
+/// change: a total that grew can only have a new highest value, one that shrank a new
+/// lowest.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Extremes {
+    /// `u64::MAX`: no change since the take.
+    since: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Extremes {
+    const UNCHANGED: Extremes = Extremes { since: u64::MAX, min: 0, max: 0 };
+
+    #[inline]
+    fn grew(&mut self, value: u64, ts: u64) {
+        self.max = self.max.max(value);
+        self.since = self.since.min(ts);
+    }
+
+    #[inline]
+    fn shrank(&mut self, value: u64, ts: u64) {
+        self.min = self.min.min(value);
+        self.since = self.since.min(ts);
+    }
+
+    fn take(&mut self, value: u64) -> Option<Window> {
+        let w = (self.since != u64::MAX).then_some(Window { since_ns: self.since, min: self.min, max: self.max });
+        *self = Extremes { since: u64::MAX, min: value, max: value };
+        w
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -247,6 +277,8 @@ struct Process {
     awaiting_sample: Option<(usize, u32)>,
     arena_spans: BTreeMap<u64, u32>,
     free_in_arenas: u64,
+    /// Of `live_bytes`.
+    extremes: Extremes,
 }
 
 impl Process {
@@ -282,6 +314,7 @@ impl Process {
             awaiting_sample: None,
             arena_spans: BTreeMap::new(),
             free_in_arenas: 0,
+            extremes: Extremes::UNCHANGED,
         }
     }
 
@@ -310,6 +343,7 @@ impl Process {
             self.peak_bytes = self.live_bytes;
             self.peak_ts = ts;
         }
+        self.extremes.grew(self.live_bytes, ts);
         let (i, d) = self.dev(device);
         d.live = d.live.saturating_add(size);
         if d.live > d.peak {
@@ -323,7 +357,7 @@ impl Process {
 
     /// Returns the index of the device's entry when live bytes changed.
     #[inline]
-    fn sub_bytes(&mut self, class: Class, device: i16, size: u64) -> Option<usize> {
+    fn sub_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
         self.live_allocations = self.live_allocations.saturating_sub(1);
         self.frees += 1;
@@ -332,6 +366,7 @@ impl Process {
             return None;
         }
         self.live_bytes = self.live_bytes.saturating_sub(size);
+        self.extremes.shrank(self.live_bytes, ts);
         let (i, d) = self.dev(device);
         d.live = d.live.saturating_sub(size);
         if class.resident() {
@@ -416,8 +451,6 @@ pub struct Model {
     #[serde(skip)]
     pid_cache: Option<(u32, usize)>,
     device_live: Vec<DeviceLive>,
-    #[serde(skip)]
-    change: LiveChange,
 }
 
 impl Model {
@@ -439,7 +472,6 @@ impl Model {
             events: 0,
             pid_cache: None,
             device_live: Vec::new(),
-            change: LiveChange::None,
         }
     }
 
@@ -465,12 +497,11 @@ impl Model {
     }
 
     /// Follows a change of a process's live bytes on one device (its entry `changed`, when
-    /// there was one) into the device's total and [`Model::live_change`].
+    /// there was one) into the device's total.
     #[inline(always)]
     fn note_change(&mut self, slot: usize, changed: Option<usize>, up: bool, size: u64) {
         let Some(i) = changed else { return };
         let p = &mut self.procs[slot];
-        let process_live = p.live_bytes;
         let ts = p.last_ts;
         let d = &mut p.devices[i];
         // Indices are only ever set here (and checked on restore).
@@ -483,21 +514,14 @@ impl Model {
             }
         };
         let dl = &mut self.device_live[t];
-        // The window starts at the value at its take, so one compare per change keeps it.
         if up {
             dl.live = dl.live.saturating_add(size);
             dl.peak = dl.peak.max(dl.live);
-            dl.window_max = dl.window_max.max(dl.live);
+            dl.extremes.grew(dl.live, ts);
         } else {
             dl.live = dl.live.saturating_sub(size);
-            dl.window_min = dl.window_min.min(dl.live);
+            dl.extremes.shrank(dl.live, ts);
         }
-        dl.window_ts = dl.window_ts.min(ts);
-        self.change = match self.change {
-            LiveChange::None => LiveChange::One { slot, process_live },
-            LiveChange::One { slot: s, .. } if s == slot => LiveChange::One { slot, process_live },
-            _ => LiveChange::Several,
-        };
     }
 
     /// Device totals agree with the processes' own bytes (a checkpoint is input too).
@@ -513,31 +537,26 @@ impl Model {
         sums.iter().zip(&self.device_live).all(|(s, d)| *s == d.live && d.peak >= d.live)
     }
 
-    /// Every device's live bytes (all processes) and peak, with the lowest and highest
-    /// values since the last call (counting the value at that call) and the time of the
-    /// first change; resets those extremes. Sampling this at the edges of a timeline's buckets gives the same
+    /// Every device's live bytes (all processes) and peak, with how they moved since the
+    /// last call; resets those windows. Sampling this at the edges of a timeline's buckets gives the same
     /// buckets as following every event.
     pub fn take_device_windows(&mut self) -> Vec<DeviceWindow> {
         self.device_live
             .iter_mut()
-            .map(|d| {
-                let window = (d.window_ts != u64::MAX).then_some((d.window_ts, d.window_min, d.window_max));
-                (d.window_ts, d.window_min, d.window_max) = (u64::MAX, d.live, d.live);
-                DeviceWindow { device: d.device, live: d.live, peak: d.peak, window }
-            })
+            .map(|d| DeviceWindow { device: d.device, live: d.live, peak: d.peak, window: d.extremes.take(d.live) })
             .collect()
+    }
+
+    /// The live bytes of the process at `slot` and how they moved since the last call
+    /// (`None` in the window when they did not); resets that window.
+    pub fn take_process_window(&mut self, slot: usize) -> Option<(u64, Option<Window>)> {
+        let p = self.procs.get_mut(slot)?;
+        Some((p.live_bytes, p.extremes.take(p.live_bytes)))
     }
 
     /// The highest live bytes of the process at `slot` on each device it used.
     pub fn device_peaks_at(&self, slot: usize) -> impl Iterator<Item = (i16, u64)> + '_ {
         self.procs.get(slot).map_or(&[][..], |p| &p.devices[..]).iter().map(|d| (d.device, d.peak))
-    }
-
-    /// What the last [`Model::apply`] changed in live bytes: lets a caller follow every
-    /// process and device event by event in O(1) (the analyzer's timelines keep every peak).
-    #[inline]
-    pub fn live_change(&self) -> LiveChange {
-        self.change
     }
 
     fn new_process(&mut self, pid: u32, start_time: u64) -> usize {
@@ -551,7 +570,6 @@ impl Model {
     /// Applies one event. Never panics; nonsense is counted in `anomalies` and ignored.
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
-        self.change = LiveChange::None;
         let Some(kind) = ev.kind() else {
             self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownKind);
             return;
@@ -754,7 +772,6 @@ impl Model {
     }
 
     fn close_process(&mut self, slot: usize, ts: u64) {
-        self.change = LiveChange::Several;
         let pid = self.procs[slot].pid;
         self.allocs.retain(|p, _, _| p != pid);
         self.alloc_pools.retain(|k, _| k.0 != pid);
@@ -777,13 +794,13 @@ impl Model {
         p.exit_ts = Some(ts);
         p.by_class = [0; 8];
         p.live_bytes = 0;
+        p.extremes.shrank(0, ts);
         p.live_allocations = 0;
         // What it held leaves the device totals; its entries stay (with their peaks).
         for d in &mut p.devices {
             if let Some(dl) = self.device_live.get_mut(d.total as usize) {
                 dl.live = dl.live.saturating_sub(d.live);
-                dl.window_min = dl.window_min.min(dl.live);
-                dl.window_ts = dl.window_ts.min(ts);
+                dl.extremes.shrank(dl.live, ts);
             }
             d.live = 0;
             d.resident = 0;
@@ -859,7 +876,8 @@ impl Model {
     #[inline(always)]
     fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
         let class = a.class();
-        let changed = self.procs[slot].sub_bytes(class, a.device, a.size);
+        let p = &mut self.procs[slot];
+        let changed = p.sub_bytes(class, a.device, a.size, p.last_ts);
         self.note_change(slot, changed, false, a.size);
         if class == Class::Pool {
             let pool =
@@ -911,7 +929,8 @@ impl Model {
     fn drop_handle_if_done(&mut self, slot: usize, key: (u32, u64)) {
         if self.handles.get(&key).is_some_and(|h| h.released && h.maps == 0) {
             if let Some(h) = self.handles.remove(&key) {
-                let changed = self.procs[slot].sub_bytes(Class::from_index(h.class), h.device, h.size);
+                let p = &mut self.procs[slot];
+                let changed = p.sub_bytes(Class::from_index(h.class), h.device, h.size, p.last_ts);
                 self.note_change(slot, changed, false, h.size);
             }
         }
@@ -1638,31 +1657,7 @@ impl Model {
             self.by_pid.insert(p.pid, slot);
         }
         self.pid_cache = None;
-        self.change = LiveChange::Several;
         forgotten
-    }
-
-    /// The model's index of the current process of `pid` (its position in
-    /// `snapshot().processes`), O(1) when `pid` sent the last event: for following a
-    /// process event by event through [`Model::live_bytes_at`] and [`Model::device_bytes_at`].
-    #[inline]
-    pub fn process_slot(&self, pid: u32) -> Option<usize> {
-        match self.pid_cache {
-            Some((p, s)) if p == pid => Some(s),
-            _ => self.by_pid.get(&pid).copied(),
-        }
-    }
-
-    /// Live bytes of the process at `slot` (as `ProcessView::live_bytes`).
-    #[inline]
-    pub fn live_bytes_at(&self, slot: usize) -> u64 {
-        self.procs.get(slot).map_or(0, |p| p.live_bytes)
-    }
-
-    /// Live bytes per device of the process at `slot` (as `ProcessView::devices`).
-    #[inline]
-    pub fn device_bytes_at(&self, slot: usize) -> impl Iterator<Item = (i16, u64)> + '_ {
-        self.procs.get(slot).map_or(&[][..], |p| &p.devices[..]).iter().map(|d| (d.device, d.live))
     }
 
     /// The largest free span of one process over all its arenas: O(log arenas), no scan.
@@ -1762,7 +1757,7 @@ fn device_index(totals: &mut Vec<DeviceLive>, device: i16) -> usize {
     match totals.iter().position(|d| d.device == device) {
         Some(i) => i,
         None => {
-            totals.push(DeviceLive { device, live: 0, peak: 0, window_ts: u64::MAX, window_min: 0, window_max: 0 });
+            totals.push(DeviceLive { device, live: 0, peak: 0, extremes: Extremes::UNCHANGED });
             totals.len() - 1
         }
     }

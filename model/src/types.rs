@@ -139,16 +139,13 @@ impl ClassBytes {
     }
 }
 
-/// What one [`crate::Model::apply`] changed in live bytes (read right after it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LiveChange {
-    /// Nothing.
-    #[default]
-    None,
-    /// One process only (the model's index, as in `snapshot().processes`): its new total.
-    One { slot: usize, process_live: u64 },
-    /// Several processes (an exit, a new image): look at the state again.
-    Several,
+/// How a live-bytes total moved since it was last taken: its lowest and highest value
+/// (counting the value when taken) and the time of the first change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub since_ns: u64,
+    pub min: u64,
+    pub max: u64,
 }
 
 /// One device's live bytes over all processes (see [`crate::Model::take_device_windows`]).
@@ -157,9 +154,8 @@ pub struct DeviceWindow {
     pub device: i16,
     pub live: u64,
     pub peak: u64,
-    /// Since the last take: (time of the first change, lowest, highest, counting the
-    /// value at the last take); `None` when nothing changed.
-    pub window: Option<(u64, u64, u64)>,
+    /// `None` when nothing changed since the last take.
+    pub window: Option<Window>,
 }
 
 /// A copy of an event, serialisable (the protocol's `Event` is not).

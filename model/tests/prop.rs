@@ -4,6 +4,7 @@ mod reference;
 
 use proptest::prelude::*;
 use reference::Reference;
+use std::collections::BTreeMap;
 use vramhook_model::*;
 use vramhook_protocol::{Api, Event, EventKind, ProcessInfo};
 
@@ -182,34 +183,35 @@ fn blank(mut s: ModelSnapshot) -> ModelSnapshot {
     s
 }
 
-/// What `live_change` claims is what happened between the two snapshots (the scenario
-/// tests check that the precise answers are given where they should be).
-fn live_change_is_true(m: &Model, before: &ModelSnapshot, after: &ModelSnapshot) -> Result<(), TestCaseError> {
-    let devs = |p: &vramhook_model::ProcessView| -> Vec<(i16, u64)> {
-        p.devices.iter().map(|d| (d.device, d.live_bytes)).collect()
-    };
-    match m.live_change() {
-        LiveChange::Several => Ok(()),
-        LiveChange::None => {
-            for (i, y) in after.processes.iter().enumerate() {
-                // A process new since `before` holds nothing yet.
-                let x = before.processes.get(i).map_or((0, vec![]), |x| (x.live_bytes, devs(x)));
-                prop_assert_eq!(x, (y.live_bytes, devs(y)), "None, yet bytes moved");
+/// The lowest and highest value of each total since its last take, as the test sees them
+/// (after each operation): a taken window must span at least that.
+struct Seen<K> {
+    last: BTreeMap<K, u64>,
+    range: BTreeMap<K, (u64, u64)>,
+}
+
+impl<K: Ord + Copy + std::fmt::Debug> Seen<K> {
+    fn new() -> Seen<K> {
+        Seen { last: BTreeMap::new(), range: BTreeMap::new() }
+    }
+
+    fn observe(&mut self, now: BTreeMap<K, u64>) {
+        for (k, v) in &now {
+            if self.last.get(k).copied().unwrap_or(0) != *v {
+                let r = self.range.entry(*k).or_insert((u64::MAX, 0));
+                *r = (r.0.min(*v), r.1.max(*v));
             }
-            Ok(())
         }
-        LiveChange::One { slot, process_live } => {
-            for (i, y) in after.processes.iter().enumerate() {
-                let x = before.processes.get(i);
-                if i == slot {
-                    prop_assert_eq!(y.live_bytes, process_live);
-                } else {
-                    let x = x.map_or((0, vec![]), |x| (x.live_bytes, devs(x)));
-                    prop_assert_eq!(x, (y.live_bytes, devs(y)), "One, yet another process moved");
-                }
-            }
-            Ok(())
+        self.last = now;
+    }
+
+    fn check(&mut self, key: K, live: u64, window: Option<Window>) -> Result<(), TestCaseError> {
+        prop_assert_eq!(live, self.last.get(&key).copied().unwrap_or(0), "{:?}: total", key);
+        if let Some((lo, hi)) = self.range.remove(&key) {
+            let w = window.ok_or_else(|| TestCaseError::fail(format!("{key:?} changed, yet no window")))?;
+            prop_assert!(w.min <= lo && w.max >= hi, "{:?}: window {}..{} misses {}..{}", key, w.min, w.max, lo, hi);
         }
+        Ok(())
     }
 }
 
@@ -226,66 +228,42 @@ proptest! {
         let mut m = Model::new(config());
         let mut r = Reference::new(config());
         let mut clock = 1_000_000_000u64;
-        let mut before = m.snapshot();
-        // Per device: lowest and highest total seen since the last window take.
-        let mut seen: std::collections::BTreeMap<i16, (u64, u64)> = Default::default();
-        let mut last_sums: std::collections::BTreeMap<i16, u64> = Default::default();
+        let mut seen_devices = Seen::new();
+        let mut seen_processes = Seen::new();
         for (i, op) in ops.iter().enumerate() {
             apply_both(&mut m, &mut r, op, &mut clock);
             let (a, b) = (blank(m.snapshot()), r.snapshot());
             prop_assert_eq!(&a, &b, "after op {} {:?}", i, op);
-            if matches!(op, Op::Ev(_)) {
-                live_change_is_true(&m, &before, &a)?;
-            }
-            before = a.clone();
             prop_assert_eq!(m.layout(None), r.layout(None));
             for pid in 1..=3 {
                 prop_assert_eq!(m.layout(Some(pid)), r.layout(Some(pid)));
                 prop_assert_eq!(m.largest_free_span(pid), r.largest_free_span(pid));
-                // The O(1) accessors the analyzer follows event by event agree with the snapshot.
-                if let Some(slot) = m.process_slot(pid) {
-                    let view = &a.processes[slot];
-                    prop_assert_eq!(view.pid, pid);
-                    prop_assert_eq!(m.live_bytes_at(slot), view.live_bytes);
-                    let mut devs: Vec<(i16, u64)> = m.device_bytes_at(slot).filter(|d| d.1 > 0).collect();
-                    devs.sort_unstable();
-                    let want: Vec<(i16, u64)> = view.devices.iter().map(|d| (d.device, d.live_bytes)).collect();
-                    prop_assert_eq!(devs, want);
-                } else {
-                    prop_assert!(!a.processes.iter().any(|p| p.pid == pid));
-                }
             }
-            // Device totals are the processes' bytes summed; their windows bracket what
-            // was seen since the last take.
-            let mut sums: std::collections::BTreeMap<i16, u64> = Default::default();
+            // Device totals are the processes' bytes summed; the windows of devices and
+            // processes, taken every third operation, span what was seen since the last take.
+            let mut sums: BTreeMap<i16, u64> = BTreeMap::new();
             for d in a.processes.iter().flat_map(|p| &p.devices) {
                 *sums.entry(d.device).or_default() += d.live_bytes;
             }
-            for w in m.clone().take_device_windows() {
-                prop_assert_eq!(w.live, sums.get(&w.device).copied().unwrap_or(0), "device {} total", w.device);
+            seen_devices.observe(sums);
+            seen_processes.observe(a.processes.iter().enumerate().map(|(i, p)| (i, p.live_bytes)).collect());
+            let mut probe = m.clone();
+            let take = i % 3 == 0;
+            let target = if take { &mut m } else { &mut probe };
+            for w in target.take_device_windows() {
                 prop_assert!(w.peak >= w.live);
-                seen.entry(w.device).or_insert((u64::MAX, 0));
-            }
-            for (dev, v) in &sums {
-                let s = seen.entry(*dev).or_insert((u64::MAX, 0));
-                if last_sums.get(dev) != Some(v) {
-                    *s = (s.0.min(*v), s.1.max(*v));
+                if take {
+                    seen_devices.check(w.device, w.live, w.window)?;
+                } else {
+                    prop_assert_eq!(w.live, seen_devices.last.get(&w.device).copied().unwrap_or(0));
                 }
             }
-            for dev in last_sums.keys() {
-                if !sums.contains_key(dev) {
-                    let s = seen.entry(*dev).or_insert((u64::MAX, 0));
-                    s.0 = 0;
-                }
-            }
-            last_sums = sums;
-            if i % 3 == 0 {
-                for w in m.take_device_windows() {
-                    let (lo, hi) = seen.remove(&w.device).unwrap_or((u64::MAX, 0));
-                    if lo != u64::MAX {
-                        let (_, min, max) = w.window.ok_or_else(|| TestCaseError::fail("a change, yet no window"))?;
-                        prop_assert!(min <= lo && max >= hi, "window {min}..{max} misses {lo}..{hi}");
-                    }
+            for slot in 0..a.processes.len() {
+                let (live, window) = target.take_process_window(slot).ok_or_else(|| TestCaseError::fail("slot"))?;
+                if take {
+                    seen_processes.check(slot, live, window)?;
+                } else {
+                    prop_assert_eq!(live, a.processes[slot].live_bytes);
                 }
             }
             // The sampling snapshot is the full one without histograms and incidents.

@@ -561,27 +561,29 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     assert!(Model::restore(&checkpoint).is_ok());
 }
 
-/// `live_change` gives the precise answer for the common events (the property test checks
-/// that every answer it gives is true).
+/// Windows give each total's extremes since the last take, counting its value then.
 #[test]
-fn live_change_names_the_one_process() {
+fn windows_span_what_happened_since_the_last_take() {
     let mut p = Proc::new(7, 0);
     p.alloc(Api::cuMemAlloc_v2, 0x1000, 4096)
         .alloc(Api::cuMemAlloc_v2, 0x9000, 100)
         .meminfo(1 << 30)
-        .free(Api::cuMemFree_v2, 0x1000)
-        .push(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0, 0);
+        .free(Api::cuMemFree_v2, 0x1000);
     let mut m = Model::default();
-    let mut seen = Vec::new();
     for e in &p.out {
         m.apply(e);
-        seen.push(m.live_change());
     }
-    let one = |process_live| LiveChange::One { slot: 0, process_live };
-    assert_eq!(seen, vec![LiveChange::None, one(4096), one(4196), LiveChange::None, one(100), LiveChange::Several]);
-    let w = m.take_device_windows();
-    assert_eq!(w.len(), 1);
-    assert_eq!((w[0].device, w[0].live, w[0].peak), (0, 0, 4196));
-    assert_eq!(w[0].window.map(|x| (x.1, x.2)), Some((0, 4196)), "lowest after the exit, highest at the peak");
+    let d = m.take_device_windows();
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].device, d[0].live, d[0].peak), (0, 100, 4196));
+    let w = d[0].window.expect("changed");
+    assert_eq!((w.since_ns, w.min, w.max), (p.out[1].ts_ns, 0, 4196), "from the first change, from 0 up to the peak");
+    let (live, w) = m.take_process_window(0).expect("process");
+    assert_eq!((live, w.map(|w| (w.min, w.max))), (100, Some((0, 4196))));
     assert_eq!(m.take_device_windows()[0].window, None, "taken");
+    assert_eq!(m.take_process_window(0), Some((100, None)), "taken");
+    p.push(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0, 0);
+    m.apply(p.out.last().expect("exit"));
+    let w = m.take_device_windows()[0].window.expect("the exit moved it");
+    assert_eq!((w.min, w.max), (0, 100), "from its value at the take down to nothing");
 }
