@@ -331,7 +331,7 @@ impl Process {
     }
 
     /// Returns the index of the device's entry when live bytes changed.
-    #[inline]
+    #[inline(always)]
     fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_add(size);
         self.live_allocations += 1;
@@ -356,7 +356,7 @@ impl Process {
     }
 
     /// Returns the index of the device's entry when live bytes changed.
-    #[inline]
+    #[inline(always)]
     fn sub_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
         self.live_allocations = self.live_allocations.saturating_sub(1);
