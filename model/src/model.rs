@@ -281,6 +281,31 @@ struct Process {
     extremes: Extremes,
 }
 
+impl DevBytes {
+    /// Carries a change of this process's bytes here into the device's total.
+    #[inline(always)]
+    fn count_in_total(&mut self, totals: &mut Vec<DeviceLive>, grew: bool, size: u64, ts: u64) {
+        // Indices are only ever set here (and checked on restore).
+        let t = match totals.get(self.total as usize) {
+            Some(_) => self.total as usize,
+            None => {
+                let t = device_index(totals, self.device);
+                self.total = t as u32;
+                t
+            }
+        };
+        let dl = &mut totals[t];
+        if grew {
+            dl.live = dl.live.saturating_add(size);
+            dl.peak = dl.peak.max(dl.live);
+            dl.extremes.grew(dl.live, ts);
+        } else {
+            dl.live = dl.live.saturating_sub(size);
+            dl.extremes.shrank(dl.live, ts);
+        }
+    }
+}
+
 impl Process {
     fn new(pid: u32, start_time: u64) -> Process {
         Process {
@@ -319,7 +344,7 @@ impl Process {
     }
 
     #[inline]
-    fn dev(&mut self, device: i16) -> (usize, &mut DevBytes) {
+    fn dev(&mut self, device: i16) -> &mut DevBytes {
         let i = match self.devices.iter().position(|d| d.device == device) {
             Some(i) => i,
             None => {
@@ -327,12 +352,12 @@ impl Process {
                 self.devices.len() - 1
             }
         };
-        (i, &mut self.devices[i])
+        &mut self.devices[i]
     }
 
-    /// Returns the index of the device's entry when live bytes changed.
+    /// Returns the device's entry when live bytes changed.
     #[inline(always)]
-    fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
+    fn add_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<&mut DevBytes> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_add(size);
         self.live_allocations += 1;
         if !class.owned() {
@@ -344,7 +369,7 @@ impl Process {
             self.peak_ts = ts;
         }
         self.extremes.grew(self.live_bytes, ts);
-        let (i, d) = self.dev(device);
+        let d = self.dev(device);
         d.live = d.live.saturating_add(size);
         if d.live > d.peak {
             d.peak = d.live;
@@ -352,12 +377,12 @@ impl Process {
         if class.resident() {
             d.resident = d.resident.saturating_add(size);
         }
-        Some(i)
+        Some(d)
     }
 
-    /// Returns the index of the device's entry when live bytes changed.
+    /// Returns the device's entry when live bytes changed.
     #[inline(always)]
-    fn sub_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<usize> {
+    fn sub_bytes(&mut self, class: Class, device: i16, size: u64, ts: u64) -> Option<&mut DevBytes> {
         self.by_class[class.index()] = self.by_class[class.index()].saturating_sub(size);
         self.live_allocations = self.live_allocations.saturating_sub(1);
         self.frees += 1;
@@ -367,12 +392,12 @@ impl Process {
         }
         self.live_bytes = self.live_bytes.saturating_sub(size);
         self.extremes.shrank(self.live_bytes, ts);
-        let (i, d) = self.dev(device);
+        let d = self.dev(device);
         d.live = d.live.saturating_sub(size);
         if class.resident() {
             d.resident = d.resident.saturating_sub(size);
         }
-        Some(i)
+        Some(d)
     }
 
     fn arena_change(&mut self, old: Option<(u64, u64)>, new: Option<(u64, u64)>) {
@@ -493,34 +518,6 @@ impl Model {
         self.anomalies[a as usize] += 1;
         if let Some(s) = slot {
             self.procs[s].anomalies += 1;
-        }
-    }
-
-    /// Follows a change of a process's live bytes on one device (its entry `changed`, when
-    /// there was one) into the device's total.
-    #[inline(always)]
-    fn note_change(&mut self, slot: usize, changed: Option<usize>, up: bool, size: u64) {
-        let Some(i) = changed else { return };
-        let p = &mut self.procs[slot];
-        let ts = p.last_ts;
-        let d = &mut p.devices[i];
-        // Indices are only ever set here (and checked on restore).
-        let t = match self.device_live.get(d.total as usize) {
-            Some(_) => d.total as usize,
-            None => {
-                let t = device_index(&mut self.device_live, d.device);
-                d.total = t as u32;
-                t
-            }
-        };
-        let dl = &mut self.device_live[t];
-        if up {
-            dl.live = dl.live.saturating_add(size);
-            dl.peak = dl.peak.max(dl.live);
-            dl.extremes.grew(dl.live, ts);
-        } else {
-            dl.live = dl.live.saturating_sub(size);
-            dl.extremes.shrank(dl.live, ts);
         }
     }
 
@@ -851,8 +848,9 @@ impl Model {
         }
         let p = &mut self.procs[slot];
         p.allocations += 1;
-        let changed = p.add_bytes(class, ev.device, ev.size, ts);
-        self.note_change(slot, changed, true, ev.size);
+        if let Some(d) = p.add_bytes(class, ev.device, ev.size, ts) {
+            d.count_in_total(&mut self.device_live, true, ev.size, ts);
+        }
         if class == Class::Pool {
             let g = self.config.granularity;
             let key = Self::pool_key(pid, ev.device, pool);
@@ -877,8 +875,10 @@ impl Model {
     fn remove_alloc(&mut self, slot: usize, pid: u32, addr: u64, a: Alloc) {
         let class = a.class();
         let p = &mut self.procs[slot];
-        let changed = p.sub_bytes(class, a.device, a.size, p.last_ts);
-        self.note_change(slot, changed, false, a.size);
+        let ts = p.last_ts;
+        if let Some(d) = p.sub_bytes(class, a.device, a.size, ts) {
+            d.count_in_total(&mut self.device_live, false, a.size, ts);
+        }
         if class == Class::Pool {
             let pool =
                 if a.class & EXPLICIT_POOL != 0 { self.alloc_pools.remove(&(pid, addr)).unwrap_or(0) } else { 0 };
@@ -922,16 +922,19 @@ impl Model {
             .insert(key, Handle { size: ev.size, ts, device: ev.device, class: class as u8, released: false, maps: 0 });
         let p = &mut self.procs[slot];
         p.allocations += 1;
-        let changed = p.add_bytes(class, ev.device, ev.size, ts);
-        self.note_change(slot, changed, true, ev.size);
+        if let Some(d) = p.add_bytes(class, ev.device, ev.size, ts) {
+            d.count_in_total(&mut self.device_live, true, ev.size, ts);
+        }
     }
 
     fn drop_handle_if_done(&mut self, slot: usize, key: (u32, u64)) {
         if self.handles.get(&key).is_some_and(|h| h.released && h.maps == 0) {
             if let Some(h) = self.handles.remove(&key) {
                 let p = &mut self.procs[slot];
-                let changed = p.sub_bytes(Class::from_index(h.class), h.device, h.size, p.last_ts);
-                self.note_change(slot, changed, false, h.size);
+                let ts = p.last_ts;
+                if let Some(d) = p.sub_bytes(Class::from_index(h.class), h.device, h.size, ts) {
+                    d.count_in_total(&mut self.device_live, false, h.size, ts);
+                }
             }
         }
     }
