@@ -590,15 +590,15 @@ impl Model {
                 s
             }
         };
-        if !self.procs[slot].alive {
+        let p = &mut self.procs[slot];
+        if !p.alive {
             self.anomaly(Some(slot), Anomaly::EventAfterExit);
             return;
         }
         // Time: an event is applied at its process's latest time if it is older (threads
         // reach the ring concurrently, so small steps back across threads are normal); a
         // step back within one thread is an anomaly.
-        let ts = {
-            let p = &mut self.procs[slot];
+        let (ts, incident) = {
             let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
             if p.cur_tid.0 != ev.tid {
                 let (tid, last) = p.cur_tid;
@@ -610,16 +610,19 @@ impl Model {
             let back = ev.ts_ns < p.cur_tid.1;
             p.cur_tid.1 = p.cur_tid.1.max(ev.ts_ns);
             p.last_ts = ts;
+            let incident = p.awaiting_sample.is_some() || p.open_incident.is_some();
             if back {
                 self.anomaly(Some(slot), Anomaly::TimeBackwards);
             }
-            ts
+            (ts, incident)
         };
         if ts > self.now {
             self.now = ts;
         }
-        // Incident bookkeeping that precedes the event itself.
-        self.incident_pre(slot, ev, kind, ts);
+        if incident {
+            // Incident bookkeeping that precedes the event itself.
+            self.incident_pre(slot, ev, kind, ts);
+        }
 
         if ev.failed() {
             if kind != EventKind::MemInfo {
