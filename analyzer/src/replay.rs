@@ -150,7 +150,7 @@ impl Replayer {
     }
 
     /// Applies one event (the hot path).
-    #[inline]
+    #[inline(always)]
     pub fn event(&mut self, ev: &Event) {
         if self.stopped {
             return;
