@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use vramhook_analyzer::{analyze_bytes, fuzzing, AnalyzeError, Options};
+use vramhook_protocol::record::{Api, EventKind};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -152,4 +153,66 @@ fn seed_corpus_through_the_fuzz_target_bodies() {
         fuzzing::pytorch_snapshot(c);
         fuzzing::analyze_bytes_target(c);
     }
+}
+
+/// A file on disk is read through a memory map: for whole, cut and bit-flipped captures it
+/// gives the same report as the same bytes in memory.
+#[test]
+fn mapped_files_read_as_their_bytes() {
+    let (bytes, _) = scenario();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut variants = vec![bytes.clone(), bytes[..bytes.len() / 2].to_vec(), bytes[..100].to_vec()];
+    for _ in 0..20 {
+        let mut b = bytes.clone();
+        let i = 64 + rng.below(b.len() - 64);
+        b[i] ^= 1 << rng.below(8);
+        variants.push(b);
+    }
+    for (n, v) in variants.iter().enumerate() {
+        let path = dir.path().join(format!("v{n}.vhc"));
+        std::fs::write(&path, v).expect("write");
+        let from_file = vramhook_analyzer::analyze(&[&path], &Options::default()).expect("non-strict never fails");
+        let from_bytes = analyze_bytes(&path.display().to_string(), v, &Options::default()).expect("bytes");
+        assert_eq!(from_file.events, from_bytes.events, "variant {n}");
+        let (a, b) = (&from_file.inputs[0], &from_bytes.inputs[0]);
+        assert_eq!((&a.status, a.truncated_at, a.bytes_read), (&b.status, b.truncated_at, b.bytes_read), "variant {n}");
+        let offsets =
+            |i: &vramhook_analyzer::InputReport| i.corrupt_frames.iter().map(|c| c.offset).collect::<Vec<_>>();
+        assert_eq!(offsets(a), offsets(b), "variant {n}");
+    }
+}
+
+/// Another program truncates a capture while it is mapped: the analyzer reports the cut
+/// instead of dying of SIGBUS, and keeps what it read before it.
+#[test]
+fn a_file_truncated_while_mapped_reads_as_cut() {
+    let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    let evs: Vec<_> = (0..200_000u64)
+        .map(|i| {
+            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
+            let api = if i % 2 == 0 { Api::cuMemAlloc_v2 } else { Api::cuMemFree_v2 };
+            ev(7, 1_000 + i, kind, api, 0x1000 + (i / 2) * 4096, 4096, 0, 0)
+        })
+        .collect();
+    for c in evs.chunks(1000) {
+        w.write_events(c).expect("events");
+    }
+    let bytes = w.finish().expect("finish");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shrinking.vhc");
+    std::fs::write(&path, &bytes).expect("write");
+    let file = std::fs::File::open(&path).expect("open");
+    let mapped = vramhook_protocol::mapped::Mapped::new(&file).expect("map");
+    // Cut to 1 MiB after the map was made (its first pages already populated).
+    std::fs::OpenOptions::new().write(true).open(&path).expect("open rw").set_len(1 << 20).expect("truncate");
+    let mut r = vramhook_analyzer::Replayer::new(Options::default());
+    r.capture("shrinking.vhc", mapped).expect("non-strict never fails");
+    let rep = vramhook_analyzer::finish(r);
+    let i = &rep.inputs[0];
+    assert_eq!(i.status, "truncated");
+    let at = i.truncated_at.expect("where");
+    assert!((900_000..=1 << 20).contains(&at), "cut reported at {at}");
+    assert!(i.error.as_deref().is_some_and(|e| e.contains("shrank")), "{:?}", i.error);
+    assert!(rep.events > 10_000 && rep.events < 200_000, "kept what came before the cut: {}", rep.events);
 }
