@@ -102,8 +102,10 @@ pub struct Replayer {
     pub(crate) clock: Option<(u64, u64)>,
     tracked_overflow: bool,
     forced: u32,
-    /// The nearest bucket edge of the live-bytes timelines: totals are flushed there.
+    /// The next bucket edge of the live-bytes timelines: totals are flushed there.
     flush_at: u64,
+    /// Flushes at bucket edges (samples flush too).
+    edge_flushes: u64,
 }
 
 impl Replayer {
@@ -136,13 +138,14 @@ impl Replayer {
             clock: None,
             tracked_overflow: false,
             flush_at: u64::MAX,
+            edge_flushes: 0,
             forced: 0,
         }
     }
 
     fn start_clock(&mut self, ts: u64) {
         self.first_ts = Some(ts);
-        self.grid = Grid { origin: ts };
+        self.grid = Grid { origin: ts, width: 1000, cap: self.opts.max_points.max(4) as u64 };
         self.from_abs = self.opts.from_ns.map_or(0, |f| ts.saturating_add(f));
         self.to_abs = self.opts.to_ns.map_or(u64::MAX, |t| ts.saturating_add(t));
         self.at_abs = self.opts.at_ns.map(|a| ts.saturating_add(a));
@@ -170,7 +173,8 @@ impl Replayer {
         }
         if ev.ts_ns >= self.flush_at {
             // Live bytes are taken from the model at their timelines' bucket edges.
-            self.flush();
+            self.edge_flushes += 1;
+            self.flush(ev.ts_ns);
         }
         self.model.apply(ev);
         self.applied += 1;
@@ -187,23 +191,20 @@ impl Replayer {
     }
 
     /// Moves how the model's totals (tracked processes, devices) moved since the last call
-    /// into their timelines. Each window's lowest and highest value land in the bucket
-    /// where the window began, which is where following every event would have put them:
-    /// a window never crosses a bucket edge, since the first event past the nearest edge
-    /// flushes before it is applied. All timelines share one time grid (see
-    /// [`Replayer::timeline`]), so the edges to watch are few.
-    fn flush(&mut self) {
-        let mut next = u64::MAX;
+    /// into their timelines, at time `now`. Each window's lowest and highest value land in
+    /// the bucket where the window began, which is where following every event would have
+    /// put them: a window never crosses a bucket edge, since the first event past the next
+    /// edge of the shared [`Grid`] flushes before it is applied.
+    fn flush(&mut self, now: u64) {
+        let width = self.grid.width;
         for &slot in &self.tracked_slots {
             let Some(Some(t)) = self.procs.get_mut(slot) else { continue };
             if let Some((live, window)) = self.model.take_process_window(slot) {
                 if let Some(w) = window {
+                    t.series.coarsen_to(width);
                     push_window(&mut t.series, w, live);
                 }
                 t.last = live;
-            }
-            if let Some(end) = t.series.bucket_end() {
-                next = next.min(end);
             }
         }
         for w in self.model.take_device_windows() {
@@ -211,17 +212,15 @@ impl Replayer {
             let dt = &mut self.devs[i];
             if let Some(window) = w.window {
                 if dt.live.is_empty() {
-                    dt.live = self.grid.series(self.opts.max_points);
+                    dt.live = self.grid.series();
                 }
+                dt.live.coarsen_to(width);
                 push_window(&mut dt.live, window, w.live);
             }
             dt.last_live = w.live;
             dt.peak_live = w.peak;
-            if let Some(end) = dt.live.bucket_end() {
-                next = next.min(end);
-            }
         }
-        self.flush_at = next;
+        self.flush_at = self.grid.next_edge(now);
     }
 
     /// Returns false when the event must not be applied (past `--to`).
@@ -392,18 +391,20 @@ impl Replayer {
                     continue;
                 }
                 self.tracked_slots.push(slot);
-                let series = self.grid.series(self.opts.max_points);
+                let series = self.grid.series();
                 self.procs[slot] = Some(ProcTrack { pid: p.pid, series, last: u64::MAX });
             }
         }
         // What moved since the last flush lands before this sample's values (new tracks get
         // their process's history since it began).
-        self.flush();
+        self.flush(ts);
+        let width = self.grid.width;
         for (slot, p) in snap.processes.iter().enumerate() {
             let Some(Some(t)) = self.procs.get_mut(slot) else { continue };
             if t.last == 0 && p.live_bytes == 0 && !p.alive {
                 continue;
             }
+            t.series.coarsen_to(width);
             t.series.push(ts, p.live_bytes as f64);
             t.last = p.live_bytes;
         }
@@ -417,19 +418,10 @@ impl Replayer {
         for t in self.devs.iter_mut() {
             if t.last_live != 0 || t.live.is_empty() {
                 if t.live.is_empty() {
-                    t.live = self.grid.series(self.opts.max_points);
+                    t.live = self.grid.series();
                 }
+                t.live.coarsen_to(width);
                 t.live.push(ts, t.last_live as f64);
-                if let Some(end) = t.live.bucket_end() {
-                    self.flush_at = self.flush_at.min(end);
-                }
-            }
-        }
-        for &slot in &self.tracked_slots {
-            if let Some(Some(t)) = self.procs.get(slot) {
-                if let Some(end) = t.series.bucket_end() {
-                    self.flush_at = self.flush_at.min(end);
-                }
             }
         }
         for a in &snap.arenas {
@@ -661,17 +653,36 @@ impl Replayer {
     }
 }
 
-/// Where the live-bytes timelines start: all share one origin, so that their bucket edges
-/// coincide (a coarser timeline's edges are a subset of a finer one's) and flushing at the
-/// nearest edge serves them all.
-#[derive(Clone, Copy, Default)]
+/// The time grid of the live-bytes timelines: one origin and one bucket width for all, the
+/// width doubling as the replay's span grows so that a timeline never needs more than its
+/// `cap` buckets. Shared edges mean one flush per edge serves every timeline, and a
+/// time-driven width bounds the flushes (about `cap / 2` per doubling of the span) whatever
+/// the processes do.
+#[derive(Clone, Copy)]
 struct Grid {
     origin: u64,
+    width: u64,
+    cap: u64,
+}
+
+impl Default for Grid {
+    fn default() -> Self {
+        Grid { origin: 0, width: 1000, cap: crate::series::DEFAULT_POINTS as u64 }
+    }
 }
 
 impl Grid {
-    fn series(&self, cap: usize) -> Series {
-        Series::starting_at(cap, self.origin)
+    fn series(&self) -> Series {
+        Series::on_grid(self.cap as usize, self.origin, self.width)
+    }
+
+    /// Widens the grid for time `now` if needed; returns the next edge after `now`.
+    fn next_edge(&mut self, now: u64) -> u64 {
+        let span = now.saturating_sub(self.origin);
+        while span / self.width >= self.cap {
+            self.width = self.width.saturating_mul(2);
+        }
+        self.origin.saturating_add((span / self.width + 1).saturating_mul(self.width))
     }
 }
 
@@ -702,5 +713,39 @@ pub(crate) fn layout_item(e: &LayoutEntry) -> LayoutItem {
         device: e.device,
         ts_ns: e.ts_ns,
         reservation: e.reservation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramhook_protocol::record::Api;
+
+    fn ev(pid: u32, ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
+        let api = if kind == EventKind::Alloc { Api::cuMemAlloc_v2 } else { Api::cuMemFree_v2 };
+        Event { ts_ns: ts, pid, tid: pid, kind: kind.code(), api: api.code(), addr, size, ..Event::default() }
+    }
+
+    /// Flushes follow the grid, not the processes: one that went quiet long ago (or exited)
+    /// does not make every later event flush. About cap / 2 flushes per doubling of the span.
+    #[test]
+    fn flushes_are_bounded_by_the_grid() {
+        let mut r = Replayer::new(Options { max_points: 100, ..Options::default() });
+        r.event(&ev(1, 1_000, EventKind::Alloc, 0x1000, 4096));
+        r.event(&ev(1, 2_000, EventKind::Free, 0x1000, 0));
+        r.event(&Event {
+            kind: EventKind::ProcessExit.code(),
+            api: Api::Interposer.code(),
+            ..ev(1, 3_000, EventKind::Free, 0, 0)
+        });
+        // One hour of another process, an event every 18 ms.
+        let n = 200_000u64;
+        for i in 0..n {
+            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
+            r.event(&ev(2, 10_000 + i * 18_000_000, kind, 0x9000, 1 << 20));
+        }
+        let doublings = 64 - (n * 18_000_000 / 1000).leading_zeros() as u64;
+        assert!(r.edge_flushes <= 100 * doublings, "{} flushes at edges for {n} events", r.edge_flushes);
+        assert!(r.edge_flushes >= 50, "the grid must still be followed: {}", r.edge_flushes);
     }
 }

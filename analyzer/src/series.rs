@@ -74,10 +74,20 @@ impl Series {
         Series { origin: 0, width: 1000, cap: cap.max(4), buckets: Vec::new(), last_end: 0, fixed_origin: false }
     }
 
-    /// A series whose buckets are counted from `origin` (not from its first point): series
-    /// that share an origin share bucket edges.
-    pub fn starting_at(cap: usize, origin: u64) -> Series {
-        Series { origin, fixed_origin: true, ..Series::new(cap) }
+    /// A series on a shared grid: buckets counted from `origin` (not from its first point)
+    /// and `width` wide to begin with. Series on one grid share bucket edges.
+    pub fn on_grid(cap: usize, origin: u64, width: u64) -> Series {
+        Series { origin, width: width.max(1), fixed_origin: true, ..Series::new(cap) }
+    }
+
+    /// Merges buckets until they are at least `width` wide (a grid that widened).
+    pub fn coarsen_to(&mut self, width: u64) {
+        if self.width < width {
+            while self.width < width {
+                self.halve();
+            }
+            self.last_end = self.bucket_end().unwrap_or(0);
+        }
     }
 
     /// Adds a point; a point before the last bucket's end (also one that went back in
