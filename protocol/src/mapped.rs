@@ -123,7 +123,7 @@ const MADV_POPULATE_READ: libc::c_int = 22;
 impl Source for Mapped {
     #[inline]
     fn take(&mut self, n: usize) -> io::Result<&[u8]> {
-        if self.pos + n > self.populated {
+        if self.pos.saturating_add(n) > self.populated {
             self.populate();
         }
         if self.pos >= self.released + RELEASE_EVERY {
