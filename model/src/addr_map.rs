@@ -298,11 +298,9 @@ mod tests {
                 }
                 prop_assert_eq!(m.len(), r.len());
             }
-            let mut got: Vec<_> = m.iter().collect();
-            got.sort_by_key(|x| (x.0, x.1));
             let mut want: Vec<_> = r.iter().map(|(k, v)| (k.0, k.1, *v)).collect();
             want.sort_by_key(|x| (x.0, x.1));
-            prop_assert_eq!(got, want);
+            prop_assert_eq!(sorted(&m), want);
         }
     }
 
@@ -314,19 +312,22 @@ mod tests {
         }
         let bytes = postcard::to_allocvec(&m).expect("serialise");
         let back: AddrMap = postcard::from_bytes(&bytes).expect("deserialise");
-        let mut x: Vec<_> = m.iter().collect();
-        let mut y: Vec<_> = back.iter().collect();
-        x.sort_by_key(|e| (e.0, e.1));
-        y.sort_by_key(|e| (e.0, e.1));
-        assert_eq!(x, y);
+        assert_eq!(sorted(&m), sorted(&back));
+    }
+
+    /// The entries in key order.
+    fn sorted(m: &AddrMap) -> Vec<(u32, u64, Alloc)> {
+        let mut v: Vec<_> = m.iter().collect();
+        v.sort_by_key(|e| (e.0, e.1));
+        v
     }
 
     #[test]
-    fn stays_at_most_three_quarters_full() {
+    fn stays_at_most_half_full() {
         let mut m = AddrMap::default();
         for i in 0..100_000u64 {
             m.insert(1, 0x7f00_0000_0000 + (i << 21), a(i + 1));
-            assert!(m.len() * 4 <= m.slots.len() * 3);
+            assert!(m.len() * 2 <= m.slots.len());
         }
         assert_eq!(std::mem::size_of::<Slot>(), 32);
     }

@@ -2,7 +2,7 @@ use crate::capture::*;
 use crate::record::{Api, Event, EventKind};
 use std::io::Cursor;
 
-fn sample_events(n: u64) -> Vec<Event> {
+pub(crate) fn sample_events(n: u64) -> Vec<Event> {
     (0..n)
         .map(|i| Event {
             seq: i,

@@ -249,27 +249,13 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 mod tests {
     use super::*;
     use crate::capture::{CaptureError, CaptureHeader, CaptureReader, CaptureWriter, Frame};
-    use crate::record::{Api, Event, EventKind};
     use std::io::Write;
 
     fn capture_file(events: u64) -> tempfile_like::TempPath {
         let path = tempfile_like::TempPath::new();
         let mut w =
             CaptureWriter::new(std::fs::File::create(&path.0).expect("create"), &CaptureHeader::now()).expect("header");
-        let evs: Vec<Event> = (0..events)
-            .map(|i| Event {
-                seq: i,
-                ts_ns: 10 + i,
-                pid: 7,
-                tid: 7,
-                kind: EventKind::Alloc.code(),
-                api: Api::cuMemAlloc_v2.code(),
-                addr: 0x1000 + i * 64,
-                size: 64,
-                ..Event::default()
-            })
-            .collect();
-        for c in evs.chunks(1000) {
+        for c in crate::capture_tests::sample_events(events).chunks(1000) {
             w.write_events(c).expect("events");
         }
         w.finish().expect("finish").flush().expect("flush");
