@@ -364,6 +364,9 @@ impl RingSource {
             Ok(None) => return Err(OpenError::Ignore), // another reader holds it
             Err(RingError::NotReady) => return Err(OpenError::NotReady),
             Err(RingError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
+            // The writer creates the file, then sizes it: a scan may see it empty. Wait
+            // while the process it names lives; what it left unsized when gone is refused.
+            Err(RingError::TooSmall(_)) if process_alive(key.0, key.1) => return Err(OpenError::NotReady),
             Err(e) => return Err(OpenError::Refuse(e.to_string())),
         };
         let info = ring.reader.info().clone();
@@ -497,12 +500,34 @@ mod tests {
         assert_eq!(parse_ring_name("12-34-0.ring.tmp"), None);
     }
 
+    fn own_start_time() -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", std::process::id())).expect("stat");
+        let after = &stat[stat.rfind(')').expect(")") + 2..];
+        after.split(' ').nth(19).expect("field").parse().expect("number")
+    }
+
+    /// A ring file seen between its creation and its sizing is not refused while its
+    /// process lives (it was, and the whole process went missing from the capture).
+    #[test]
+    fn an_empty_ring_of_a_live_process_is_waited_for() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let live = dir.path().join(format!("{}-{}-0.ring", std::process::id(), own_start_time()));
+        let gone = dir.path().join(format!("{}-1-0.ring", u32::MAX - 1));
+        std::fs::write(&live, b"").expect("create");
+        std::fs::write(&gone, b"").expect("create");
+        let mut source = RingSource::new(dir.path(), RingFilter::default(), None);
+        for _ in 0..3 {
+            source.poll(&mut |_| {});
+        }
+        let refused: Vec<PathBuf> = source.take_refusals().into_iter().map(|r| r.path).collect();
+        assert_eq!(refused, vec![gone], "only the ring of a process that is gone is refused");
+        assert_eq!(source.open_rings(), 0);
+    }
+
     #[test]
     fn this_process_is_alive_and_a_wrong_start_time_is_not() {
         let pid = std::process::id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-        let after = &stat[stat.rfind(')').expect(")") + 2..];
-        let start: u64 = after.split(' ').nth(19).expect("field").parse().expect("number");
+        let start = own_start_time();
         assert!(process_alive(pid, start));
         assert!(!process_alive(pid, start + 1));
         assert!(!process_alive(u32::MAX - 1, start));
