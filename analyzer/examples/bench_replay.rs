@@ -19,16 +19,9 @@ use vramhook_protocol::capture::{CaptureHeader, CaptureReader, CaptureWriter, Fr
 use vramhook_protocol::mapped::Mapped;
 use vramhook_protocol::record::{Api, Event, EventKind};
 
-fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
+#[path = "../tests/common/rss.rs"]
+mod rss;
+use rss::vm_hwm_kib;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut events: u64 = 20_000_000;

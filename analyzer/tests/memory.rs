@@ -9,16 +9,9 @@ use vramhook_analyzer::{analyze, Options};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessInfo};
 use vramhook_protocol::record::{Api, Event, EventKind};
 
-fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
+#[path = "common/rss.rs"]
+mod rss;
+use rss::vm_hwm_kib;
 
 #[test]
 fn large_capture_in_bounded_memory() {
