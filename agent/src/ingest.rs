@@ -31,6 +31,8 @@ pub struct IngestConfig {
     /// Processes that exited longer ago than this are forgotten (with their incidents), so
     /// that memory does not grow with every process that ever ran on the host.
     pub forget_exited_after: Duration,
+    /// Largest ring file accepted (bigger ones are refused before they are mapped).
+    pub max_ring_bytes: u64,
 }
 
 impl IngestConfig {
@@ -44,6 +46,7 @@ impl IngestConfig {
             batch_limit: 4096,
             include_run_rings: false,
             forget_exited_after: Duration::from_secs(600),
+            max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
         }
     }
 }
@@ -98,6 +101,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // Close a ring when its process is gone, not when it says it is exiting: threads and
     // destructors may still write after the exit mark.
     source.trust_exit_mark = false;
+    source.max_ring_bytes = cfg.max_ring_bytes;
     let _ = std::fs::create_dir_all(&cfg.ring_dir);
     let mut watcher = Watcher::new(&cfg.ring_dir);
     if watcher.is_none() {
@@ -148,10 +152,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     source.set_recorded(key, recorded);
                 }
             }
-            for refusal in source.take_refusals() {
-                add(&stats.rings_refused, 1);
-                eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
-            }
+            report_refusals(&mut source, &stats);
             if first {
                 first = false;
                 // Processes the recovered model thinks alive whose ring is gone: their end
@@ -221,6 +222,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             })
         };
+        report_refusals(&mut source, &stats);
+        add(&stats.events_refused, summary.foreign);
         add(&stats.restart_lost, summary.skipped);
         add(&stats.writer_dropped, summary.dropped);
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
@@ -269,6 +272,20 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
             rotate: false,
         });
+    }
+}
+
+/// Counts and reports the rings refused (at the door) or closed as hostile since the last
+/// call, one line each.
+fn report_refusals(source: &mut RingSource, stats: &AgentStats) {
+    for refusal in source.take_refusals() {
+        if refusal.hostile {
+            add(&stats.rings_hostile, 1);
+            eprintln!("vramhook agent: closing hostile ring {}: {}", refusal.path.display(), refusal.reason);
+        } else {
+            add(&stats.rings_refused, 1);
+            eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
+        }
     }
 }
 

@@ -688,9 +688,10 @@ fn parse_meta(area: &[u8]) -> (String, Vec<String>) {
     (exe, cmdline)
 }
 
-/// Largest ring file a reader maps by default: 64 MiB (the interposer's default ring is
-/// about 4 MiB). Anything bigger is refused before it is mapped.
-pub const DEFAULT_MAX_RING_BYTES: u64 = 64 << 20;
+/// Largest ring file a reader maps by default: 64 MiB of slots (1 Mi events) plus the
+/// header page (the interposer's default ring is 4 MiB of slots). Anything bigger is
+/// refused before it is mapped.
+pub const DEFAULT_MAX_RING_BYTES: u64 = (64 << 20) + HEADER_SIZE as u64;
 
 /// A ring file mapped by a reader, locked so that no second reader drains it.
 ///
