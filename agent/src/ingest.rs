@@ -69,11 +69,30 @@ impl Watcher {
     fn new(dir: &std::path::Path) -> Option<Watcher> {
         use inotify::WatchMask;
         let inotify = inotify::Inotify::init().ok()?;
+        // MOVED_TO: a writer that makes its ring under a temporary name and renames it
+        // once complete; CREATE and CLOSE_WRITE: one that makes it in place.
         inotify
             .watches()
-            .add(dir, WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::ATTRIB)
+            .add(
+                dir,
+                WatchMask::CREATE
+                    | WatchMask::MOVED_TO
+                    | WatchMask::CLOSE_WRITE
+                    | WatchMask::ATTRIB
+                    | WatchMask::DONT_FOLLOW
+                    | WatchMask::ONLYDIR,
+            )
             .ok()?;
         Some(Watcher { inotify, buf: vec![0; 4096] })
+    }
+
+    /// Sleeps up to `timeout`, waking at once when something happens in the directory.
+    fn wait(&self, timeout: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd { fd: self.inotify.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one pollfd on our own inotify descriptor.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
     }
 
     /// Whether anything happened in the directory since the last call (non-blocking).
@@ -142,7 +161,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     while !links.stop.load(Ordering::Relaxed) {
         let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
         let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
-        if dir_changed || last_scan.elapsed() >= period {
+        // A ring found before its writer finished it is looked at again at the next tick.
+        let retry = source.waiting() > 0;
+        if dir_changed || retry || last_scan.elapsed() >= period {
             last_scan = Instant::now();
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
@@ -255,11 +276,16 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             idle = Duration::ZERO; // more is waiting
         } else if summary.delivered > 0 {
             idle = Duration::from_millis(1);
+        } else if source.waiting() > 0 {
+            idle = Duration::from_millis(1); // a ring is being made: look again soon
         } else {
             idle = (idle * 2).clamp(Duration::from_millis(1), cfg.idle_poll);
         }
         if !idle.is_zero() {
-            std::thread::sleep(idle);
+            match &watcher {
+                Some(w) => w.wait(idle),
+                None => std::thread::sleep(idle),
+            }
         }
     }
     // Drain what is left, publish a last snapshot and checkpoint.
