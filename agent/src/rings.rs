@@ -790,6 +790,79 @@ mod tests {
         assert_eq!(source.open_rings(), 0);
     }
 
+    /// A ring made with the protocol's writer, holding `events`, for a process that is gone.
+    fn write_ring(dir: &Path, pid: u32, start: u64, events: &[Event]) {
+        use std::os::fd::AsRawFd;
+        use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
+        let len = ring_file_size(16);
+        let tmp = dir.join(".tmp");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create");
+        file.set_len(len as u64).expect("size");
+        // SAFETY: a fresh shared mapping of the whole file, unmapped below.
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            let init = RingInit { capacity: 16, pid, start_time: start, uid: libc::geteuid(), ..RingInit::default() };
+            let w = RingWriter::init(map as *mut u8, &init, b"");
+            for e in events {
+                assert!(w.push(&e.to_raw()));
+            }
+            libc::munmap(map, len);
+        }
+        std::fs::rename(&tmp, dir.join(format!("{pid}-{start}-0.ring"))).expect("rename");
+    }
+
+    /// Two rings of processes that are gone with the same pid (pid reuse) are never open
+    /// together: the model knows a process by its pid, so the first is drained and closed
+    /// before the second is announced, and each event lands on its own process. Events
+    /// naming another pid, or another start of this pid, are refused and counted.
+    #[test]
+    fn rings_of_one_pid_are_drained_one_after_the_other_and_foreign_events_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid = u32::MAX - 7;
+        let ev = |pid: u32, size: u64| Event {
+            pid,
+            kind: EventKind::Alloc.code(),
+            api: Api::cuMemAlloc_v2.code(),
+            addr: 0x1000,
+            size,
+            ..Event::default()
+        };
+        let start_of_other = Event { kind: EventKind::ProcessStart.code(), aux: 2, ..ev(pid, 0) };
+        write_ring(dir.path(), pid, 1, &[ev(pid, 10), ev(1, 1 << 40), start_of_other]);
+        write_ring(dir.path(), pid, 2, &[ev(pid, 20)]);
+        let mut source = RingSource::new(dir.path(), RingFilter::default(), None);
+        source.batch_limit = 1; // several polls per ring: time for the two to interleave
+        let mut seen = Vec::new();
+        let mut foreign = 0;
+        for _ in 0..10 {
+            let summary = source.poll(&mut |item| match item {
+                SourceItem::Process(p) => seen.push(format!("process {}", p.start_time)),
+                SourceItem::Events(es) => seen.extend(es.iter().map(|e| format!("event {} {}", e.pid, e.size))),
+                SourceItem::End(e) => seen.push(format!("end {} malformed {}", e.start_time, e.malformed)),
+            });
+            foreign += summary.foreign;
+        }
+        let expected = [
+            "process 1".to_string(),
+            format!("event {pid} 10"),
+            "end 1 malformed 2".into(),
+            "process 2".into(),
+            format!("event {pid} 20"),
+            "end 2 malformed 0".into(),
+        ];
+        assert_eq!(seen, expected);
+        assert_eq!(foreign, 2);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0, "both rings removed");
+    }
+
     #[test]
     fn this_process_is_alive_and_a_wrong_start_time_is_not() {
         let pid = std::process::id();
