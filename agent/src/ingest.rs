@@ -154,17 +154,22 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let mut last_checkpoint = Instant::now();
     let mut last_forget = Instant::now();
     let mut last_scan = Instant::now() - cfg.rescan;
+    // A change seen but not yet scanned for (scans are at least `MIN_SCAN_GAP` apart, so
+    // that a user churning files in the directory cannot keep the agent scanning).
+    let mut scan_due = false;
     let mut first = true;
     // Rings opened but not yet announced, with their cursor at open.
     let mut pending: BTreeMap<RingKey, u64> = BTreeMap::new();
     let mut idle = Duration::from_millis(1);
     while !links.stop.load(Ordering::Relaxed) {
-        let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
+        scan_due |= watcher.as_mut().is_some_and(Watcher::changed);
         let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
         // A ring found before its writer finished it is looked at again at the next tick.
         let retry = source.waiting() > 0;
-        if dir_changed || retry || last_scan.elapsed() >= period {
+        let since = last_scan.elapsed();
+        if ((scan_due || retry) && since >= MIN_SCAN_GAP) || since >= period {
             last_scan = Instant::now();
+            scan_due = false;
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
                 add(&stats.rings_opened, 1);
@@ -276,7 +281,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             idle = Duration::ZERO; // more is waiting
         } else if summary.delivered > 0 {
             idle = Duration::from_millis(1);
-        } else if source.waiting() > 0 {
+        } else if source.waiting() > 0 || scan_due {
             idle = Duration::from_millis(1); // a ring is being made: look again soon
         } else {
             idle = (idle * 2).clamp(Duration::from_millis(1), cfg.idle_poll);
@@ -300,6 +305,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         });
     }
 }
+
+/// Least time between two directory scans triggered by inotify or by a ring not yet ready.
+const MIN_SCAN_GAP: Duration = Duration::from_millis(2);
 
 /// Counts and reports the rings refused (at the door) or closed as hostile since the last
 /// call, one line each.

@@ -435,6 +435,14 @@ impl RingSource {
         }
         let Some(dir) = &self.dir_fd else { return 0 };
         let Ok(names) = list_dir(dir) else { return 0 };
+        // Remember refusals only for files still there: a user who churns names cannot
+        // grow the reader's memory.
+        if !self.refused.is_empty() || !self.ignored.is_empty() {
+            let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+            let here = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| present.contains(n));
+            self.refused.retain(|p, _| here(p));
+            self.ignored.retain(|p, _| here(p));
+        }
         let mut found: Vec<(RingKey, PathBuf)> = names
             .iter()
             .filter_map(|name| parse_ring_name(name).map(|k| (k, self.dir.join(name))))
