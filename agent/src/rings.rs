@@ -261,7 +261,7 @@ impl RingSource {
         let now = std::time::Instant::now();
         let liveness_interval = self.liveness_interval;
         let keys: Vec<RingKey> = self.rings.keys().copied().collect();
-        for key in keys {
+        'rings: for key in keys {
             let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
             let Some(t) = self.rings.get_mut(&key) else { continue };
             if !t.announced {
@@ -294,74 +294,87 @@ impl RingSource {
                 self.close_hostile(key, writer_gone, reason, sink, &mut summary);
                 continue;
             }
+            // A ring whose writer is gone is drained to its end in this poll (at most one
+            // lap, which the claims check bounds), so that its process is closed in the
+            // same poll it was last read: a process that is gone never looks alive.
             let Some(t) = self.rings.get_mut(&key) else { continue };
-            self.batch.clear();
-            let batch = &mut self.batch;
-            let (pid, start) = (key.0, key.1);
-            let mut foreign = 0u64;
-            let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
-                // An event is the ring's verified writer's, whatever pid it names: one that
-                // names another process (or another start of this pid) is refused.
-                let kind = EventKind::from_code(e.kind);
-                if e.pid != pid || (kind == Some(EventKind::ProcessStart) && e.aux != start) {
-                    foreign += 1;
-                } else {
-                    batch.push(e);
+            let max_rounds = t.ring.mapped_len() / vramhook_protocol::record::RECORD_SIZE / self.batch_limit.max(1) + 2;
+            let mut rounds = 0;
+            loop {
+                let Some(t) = self.rings.get_mut(&key) else { continue 'rings };
+                self.batch.clear();
+                let batch = &mut self.batch;
+                let (pid, start) = (key.0, key.1);
+                let mut foreign = 0u64;
+                let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
+                    // An event is the ring's verified writer's, whatever pid it names: one that
+                    // names another process (or another start of this pid) is refused.
+                    let kind = EventKind::from_code(e.kind);
+                    if e.pid != pid || (kind == Some(EventKind::ProcessStart) && e.aux != start) {
+                        foreign += 1;
+                    } else {
+                        batch.push(e);
+                    }
+                });
+                if let Some(at) = t.ring.shrank() {
+                    // Cut while mapped: what was read before the cut is handed on; the rest is
+                    // gone. The ring is closed; the map now reads zeros, never SIGBUS.
+                    if !self.batch.is_empty() {
+                        sink(SourceItem::Events(&self.batch));
+                    }
+                    let reason = cut_reason(at, t.ring.mapped_len());
+                    self.close_hostile(key, writer_gone, reason, sink, &mut summary);
+                    continue 'rings;
                 }
-            });
-            if let Some(at) = t.ring.shrank() {
-                // Cut while mapped: what was read before the cut is handed on; the rest is
-                // gone. The ring is closed; the map now reads zeros, never SIGBUS.
+                // Slot accounting: every slot behind the cursor was delivered (now or before a
+                // restart, as recorded), lost in flight, malformed, or taken by an earlier
+                // reader that died before its events were recorded. The reader may consume
+                // ahead of its cursor, so `position - accounted` is a lower bound of the last
+                // kind, exact whenever the reader has caught up: report its growth as a
+                // `Dropped` marker (aux = slots), so nothing is lost silently.
+                t.accounted = t
+                    .accounted
+                    .saturating_add(stats.delivered)
+                    .saturating_add(stats.lost_in_flight)
+                    .saturating_add(stats.malformed);
+                let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
+                if unexplained > t.lost_reported {
+                    let skipped = unexplained - t.lost_reported;
+                    t.lost_reported = unexplained;
+                    batch.push(Event {
+                        seq: t.ring.reader.position(),
+                        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                        pid: key.0,
+                        kind: EventKind::Dropped.code(),
+                        api: Api::Interposer.code(),
+                        device: -1,
+                        size: skipped,
+                        aux: skipped,
+                        ..Event::default()
+                    });
+                    t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(skipped);
+                    summary.skipped = summary.skipped.saturating_add(skipped);
+                }
+                let delivered = stats.delivered.saturating_sub(foreign);
+                let malformed = stats.malformed.saturating_add(foreign);
+                t.end.delivered = t.end.delivered.saturating_add(delivered);
+                t.end.dropped = t.end.dropped.saturating_add(stats.dropped.saturating_sub(stats.lost_in_flight));
+                t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(stats.lost_in_flight);
+                t.end.malformed = t.end.malformed.saturating_add(malformed);
+                t.end.hook_misses = counters.hook_misses;
+                summary.delivered = summary.delivered.saturating_add(delivered);
+                summary.malformed = summary.malformed.saturating_add(malformed);
+                summary.foreign = summary.foreign.saturating_add(foreign);
+                summary.dropped = summary.dropped.saturating_add(stats.dropped);
                 if !self.batch.is_empty() {
                     sink(SourceItem::Events(&self.batch));
                 }
-                let reason = cut_reason(at, t.ring.mapped_len());
-                self.close_hostile(key, writer_gone, reason, sink, &mut summary);
-                continue;
+                rounds += 1;
+                if !writer_gone || t.ring.reader.pending() == 0 || rounds >= max_rounds {
+                    break;
+                }
             }
-            // Slot accounting: every slot behind the cursor was delivered (now or before a
-            // restart, as recorded), lost in flight, malformed, or taken by an earlier
-            // reader that died before its events were recorded. The reader may consume
-            // ahead of its cursor, so `position - accounted` is a lower bound of the last
-            // kind, exact whenever the reader has caught up: report its growth as a
-            // `Dropped` marker (aux = slots), so nothing is lost silently.
-            t.accounted = t
-                .accounted
-                .saturating_add(stats.delivered)
-                .saturating_add(stats.lost_in_flight)
-                .saturating_add(stats.malformed);
-            let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
-            if unexplained > t.lost_reported {
-                let skipped = unexplained - t.lost_reported;
-                t.lost_reported = unexplained;
-                batch.push(Event {
-                    seq: t.ring.reader.position(),
-                    ts_ns: vramhook_protocol::clock::monotonic_ns(),
-                    pid: key.0,
-                    kind: EventKind::Dropped.code(),
-                    api: Api::Interposer.code(),
-                    device: -1,
-                    size: skipped,
-                    aux: skipped,
-                    ..Event::default()
-                });
-                t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(skipped);
-                summary.skipped = summary.skipped.saturating_add(skipped);
-            }
-            let delivered = stats.delivered.saturating_sub(foreign);
-            let malformed = stats.malformed.saturating_add(foreign);
-            t.end.delivered = t.end.delivered.saturating_add(delivered);
-            t.end.dropped = t.end.dropped.saturating_add(stats.dropped.saturating_sub(stats.lost_in_flight));
-            t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(stats.lost_in_flight);
-            t.end.malformed = t.end.malformed.saturating_add(malformed);
-            t.end.hook_misses = counters.hook_misses;
-            summary.delivered = summary.delivered.saturating_add(delivered);
-            summary.malformed = summary.malformed.saturating_add(malformed);
-            summary.foreign = summary.foreign.saturating_add(foreign);
-            summary.dropped = summary.dropped.saturating_add(stats.dropped);
-            if !self.batch.is_empty() {
-                sink(SourceItem::Events(&self.batch));
-            }
+            let Some(t) = self.rings.get_mut(&key) else { continue };
             if writer_gone && t.ring.reader.pending() == 0 {
                 if let Some(t) = self.rings.remove(&key) {
                     let mut end = t.end;
@@ -554,9 +567,9 @@ impl RingSource {
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
         }
-        // The ring must belong to the process it names: a pid that runs now must have
-        // started at the time the ring names, and /proc/PID must be owned by the ring's
-        // owner. (A process already gone cannot be checked: its ring is drained as a
+        // The ring must belong to the process it names: a pid held now (running or a
+        // zombie) must have started at the time the ring names, and /proc/PID must be
+        // owned by the ring's owner. (A process already gone cannot be checked: its ring is drained as a
         // process of its own, keyed by pid and start time, and closed. One that made itself
         // non-dumpable, whose /proc entry root owns, is refused.)
         if let Some(started) = proc_start_time(key.0) {
@@ -732,15 +745,12 @@ pub fn parse_ring_name(name: &str) -> Option<RingKey> {
     parts.next().is_none().then_some((pid, start, image))
 }
 
-/// The start time of the process `pid` running now (not a zombie), if there is one.
+/// The start time of the process that holds `pid` now (a zombie too: it still owns its
+/// pid and its /proc entry), if there is one.
 fn proc_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = stat.iter().rposition(|b| *b == b')')?;
     let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
-    let state = fields.first().and_then(|f| f.first()).copied().unwrap_or(b'X');
-    if state == b'Z' || state == b'X' {
-        return None;
-    }
     fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok())
 }
 
