@@ -31,6 +31,8 @@ pub struct IngestConfig {
     /// Processes that exited longer ago than this are forgotten (with their incidents), so
     /// that memory does not grow with every process that ever ran on the host.
     pub forget_exited_after: Duration,
+    /// Largest ring file accepted (bigger ones are refused before they are mapped).
+    pub max_ring_bytes: u64,
 }
 
 impl IngestConfig {
@@ -44,6 +46,7 @@ impl IngestConfig {
             batch_limit: 4096,
             include_run_rings: false,
             forget_exited_after: Duration::from_secs(600),
+            max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
         }
     }
 }
@@ -66,11 +69,30 @@ impl Watcher {
     fn new(dir: &std::path::Path) -> Option<Watcher> {
         use inotify::WatchMask;
         let inotify = inotify::Inotify::init().ok()?;
+        // MOVED_TO: a writer that makes its ring under a temporary name and renames it
+        // once complete; CREATE and CLOSE_WRITE: one that makes it in place.
         inotify
             .watches()
-            .add(dir, WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::ATTRIB)
+            .add(
+                dir,
+                WatchMask::CREATE
+                    | WatchMask::MOVED_TO
+                    | WatchMask::CLOSE_WRITE
+                    | WatchMask::ATTRIB
+                    | WatchMask::DONT_FOLLOW
+                    | WatchMask::ONLYDIR,
+            )
             .ok()?;
         Some(Watcher { inotify, buf: vec![0; 4096] })
+    }
+
+    /// Sleeps up to `timeout`, waking at once when something happens in the directory.
+    fn wait(&self, timeout: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd { fd: self.inotify.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one pollfd on our own inotify descriptor.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
     }
 
     /// Whether anything happened in the directory since the last call (non-blocking).
@@ -98,6 +120,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // Close a ring when its process is gone, not when it says it is exiting: threads and
     // destructors may still write after the exit mark.
     source.trust_exit_mark = false;
+    source.max_ring_bytes = cfg.max_ring_bytes;
     let _ = std::fs::create_dir_all(&cfg.ring_dir);
     let mut watcher = Watcher::new(&cfg.ring_dir);
     if watcher.is_none() {
@@ -131,15 +154,22 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let mut last_checkpoint = Instant::now();
     let mut last_forget = Instant::now();
     let mut last_scan = Instant::now() - cfg.rescan;
+    // A change seen but not yet scanned for (scans are at least `MIN_SCAN_GAP` apart, so
+    // that a user churning files in the directory cannot keep the agent scanning).
+    let mut scan_due = false;
     let mut first = true;
     // Rings opened but not yet announced, with their cursor at open.
     let mut pending: BTreeMap<RingKey, u64> = BTreeMap::new();
     let mut idle = Duration::from_millis(1);
     while !links.stop.load(Ordering::Relaxed) {
-        let dir_changed = watcher.as_mut().is_some_and(Watcher::changed);
+        scan_due |= watcher.as_mut().is_some_and(Watcher::changed);
         let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
-        if dir_changed || last_scan.elapsed() >= period {
+        // A ring found before its writer finished it is looked at again at the next tick.
+        let retry = source.waiting() > 0;
+        let since = last_scan.elapsed();
+        if ((scan_due || retry) && since >= MIN_SCAN_GAP) || since >= period {
             last_scan = Instant::now();
+            scan_due = false;
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
                 add(&stats.rings_opened, 1);
@@ -148,10 +178,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     source.set_recorded(key, recorded);
                 }
             }
-            for refusal in source.take_refusals() {
-                add(&stats.rings_refused, 1);
-                eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
-            }
+            report_refusals(&mut source, &stats);
             if first {
                 first = false;
                 // Processes the recovered model thinks alive whose ring is gone: their end
@@ -221,6 +248,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             })
         };
+        report_refusals(&mut source, &stats);
+        add(&stats.events_refused, summary.foreign);
         add(&stats.restart_lost, summary.skipped);
         add(&stats.writer_dropped, summary.dropped);
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
@@ -252,11 +281,16 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             idle = Duration::ZERO; // more is waiting
         } else if summary.delivered > 0 {
             idle = Duration::from_millis(1);
+        } else if source.waiting() > 0 || scan_due {
+            idle = Duration::from_millis(1); // a ring is being made: look again soon
         } else {
             idle = (idle * 2).clamp(Duration::from_millis(1), cfg.idle_poll);
         }
         if !idle.is_zero() {
-            std::thread::sleep(idle);
+            match &watcher {
+                Some(w) => w.wait(idle),
+                None => std::thread::sleep(idle),
+            }
         }
     }
     // Drain what is left, publish a last snapshot and checkpoint.
@@ -269,6 +303,23 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
             rotate: false,
         });
+    }
+}
+
+/// Least time between two directory scans triggered by inotify or by a ring not yet ready.
+const MIN_SCAN_GAP: Duration = Duration::from_millis(2);
+
+/// Counts and reports the rings refused (at the door) or closed as hostile since the last
+/// call, one line each.
+fn report_refusals(source: &mut RingSource, stats: &AgentStats) {
+    for refusal in source.take_refusals() {
+        if refusal.hostile {
+            add(&stats.rings_hostile, 1);
+            eprintln!("vramhook agent: closing hostile ring {}: {}", refusal.path.display(), refusal.reason);
+        } else {
+            add(&stats.rings_refused, 1);
+            eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
+        }
     }
 }
 

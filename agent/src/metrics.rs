@@ -147,6 +147,22 @@ pub const AGENT_REFUSED: MetricDef = m!(
     "",
     "Ring files refused (bad header, absurd capacity, wrong owner)."
 );
+pub const AGENT_HOSTILE: MetricDef = m!(
+    "vramhook.agent.rings.hostile",
+    "{ring}",
+    "vramhook_agent_rings_hostile_total",
+    Counter,
+    "",
+    "Rings closed for what no writer can do (impossible counters or cursors, file cut while mapped)."
+);
+pub const AGENT_EVENTS_REFUSED: MetricDef = m!(
+    "vramhook.agent.events.refused",
+    "{event}",
+    "vramhook_agent_events_refused_total",
+    Counter,
+    "",
+    "Events refused for naming another process than their ring's verified writer."
+);
 pub const AGENT_MALFORMED: MetricDef = m!(
     "vramhook.agent.records.malformed",
     "{record}",
@@ -190,6 +206,8 @@ pub const ALL: &[MetricDef] = &[
     AGENT_EVENTS,
     AGENT_RINGS,
     AGENT_REFUSED,
+    AGENT_HOSTILE,
+    AGENT_EVENTS_REFUSED,
     AGENT_MALFORMED,
     AGENT_DROPPED,
     AGENT_SINK_DROPPED,
@@ -245,6 +263,8 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
         "vramhook_agent_events_ingested_total" => vec![(vec![], stats.events_ingested as f64)],
         "vramhook_agent_rings_open" => vec![(vec![], stats.rings_open as f64)],
         "vramhook_agent_rings_refused_total" => vec![(vec![], stats.rings_refused as f64)],
+        "vramhook_agent_rings_hostile_total" => vec![(vec![], stats.rings_hostile as f64)],
+        "vramhook_agent_events_refused_total" => vec![(vec![], stats.events_refused as f64)],
         "vramhook_agent_records_malformed_total" => vec![(vec![], stats.records_malformed as f64)],
         "vramhook_agent_events_dropped_total" => vec![
             (vec![("kind", "writer".into())], stats.writer_dropped as f64),

@@ -5,12 +5,15 @@
 //! `exec` of the same process). Everything inside a ring is untrusted input.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{MappedRing, RingError};
+use vramhook_protocol::ring::{MappedRing, RingError, DEFAULT_MAX_RING_BYTES};
 
 /// What a poll hands on, in order: a process before its events, its end after them.
 #[derive(Debug)]
@@ -32,6 +35,9 @@ pub struct RingFilter {
 pub struct Refusal {
     pub path: PathBuf,
     pub reason: String,
+    /// Closed after it was opened, for claims no writer can make or for being cut while
+    /// mapped (a hostile or broken writer), rather than refused at the door.
+    pub hostile: bool,
 }
 
 /// What one poll did.
@@ -47,6 +53,9 @@ pub struct PollSummary {
     /// Slots consumed by an earlier reader that died before saving its cursor (found
     /// after a restart), in this poll; each ring's are handed on as a `Dropped` marker.
     pub skipped: u64,
+    /// Events refused in this poll because they named another process than the ring's
+    /// verified writer (counted in `malformed` too).
+    pub foreign: u64,
 }
 
 /// A ring opened by discovery, and where its cursor stood when it was opened (a
@@ -90,6 +99,8 @@ struct Tracked {
     accounted: u64,
     /// Slots reported lost (taken by an earlier reader, never recorded).
     lost_reported: u64,
+    /// The file's identity (device, inode), so that only this file is ever removed.
+    ident: (u64, u64),
 }
 
 /// Key: (pid, start time, image).
@@ -97,6 +108,16 @@ type RingKey = (u32, u64, u64);
 
 pub struct RingSource {
     dir: PathBuf,
+    /// The ring directory, opened once (never followed through a symlink); every file
+    /// in it is reached relative to this descriptor, never by path, so a directory
+    /// swapped for a symlink afterwards cannot redirect the source.
+    dir_fd: Option<OwnedFd>,
+    /// Owner of the ring directory (the uid a root reader expects its rings to have).
+    dir_uid: u32,
+    /// Rings found but not yet ready at the last scan (header not yet published), and
+    /// when each was first seen so.
+    waiting: usize,
+    not_ready_since: BTreeMap<RingKey, std::time::Instant>,
     filter: RingFilter,
     tsc: Option<TscClock>,
     rings: BTreeMap<RingKey, Tracked>,
@@ -128,12 +149,18 @@ pub struct RingSource {
     /// process still writes after marking its ring (other threads, later destructors) are
     /// not lost.
     pub trust_exit_mark: bool,
+    /// Largest ring file accepted (checked with `fstat` before mapping).
+    pub max_ring_bytes: u64,
 }
 
 impl RingSource {
     pub fn new(dir: impl Into<PathBuf>, filter: RingFilter, tsc: Option<TscClock>) -> RingSource {
         RingSource {
             dir: dir.into(),
+            dir_fd: None,
+            dir_uid: 0,
+            waiting: 0,
+            not_ready_since: BTreeMap::new(),
             filter,
             tsc,
             rings: BTreeMap::new(),
@@ -150,7 +177,16 @@ impl RingSource {
             opened_log: Vec::new(),
             skip_run_rings: false,
             trust_exit_mark: true,
+            max_ring_bytes: DEFAULT_MAX_RING_BYTES,
         }
+    }
+
+    /// Rings found but not yet ready (header not yet published) at the last scan, for at
+    /// most [`NOT_READY_RETRY`] each: the caller should scan again soon rather than at its
+    /// next periodic rescan. (A file that stays unready longer waits for the rescan, so
+    /// that nobody can make the reader scan without pause.)
+    pub fn waiting(&self) -> usize {
+        self.waiting
     }
 
     /// Scans the directory now; returns the rings it opened (also those `poll` opened
@@ -225,7 +261,7 @@ impl RingSource {
         let now = std::time::Instant::now();
         let liveness_interval = self.liveness_interval;
         let keys: Vec<RingKey> = self.rings.keys().copied().collect();
-        for key in keys {
+        'rings: for key in keys {
             let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
             let Some(t) = self.rings.get_mut(&key) else { continue };
             if !t.announced {
@@ -249,53 +285,103 @@ impl RingSource {
                 }
             };
             let writer_gone = superseded || (counters.exited && self.trust_exit_mark) || !alive;
-            self.batch.clear();
-            let batch = &mut self.batch;
-            let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| batch.push(e));
-            // Slot accounting: every slot behind the cursor was delivered (now or before a
-            // restart, as recorded), lost in flight, malformed, or taken by an earlier
-            // reader that died before its events were recorded. The reader may consume
-            // ahead of its cursor, so `position - accounted` is a lower bound of the last
-            // kind, exact whenever the reader has caught up: report its growth as a
-            // `Dropped` marker (aux = slots), so nothing is lost silently.
-            t.accounted += stats.delivered + stats.lost_in_flight + stats.malformed;
-            let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
-            if unexplained > t.lost_reported {
-                let skipped = unexplained - t.lost_reported;
-                t.lost_reported = unexplained;
-                batch.push(Event {
-                    seq: t.ring.reader.position(),
-                    ts_ns: vramhook_protocol::clock::monotonic_ns(),
-                    pid: key.0,
-                    kind: EventKind::Dropped.code(),
-                    api: Api::Interposer.code(),
-                    device: -1,
-                    size: skipped,
-                    aux: skipped,
-                    ..Event::default()
+            if let Err(reason) = t.ring.reader.check_claims(max_plausible_events()) {
+                // (A file cut under the map reads as zeros, which no writer leaves either.)
+                let reason = match t.ring.shrank() {
+                    Some(at) => cut_reason(at, t.ring.mapped_len()),
+                    None => reason,
+                };
+                self.close_hostile(key, writer_gone, reason, sink, &mut summary);
+                continue;
+            }
+            // A ring whose writer is gone is drained to its end in this poll (at most one
+            // lap, which the claims check bounds), so that its process is closed in the
+            // same poll it was last read: a process that is gone never looks alive.
+            let Some(t) = self.rings.get_mut(&key) else { continue };
+            let max_rounds = t.ring.mapped_len() / vramhook_protocol::record::RECORD_SIZE / self.batch_limit.max(1) + 2;
+            let mut rounds = 0;
+            loop {
+                let Some(t) = self.rings.get_mut(&key) else { continue 'rings };
+                self.batch.clear();
+                let batch = &mut self.batch;
+                let (pid, start) = (key.0, key.1);
+                let mut foreign = 0u64;
+                let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
+                    // An event is the ring's verified writer's, whatever pid it names: one that
+                    // names another process (or another start of this pid) is refused.
+                    let kind = EventKind::from_code(e.kind);
+                    if e.pid != pid || (kind == Some(EventKind::ProcessStart) && e.aux != start) {
+                        foreign += 1;
+                    } else {
+                        batch.push(e);
+                    }
                 });
-                t.end.lost_in_flight += skipped;
-                summary.skipped += skipped;
+                if let Some(at) = t.ring.shrank() {
+                    // Cut while mapped: what was read before the cut is handed on; the rest is
+                    // gone. The ring is closed; the map now reads zeros, never SIGBUS.
+                    if !self.batch.is_empty() {
+                        sink(SourceItem::Events(&self.batch));
+                    }
+                    let reason = cut_reason(at, t.ring.mapped_len());
+                    self.close_hostile(key, writer_gone, reason, sink, &mut summary);
+                    continue 'rings;
+                }
+                // Slot accounting: every slot behind the cursor was delivered (now or before a
+                // restart, as recorded), lost in flight, malformed, or taken by an earlier
+                // reader that died before its events were recorded. The reader may consume
+                // ahead of its cursor, so `position - accounted` is a lower bound of the last
+                // kind, exact whenever the reader has caught up: report its growth as a
+                // `Dropped` marker (aux = slots), so nothing is lost silently.
+                t.accounted = t
+                    .accounted
+                    .saturating_add(stats.delivered)
+                    .saturating_add(stats.lost_in_flight)
+                    .saturating_add(stats.malformed);
+                let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
+                if unexplained > t.lost_reported {
+                    let skipped = unexplained - t.lost_reported;
+                    t.lost_reported = unexplained;
+                    batch.push(Event {
+                        seq: t.ring.reader.position(),
+                        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                        pid: key.0,
+                        kind: EventKind::Dropped.code(),
+                        api: Api::Interposer.code(),
+                        device: -1,
+                        size: skipped,
+                        aux: skipped,
+                        ..Event::default()
+                    });
+                    t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(skipped);
+                    summary.skipped = summary.skipped.saturating_add(skipped);
+                }
+                let delivered = stats.delivered.saturating_sub(foreign);
+                let malformed = stats.malformed.saturating_add(foreign);
+                t.end.delivered = t.end.delivered.saturating_add(delivered);
+                t.end.dropped = t.end.dropped.saturating_add(stats.dropped.saturating_sub(stats.lost_in_flight));
+                t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(stats.lost_in_flight);
+                t.end.malformed = t.end.malformed.saturating_add(malformed);
+                t.end.hook_misses = counters.hook_misses;
+                summary.delivered = summary.delivered.saturating_add(delivered);
+                summary.malformed = summary.malformed.saturating_add(malformed);
+                summary.foreign = summary.foreign.saturating_add(foreign);
+                summary.dropped = summary.dropped.saturating_add(stats.dropped);
+                if !self.batch.is_empty() {
+                    sink(SourceItem::Events(&self.batch));
+                }
+                rounds += 1;
+                if !writer_gone || t.ring.reader.pending() == 0 || rounds >= max_rounds {
+                    break;
+                }
             }
-            t.end.delivered += stats.delivered;
-            t.end.dropped += stats.dropped.saturating_sub(stats.lost_in_flight);
-            t.end.lost_in_flight += stats.lost_in_flight;
-            t.end.malformed += stats.malformed;
-            t.end.hook_misses = counters.hook_misses;
-            summary.delivered += stats.delivered;
-            summary.malformed += stats.malformed;
-            summary.dropped += stats.dropped;
-            if !self.batch.is_empty() {
-                sink(SourceItem::Events(&self.batch));
-            }
+            let Some(t) = self.rings.get_mut(&key) else { continue };
             if writer_gone && t.ring.reader.pending() == 0 {
                 if let Some(t) = self.rings.remove(&key) {
                     let mut end = t.end;
                     end.exit_status = self.exit_statuses.get(&key.0).copied();
                     end.ts_ns = vramhook_protocol::clock::monotonic_ns();
-                    let path = ring_path(&self.dir, key);
                     drop(t.ring);
-                    let _ = std::fs::remove_file(path);
+                    self.remove_ring_file(key, t.ident);
                     sink(SourceItem::End(end));
                     summary.closed += 1;
                 }
@@ -304,30 +390,90 @@ impl RingSource {
         summary
     }
 
+    /// Closes an open ring whose writer did something no writer can do (claims beyond
+    /// what is possible, a file cut while mapped): its process ends here, the file is
+    /// refused for good (removed once its writer is gone), and the refusal is reported.
+    fn close_hostile(
+        &mut self,
+        key: RingKey,
+        writer_gone: bool,
+        reason: String,
+        sink: &mut dyn FnMut(SourceItem<'_>),
+        summary: &mut PollSummary,
+    ) {
+        let Some(t) = self.rings.remove(&key) else { return };
+        let mut end = t.end;
+        end.exit_status = self.exit_statuses.get(&key.0).copied();
+        end.ts_ns = vramhook_protocol::clock::monotonic_ns();
+        drop(t.ring);
+        if writer_gone {
+            self.remove_ring_file(key, t.ident);
+        }
+        let path = ring_path(&self.dir, key);
+        self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone(), hostile: true });
+        self.refused.insert(path, reason);
+        sink(SourceItem::End(end));
+        summary.closed += 1;
+    }
+
+    /// Removes a finished ring's file: by name inside the directory descriptor, and only
+    /// if the name still is the file that was drained.
+    fn remove_ring_file(&self, key: RingKey, ident: (u64, u64)) {
+        let Some(dir) = &self.dir_fd else { return };
+        let Ok(name) = CString::new(ring_name(key)) else { return };
+        // SAFETY: fstatat into a zeroed struct; a name relative to our directory fd.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
+                && (st.st_dev, st.st_ino) == ident
+            {
+                libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0);
+            }
+        }
+    }
+
     fn discover(&mut self) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
-        let mut found: Vec<(RingKey, PathBuf)> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let path = e.path();
-                parse_ring_name(path.file_name()?.to_str()?).map(|k| (k, path))
-            })
+        self.waiting = 0;
+        if self.dir_fd.is_none() {
+            let Ok(fd) = open_dir_fd(&self.dir) else { return 0 };
+            // SAFETY: fstat on our fd into a zeroed struct.
+            self.dir_uid = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+                    return 0;
+                }
+                st.st_uid
+            };
+            self.dir_fd = Some(fd);
+        }
+        let Some(dir) = &self.dir_fd else { return 0 };
+        let Ok(names) = list_dir(dir) else { return 0 };
+        // Remember refusals only for files still there: a user who churns names cannot
+        // grow the reader's memory.
+        if !self.refused.is_empty() || !self.ignored.is_empty() {
+            let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+            let here = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| present.contains(n));
+            self.refused.retain(|p, _| here(p));
+            self.ignored.retain(|p, _| here(p));
+        }
+        let mut found: Vec<(RingKey, PathBuf)> = names
+            .iter()
+            .filter_map(|name| parse_ring_name(name).map(|k| (k, self.dir.join(name))))
             .filter(|(k, p)| {
                 !self.rings.contains_key(k) && !self.refused.contains_key(p) && !self.ignored.contains_key(p)
             })
             .collect();
         found.sort();
+        let now = std::time::Instant::now();
+        self.not_ready_since.retain(|k, _| found.iter().any(|(f, _)| f == k));
         let mut opened = 0;
         for (key, path) in found {
-            if self.skip_run_rings {
-                match peek_run_id(&path) {
-                    None => continue, // header not yet published: next scan
-                    Some(0) => {}
-                    Some(_) => {
-                        self.ignored.insert(path, ());
-                        continue;
-                    }
-                }
+            // A ring of a process that is gone is not opened while a ring of another
+            // process with the same pid is open (pid reuse): the model knows a process by
+            // its pid, and the dead one's events must never land on the live one.
+            // (It is looked at again at the next scan.)
+            if self.rings.keys().any(|k| k.0 == key.0 && k.1 != key.1) {
+                continue;
             }
             match self.open(&path, key) {
                 Ok(Some(tracked)) => {
@@ -345,12 +491,18 @@ impl RingSource {
                     opened += 1;
                 }
                 Ok(None) => {}
-                Err(OpenError::NotReady) => {} // header not yet published: next scan
+                Err(OpenError::NotReady) => {
+                    // Header not yet published.
+                    let since = *self.not_ready_since.entry(key).or_insert(now);
+                    if now.duration_since(since) < NOT_READY_RETRY {
+                        self.waiting += 1;
+                    }
+                }
                 Err(OpenError::Ignore) => {
                     self.ignored.insert(path, ());
                 }
                 Err(OpenError::Refuse(reason)) => {
-                    self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone() });
+                    self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone(), hostile: false });
                     self.refused.insert(path, reason);
                 }
             }
@@ -358,8 +510,35 @@ impl RingSource {
         opened
     }
 
-    fn open(&self, path: &Path, key: RingKey) -> Result<Option<Tracked>, OpenError> {
-        let ring = match MappedRing::open(path, self.tsc) {
+    fn open(&self, _path: &Path, key: RingKey) -> Result<Option<Tracked>, OpenError> {
+        let Some(dir) = &self.dir_fd else { return Err(OpenError::NotReady) };
+        let file = match open_ring_file(dir, &ring_name(key)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
+            Err(e) => return Err(OpenError::Refuse(format!("cannot open: {e}"))),
+        };
+        let meta = file.metadata().map_err(|e| OpenError::Refuse(e.to_string()))?;
+        if !meta.file_type().is_file() {
+            return Err(OpenError::Refuse("not a regular file".into()));
+        }
+        // Who may write rings here: ourselves, or for root the owner of the directory.
+        let expected = if self.euid != 0 { self.euid } else { self.dir_uid };
+        if meta.uid() != expected {
+            return Err(OpenError::Refuse(format!(
+                "ring owned by uid {}, not by uid {expected} (the {})",
+                meta.uid(),
+                if self.euid != 0 { "reader" } else { "directory's owner" }
+            )));
+        }
+        if self.skip_run_rings {
+            match peek_run_id(&file) {
+                None => return Err(OpenError::NotReady), // header not yet published
+                Some(0) => {}
+                Some(_) => return Err(OpenError::Ignore),
+            }
+        }
+        let ident = (meta.dev(), meta.ino());
+        let ring = match MappedRing::from_file(file, self.tsc, self.max_ring_bytes) {
             Ok(Some(ring)) => ring,
             Ok(None) => return Err(OpenError::Ignore), // another reader holds it
             Err(RingError::NotReady) => return Err(OpenError::NotReady),
@@ -388,18 +567,28 @@ impl RingSource {
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
         }
-        // The ring must belong to the process it names: /proc/PID is owned by that
-        // process's uid. (A process already gone cannot be checked; so is one that made
-        // itself non-dumpable, whose /proc entry root owns: such a ring is refused.)
-        if process_alive(key.0, key.1) {
-            if let Ok(meta) = std::fs::metadata(format!("/proc/{}", key.0)) {
-                if meta.uid() != owner {
+        // The ring must belong to the process it names: a pid held now (running or a
+        // zombie) must have started at the time the ring names, and /proc/PID must be
+        // owned by the ring's owner. (A process already gone cannot be checked: its ring is drained as a
+        // process of its own, keyed by pid and start time, and closed. One that made itself
+        // non-dumpable, whose /proc entry root owns, is refused.)
+        if let Some(started) = proc_start_time(key.0) {
+            if started != key.1 {
+                return Err(OpenError::Refuse(format!(
+                    "ring names process {} started at {}, but process {} running now started at {started}",
+                    key.0, key.1, key.0
+                )));
+            }
+            match std::fs::metadata(format!("/proc/{}", key.0)) {
+                Ok(meta) if meta.uid() == owner => {}
+                Ok(meta) => {
                     return Err(OpenError::Refuse(format!(
                         "ring owned by uid {owner} names process {}, which runs as uid {}",
                         key.0,
                         meta.uid()
-                    )));
+                    )))
                 }
+                Err(_) => {} // gone since: drained as a process that is gone
             }
         }
         let process = ProcessInfo {
@@ -420,6 +609,7 @@ impl RingSource {
             checked: None,
             accounted: 0,
             lost_reported: 0,
+            ident,
         }))
     }
 
@@ -429,26 +619,111 @@ impl RingSource {
     }
 }
 
+/// How long a ring found not yet ready is looked at again at every tick.
+pub const NOT_READY_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
 enum OpenError {
     NotReady,
     Ignore,
     Refuse(String),
 }
 
-fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
-    dir.join(format!("{}-{}-{}.ring", key.0, key.1, key.2))
+fn cut_reason(at: u64, len: usize) -> String {
+    format!("ring file was cut to {at} bytes while mapped ({len} bytes before)")
 }
 
-/// The run id of a ring header, read without locking the file; `None` while the header
-/// is not yet published. Only used to leave other sessions' rings alone: everything else
-/// is validated by `MappedRing::open`.
-fn peek_run_id(path: &Path) -> Option<u64> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f =
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path).ok()?;
+fn ring_name(key: RingKey) -> String {
+    format!("{}-{}-{}.ring", key.0, key.1, key.2)
+}
+
+fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
+    dir.join(ring_name(key))
+}
+
+/// Opens the ring directory: the one place it is opened by path, once; never through a
+/// symlink in its last component. (Where the directory's own mode and owner rules are
+/// checked, this is the function to swap.)
+fn open_dir_fd(path: &Path) -> std::io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path; the fd returned is ours.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The names in a directory, read through its descriptor (a duplicate, rewound).
+fn list_dir(dir: &OwnedFd) -> std::io::Result<Vec<String>> {
+    // SAFETY: dup of our fd; fdopendir takes ownership of the duplicate, closedir closes
+    // it; readdir entries are read before the next call.
+    unsafe {
+        let dup = libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0);
+        if dup < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let d = libc::fdopendir(dup);
+        if d.is_null() {
+            let e = std::io::Error::last_os_error();
+            libc::close(dup);
+            return Err(e);
+        }
+        libc::rewinddir(d); // the duplicate shares its offset with the original
+        let mut names = Vec::new();
+        loop {
+            let e = libc::readdir(d);
+            if e.is_null() {
+                break;
+            }
+            if let Ok(name) = CStr::from_ptr((*e).d_name.as_ptr()).to_str() {
+                names.push(name.to_string());
+            }
+        }
+        libc::closedir(d);
+        Ok(names)
+    }
+}
+
+/// Opens a ring file by name inside the ring directory: read-write, never blocking (a
+/// FIFO named like a ring opens at once and is then refused by `fstat`), never through a
+/// symlink.
+fn open_ring_file(dir: &OwnedFd, name: &str) -> std::io::Result<std::fs::File> {
+    let c = CString::new(name).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated name relative to our directory fd; the fd returned is ours.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd that nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Most events a process could have issued (or dropped) by now: four per nanosecond
+/// since boot, more than any host's cores can make. A ring claiming more is hostile.
+fn max_plausible_events() -> u64 {
+    // SAFETY: clock_gettime into a zeroed struct.
+    let ns = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+        (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    };
+    ns.saturating_mul(4)
+}
+
+/// The run id of a ring header, read (without blocking: the caller checked that it is a
+/// regular file) without locking the file; `None` while the header is not yet published.
+/// Only used to leave other sessions' rings alone: everything else is validated by
+/// `MappedRing::from_file`.
+fn peek_run_id(f: &std::fs::File) -> Option<u64> {
     let mut h = [0u8; 48];
-    if f.read_exact(&mut h).is_err() {
+    if f.read_exact_at(&mut h, 0).is_err() {
         return Some(0); // too small: let `open` refuse it
     }
     let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
@@ -468,6 +743,15 @@ pub fn parse_ring_name(name: &str) -> Option<RingKey> {
     let start = parts.next()?.parse().ok()?;
     let image = parts.next()?.parse().ok()?;
     parts.next().is_none().then_some((pid, start, image))
+}
+
+/// The start time of the process that holds `pid` now (a zombie too: it still owns its
+/// pid and its /proc entry), if there is one.
+fn proc_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
+    fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok())
 }
 
 /// Whether `pid` is still the process that started at `start_time` and has not exited.
@@ -522,6 +806,79 @@ mod tests {
         let refused: Vec<PathBuf> = source.take_refusals().into_iter().map(|r| r.path).collect();
         assert_eq!(refused, vec![gone], "only the ring of a process that is gone is refused");
         assert_eq!(source.open_rings(), 0);
+    }
+
+    /// A ring made with the protocol's writer, holding `events`, for a process that is gone.
+    fn write_ring(dir: &Path, pid: u32, start: u64, events: &[Event]) {
+        use std::os::fd::AsRawFd;
+        use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
+        let len = ring_file_size(16);
+        let tmp = dir.join(".tmp");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create");
+        file.set_len(len as u64).expect("size");
+        // SAFETY: a fresh shared mapping of the whole file, unmapped below.
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            let init = RingInit { capacity: 16, pid, start_time: start, uid: libc::geteuid(), ..RingInit::default() };
+            let w = RingWriter::init(map as *mut u8, &init, b"");
+            for e in events {
+                assert!(w.push(&e.to_raw()));
+            }
+            libc::munmap(map, len);
+        }
+        std::fs::rename(&tmp, dir.join(format!("{pid}-{start}-0.ring"))).expect("rename");
+    }
+
+    /// Two rings of processes that are gone with the same pid (pid reuse) are never open
+    /// together: the model knows a process by its pid, so the first is drained and closed
+    /// before the second is announced, and each event lands on its own process. Events
+    /// naming another pid, or another start of this pid, are refused and counted.
+    #[test]
+    fn rings_of_one_pid_are_drained_one_after_the_other_and_foreign_events_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid = u32::MAX - 7;
+        let ev = |pid: u32, size: u64| Event {
+            pid,
+            kind: EventKind::Alloc.code(),
+            api: Api::cuMemAlloc_v2.code(),
+            addr: 0x1000,
+            size,
+            ..Event::default()
+        };
+        let start_of_other = Event { kind: EventKind::ProcessStart.code(), aux: 2, ..ev(pid, 0) };
+        write_ring(dir.path(), pid, 1, &[ev(pid, 10), ev(1, 1 << 40), start_of_other]);
+        write_ring(dir.path(), pid, 2, &[ev(pid, 20)]);
+        let mut source = RingSource::new(dir.path(), RingFilter::default(), None);
+        source.batch_limit = 1; // several polls per ring: time for the two to interleave
+        let mut seen = Vec::new();
+        let mut foreign = 0;
+        for _ in 0..10 {
+            let summary = source.poll(&mut |item| match item {
+                SourceItem::Process(p) => seen.push(format!("process {}", p.start_time)),
+                SourceItem::Events(es) => seen.extend(es.iter().map(|e| format!("event {} {}", e.pid, e.size))),
+                SourceItem::End(e) => seen.push(format!("end {} malformed {}", e.start_time, e.malformed)),
+            });
+            foreign += summary.foreign;
+        }
+        let expected = [
+            "process 1".to_string(),
+            format!("event {pid} 10"),
+            "end 1 malformed 2".into(),
+            "process 2".into(),
+            format!("event {pid} 20"),
+            "end 2 malformed 0".into(),
+        ];
+        assert_eq!(seen, expected);
+        assert_eq!(foreign, 2);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0, "both rings removed");
     }
 
     #[test]

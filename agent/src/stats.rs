@@ -11,8 +11,15 @@ pub struct AgentStats {
     pub rings_opened: AtomicU64,
     pub rings_closed: AtomicU64,
     pub rings_refused: AtomicU64,
+    /// Rings closed after they were opened for what no writer can do: counters beyond
+    /// what the process could have issued, cursors more than a lap apart, a file cut
+    /// while mapped.
+    pub rings_hostile: AtomicU64,
     /// Records a ring's reader found malformed (hostile or corrupted writers).
     pub records_malformed: AtomicU64,
+    /// Events refused because they named another process than the ring's verified writer
+    /// (also counted in `records_malformed`).
+    pub events_refused: AtomicU64,
     /// Events the writers dropped (ring full) or lost in flight (writer died mid-write).
     pub writer_dropped: AtomicU64,
     /// Events a previous agent instance consumed from a ring but never recorded (it was
@@ -41,13 +48,16 @@ pub struct AgentStats {
 
 /// A plain copy of [`AgentStats`] for the JSON state endpoint.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct StatsView {
     pub events_ingested: u64,
     pub rings_open: u64,
     pub rings_opened: u64,
     pub rings_closed: u64,
     pub rings_refused: u64,
+    pub rings_hostile: u64,
     pub records_malformed: u64,
+    pub events_refused: u64,
     pub writer_dropped: u64,
     pub restart_lost: u64,
     pub events_recovered: u64,
@@ -70,8 +80,11 @@ pub struct StatsView {
     pub http_requests: u64,
 }
 
+/// Adds `n` to a counter, saturating: what a hostile ring claims can never wrap a total.
 pub fn add(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+    if n != 0 {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_add(n)));
+    }
 }
 
 impl AgentStats {
@@ -83,7 +96,9 @@ impl AgentStats {
             rings_opened: g(&self.rings_opened),
             rings_closed: g(&self.rings_closed),
             rings_refused: g(&self.rings_refused),
+            rings_hostile: g(&self.rings_hostile),
             records_malformed: g(&self.records_malformed),
+            events_refused: g(&self.events_refused),
             writer_dropped: g(&self.writer_dropped),
             restart_lost: g(&self.restart_lost),
             events_recovered: g(&self.events_recovered),
@@ -105,5 +120,19 @@ impl AgentStats {
             snapshots: g(&self.snapshots),
             http_requests: g(&self.http_requests),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two rings each claiming 2^64-1 drops once wrapped the total to 1.8e19.
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let stats = AgentStats::default();
+        add(&stats.writer_dropped, u64::MAX - 1);
+        add(&stats.writer_dropped, u64::MAX - 1);
+        assert_eq!(stats.view().writer_dropped, u64::MAX);
     }
 }

@@ -59,6 +59,10 @@ pub struct AgentArgs {
     /// that the agent's memory stays bounded on a host where processes come and go.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub forget_exited_after: u64,
+    /// Largest ring to drain, in MiB of slots (plus its 4 KiB header); bigger ones are
+    /// refused before they are mapped (the interposer's default ring is 4 MiB).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub max_ring_mib: u64,
 }
 
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
@@ -68,6 +72,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     ingest.snapshot_interval = Duration::from_millis(args.snapshot_ms.max(10));
     ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
     ingest.forget_exited_after = Duration::from_secs(args.forget_exited_after);
+    ingest.max_ring_bytes = args.max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
     let capture = args.capture_dir.as_ref().map(|dir| {
         let mut c = CaptureConfig::new(dir);
         c.max_bytes = args.capture_max_mib.max(1) << 20;

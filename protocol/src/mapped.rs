@@ -23,19 +23,27 @@ use std::sync::Once;
 pub const RELEASE_EVERY: usize = 32 << 20;
 /// Pages ahead of the reader are populated in batches of this many bytes.
 const POPULATE_AHEAD: usize = 8 << 20;
-/// Maps protected against truncation at once; more maps still work, unprotected.
-const REGIONS: usize = 64;
+/// Maps protected against truncation at once (capture maps and ring maps together); more
+/// capture maps still work, unprotected; a ring that cannot be protected is refused.
+const REGIONS: usize = 1024;
 
 struct Region {
     start: AtomicUsize,
     len: AtomicUsize,
     /// Offset from which the map reads zeros (`usize::MAX`: none).
     cut: AtomicUsize,
+    /// Whether the zero pages put in after a cut are writable too (a ring's reader
+    /// restamps slots and stores its cursors).
+    writable: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY_REGION: Region =
-    Region { start: AtomicUsize::new(0), len: AtomicUsize::new(0), cut: AtomicUsize::new(usize::MAX) };
+const EMPTY_REGION: Region = Region {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    cut: AtomicUsize::new(usize::MAX),
+    writable: AtomicUsize::new(0),
+};
 static REGION_TABLE: [Region; REGIONS] = [EMPTY_REGION; REGIONS];
 static INSTALL: Once = Once::new();
 static PREVIOUS: AtomicUsize = AtomicUsize::new(0);
@@ -75,7 +83,7 @@ impl Mapped {
         }
         // SAFETY: advice on our own mapping; failure only loses readahead.
         unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
-        let region = register(ptr as usize, len);
+        let region = register(ptr as usize, len, false);
         let mut m = Mapped { ptr: ptr.cast(), len, pos: 0, released: 0, populated: 0, region };
         m.populate();
         Ok(m)
@@ -83,8 +91,7 @@ impl Mapped {
 
     /// Where the file was cut if it shrank while mapped: the map reads zeros from there.
     pub fn shrank(&self) -> Option<u64> {
-        let cut = REGION_TABLE[self.region?].cut.load(Ordering::Relaxed);
-        (cut != usize::MAX).then_some(cut as u64)
+        region_cut(self.region?)
     }
 
     /// Populates page tables ahead of the reader in one call instead of a fault per page.
@@ -156,8 +163,7 @@ impl SeekSource for Mapped {
 impl Drop for Mapped {
     fn drop(&mut self) {
         if let Some(i) = self.region {
-            REGION_TABLE[i].len.store(0, Ordering::SeqCst);
-            REGION_TABLE[i].start.store(0, Ordering::SeqCst);
+            unguard(i);
         }
         // SAFETY: our mapping, unmapped once.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
@@ -180,15 +186,37 @@ fn page_size() -> usize {
     }
 }
 
-fn register(start: usize, len: usize) -> Option<usize> {
+fn register(start: usize, len: usize, writable: bool) -> Option<usize> {
     for (i, r) in REGION_TABLE.iter().enumerate() {
         if r.start.compare_exchange(0, start, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             r.cut.store(usize::MAX, Ordering::SeqCst);
+            r.writable.store(usize::from(writable), Ordering::SeqCst);
             r.len.store(len, Ordering::SeqCst);
             return Some(i);
         }
     }
     None
+}
+
+/// Protects `len` bytes mapped at `start` against the file's truncation: a `SIGBUS` inside
+/// them replaces the rest of the map with zero pages (writable when `writable`) instead of
+/// killing the process. Returns the guard's slot (for [`unguard`] and [`region_cut`]), or
+/// `None` when every slot is taken. Must be undone with [`unguard`] before the map goes.
+pub(crate) fn guard(start: usize, len: usize, writable: bool) -> Option<usize> {
+    install_handler();
+    register(start, len, writable)
+}
+
+/// Ends a guard (before its map is unmapped).
+pub(crate) fn unguard(slot: usize) {
+    REGION_TABLE[slot].len.store(0, Ordering::SeqCst);
+    REGION_TABLE[slot].start.store(0, Ordering::SeqCst);
+}
+
+/// Offset from which a guarded map reads zeros after its file was cut, if it was.
+pub(crate) fn region_cut(slot: usize) -> Option<u64> {
+    let cut = REGION_TABLE[slot].cut.load(Ordering::Relaxed);
+    (cut != usize::MAX).then_some(cut as u64)
 }
 
 fn install_handler() {
@@ -216,13 +244,18 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
         let len = r.len.load(Ordering::SeqCst);
         if start != 0 && addr >= start && addr < start + len {
             let page = addr & !(page_size() - 1);
+            let prot = if r.writable.load(Ordering::SeqCst) != 0 {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else {
+                libc::PROT_READ
+            };
             // SAFETY: replaces the rest of our own mapping with zero pages, so the faulting
-            // read is retried and sees zeros.
+            // access is retried and sees zeros.
             let p = unsafe {
                 libc::mmap(
                     page as *mut libc::c_void,
                     start + len - page,
-                    libc::PROT_READ,
+                    prot,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                     -1,
                     0,

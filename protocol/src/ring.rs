@@ -304,6 +304,14 @@ pub enum RingError {
     BadLanes(u32),
     #[error("ring file is {actual} bytes, its header says {expected}")]
     SizeMismatch { expected: usize, actual: usize },
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("ring file is {len} bytes, more than the {max} bytes a reader accepts")]
+    TooLarge { len: u64, max: u64 },
+    #[error("ring file of {len} bytes was cut to {at} bytes while mapped")]
+    Shrank { len: usize, at: u64 },
+    #[error("too many files mapped at once to guard one more against truncation")]
+    Unguarded,
     #[error("i/o on ring file: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -470,6 +478,37 @@ impl RingReader {
         }
     }
 
+    /// Checks what the writer claims in the header against what a writer can do: each
+    /// lane's write cursor lies between this reader's position and one lap ahead (a writer
+    /// never passes a slot that was not read), and the drop and hook-miss counters are at
+    /// most `max_events` (what the process could have issued at all). `Err` says what is
+    /// impossible: the ring is hostile or corrupted.
+    pub fn check_claims(&self, max_events: u64) -> Result<(), String> {
+        for lane in 0..self.lanes {
+            let write = self.write_pos(lane);
+            let read = self.pos[lane as usize];
+            if write < read {
+                return Err(format!("lane {lane}: write cursor {write} is behind the read cursor {read}"));
+            }
+            if write - read > self.capacity {
+                return Err(format!(
+                    "lane {lane}: write cursor {write} is more than a lap ({}) ahead of the read cursor {read}",
+                    self.capacity
+                ));
+            }
+        }
+        let h = self.header();
+        let dropped = h.dropped.load(Ordering::Acquire);
+        if dropped > max_events {
+            return Err(format!("claims {dropped} dropped events, more than the {max_events} it could have issued"));
+        }
+        let misses = h.hook_misses.load(Ordering::Relaxed);
+        if misses > max_events {
+            return Err(format!("claims {misses} hook misses, more than the {max_events} it could have issued"));
+        }
+        Ok(())
+    }
+
     /// Writer drops already reported as `Dropped` events (by this reader or earlier ones).
     pub fn drops_reported(&self) -> u64 {
         self.header().dropped_reported.load(Ordering::Acquire)
@@ -506,6 +545,9 @@ impl RingReader {
         let watermark = if writer_gone || self.lanes == 1 { u64::MAX } else { self.clock_now() };
         let now = self.clock.as_ref().map(|c| c.now_pair());
         let per_lane = (max / self.lanes as usize).max(1);
+        // Slots looked at per lane: bounded too, not only those delivered, so a ring whose
+        // cursors claim a full lap with nothing published costs little per poll.
+        let max_scan = (per_lane as u64).saturating_mul(4).max(1024);
         let mut merge = std::mem::take(&mut self.merge);
         merge.clear();
         for lane in 0..self.lanes {
@@ -522,6 +564,7 @@ impl RingReader {
             // goes on and consumes what it may, restamping those slots so that a later
             // poll, or a restarted reader, skips them as already consumed.
             let mut scan = pos;
+            let end = end.min(pos.saturating_add(max_scan));
             let mut prefix = true;
             while scan < end && taken < per_lane {
                 let lap = scan >> shift;
@@ -645,28 +688,57 @@ fn parse_meta(area: &[u8]) -> (String, Vec<String>) {
     (exe, cmdline)
 }
 
+/// Largest ring file a reader maps by default: 64 MiB of slots (1 Mi events) plus the
+/// header page (the interposer's default ring is 4 MiB of slots). Anything bigger is
+/// refused before it is mapped.
+pub const DEFAULT_MAX_RING_BYTES: u64 = (64 << 20) + HEADER_SIZE as u64;
+
 /// A ring file mapped by a reader, locked so that no second reader drains it.
+///
+/// The map is guarded against the file's truncation (see [`crate::mapped`]): a writer that
+/// cuts its own ring while it is mapped does not kill the reader with `SIGBUS`; the rest of
+/// the map then reads as zeros (an empty ring) and [`MappedRing::shrank`] says where.
 pub struct MappedRing {
     pub reader: RingReader,
     file: std::fs::File,
     map: *mut libc::c_void,
     len: usize,
+    guard: usize,
 }
 
 // SAFETY: owned mapping.
 unsafe impl Send for MappedRing {}
 
 impl MappedRing {
-    /// Opens, locks (non-blocking) and validates a ring file. Returns `Ok(None)` when
-    /// another reader holds it.
+    /// Opens (never blocking: a FIFO or device named like a ring is refused), locks
+    /// (non-blocking) and validates a ring file. Returns `Ok(None)` when another reader
+    /// holds it.
     pub fn open(path: &std::path::Path, tsc: Option<TscClock>) -> Result<Option<MappedRing>, RingError> {
         use std::os::unix::fs::OpenOptionsExt;
-        use std::os::unix::io::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)?;
+        Self::from_file(file, tsc, u64::MAX)
+    }
+
+    /// Locks, checks and maps a ring file opened read-write by the caller. Refuses what is
+    /// not a regular file and files larger than `max_len` bytes, before mapping anything.
+    /// Returns `Ok(None)` when another reader holds it.
+    pub fn from_file(
+        file: std::fs::File,
+        tsc: Option<TscClock>,
+        max_len: u64,
+    ) -> Result<Option<MappedRing>, RingError> {
+        use std::os::unix::io::AsRawFd;
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() {
+            return Err(RingError::NotRegular);
+        }
+        if meta.len() > max_len {
+            return Err(RingError::TooLarge { len: meta.len(), max: max_len });
+        }
         // SAFETY: valid fd.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let err = std::io::Error::last_os_error();
@@ -675,7 +747,12 @@ impl MappedRing {
             }
             return Err(err.into());
         }
-        let len = file.metadata()?.len() as usize;
+        // The size again, now that no other reader can be busy with it.
+        let len = file.metadata()?.len();
+        if len > max_len {
+            return Err(RingError::TooLarge { len, max: max_len });
+        }
+        let len = len as usize;
         if len < HEADER_SIZE {
             return Err(RingError::TooSmall(len));
         }
@@ -693,13 +770,26 @@ impl MappedRing {
         if map == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error().into());
         }
-        // SAFETY: the mapping lives as long as MappedRing.
-        match unsafe { RingReader::new(map as *mut u8, len, tsc) } {
-            Ok(reader) => Ok(Some(MappedRing { reader, file, map, len })),
-            Err(e) => {
-                // SAFETY: unmapping what we mapped above.
+        let Some(guard) = crate::mapped::guard(map as usize, len, true) else {
+            // SAFETY: unmapping what we mapped above.
+            unsafe { libc::munmap(map, len) };
+            return Err(RingError::Unguarded);
+        };
+        // SAFETY: the mapping lives as long as MappedRing; a truncation under it reads
+        // as zeros (guarded above).
+        let reader = unsafe { RingReader::new(map as *mut u8, len, tsc) };
+        let cut = crate::mapped::region_cut(guard);
+        match (reader, cut) {
+            (Ok(reader), None) => Ok(Some(MappedRing { reader, file, map, len, guard })),
+            (result, cut) => {
+                crate::mapped::unguard(guard);
+                // SAFETY: unmapping what we mapped above; nothing borrows it any more.
                 unsafe { libc::munmap(map, len) };
-                Err(e)
+                match (result, cut) {
+                    (_, Some(at)) => Err(RingError::Shrank { len, at }),
+                    (Err(e), None) => Err(e),
+                    (Ok(_), None) => Err(RingError::NotReady), // unreachable: matched above
+                }
             }
         }
     }
@@ -707,10 +797,22 @@ impl MappedRing {
     pub fn file(&self) -> &std::fs::File {
         &self.file
     }
+
+    /// Where the file was cut, if it shrank while mapped (the map reads zeros from there
+    /// on). A ring that shrank is finished: its reader must close it.
+    pub fn shrank(&self) -> Option<u64> {
+        crate::mapped::region_cut(self.guard)
+    }
+
+    /// Bytes mapped (the file's size when it was opened).
+    pub fn mapped_len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for MappedRing {
     fn drop(&mut self) {
+        crate::mapped::unguard(self.guard);
         // SAFETY: unmapping our own mapping; the reader inside is dropped with it.
         unsafe { libc::munmap(self.map, self.len) };
     }

@@ -1,0 +1,364 @@
+//! Hand-made rings for the hostile-user tests: a ring file written with the protocol's own
+//! `RingWriter` (so that it is valid where the test wants it valid), whose header a test
+//! can then bend; a private ring directory owned by a second uid; a live process of that
+//! uid to name; and `vramhook agent` started on a private port, read over HTTP.
+
+use crate::{as_uid, vramhook_bin, HOSTILE_UID};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::ring::{ring_file_size_lanes, RingHeader, RingInit, RingWriter};
+
+/// A ring file mapped read-write by the test, written through the protocol's writer.
+pub struct RingFile {
+    pub path: PathBuf,
+    base: *mut u8,
+    len: usize,
+    writer: RingWriter,
+}
+
+impl RingFile {
+    /// Creates `dir/<pid>-<start>-0.ring` of `capacity` slots in one lane for process
+    /// (`pid`, `start`) of `uid`, owned by `uid`, mode 0600. The file is sparse: only the
+    /// pages written are backed.
+    pub fn create(dir: &Path, pid: u32, start: u64, uid: u32, capacity: u64) -> RingFile {
+        Self::create_named(dir, &format!("{pid}-{start}-0.ring"), pid, start, uid, capacity)
+    }
+
+    pub fn create_named(dir: &Path, name: &str, pid: u32, start: u64, uid: u32, capacity: u64) -> RingFile {
+        use std::os::fd::AsRawFd;
+        let path = dir.join(name);
+        // Made complete under a hidden name, then renamed into place: a reader never sees
+        // it half made (owned by root before its chown, say).
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let len = ring_file_size_lanes(capacity, 1);
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create ring");
+        file.set_len(len as u64).expect("size ring");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).expect("chmod ring");
+        std::os::unix::fs::fchown(&file, Some(uid), Some(uid)).expect("chown ring");
+        // SAFETY: a fresh shared mapping of the whole file, checked below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED, "mmap ring");
+        let base = map as *mut u8;
+        let init = RingInit {
+            capacity,
+            pid,
+            ppid: 1,
+            uid,
+            start_time: start,
+            // The events below carry CLOCK_MONOTONIC stamps.
+            clock_source: vramhook_protocol::clock::ClockSource::Monotonic as u32,
+            mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
+            ..RingInit::default()
+        };
+        // SAFETY: a zero-filled (new, sparse) shared mapping of the right size, page aligned.
+        let writer = unsafe { RingWriter::init_lanes(base, &init, 1, b"/hostile\0hostile") };
+        std::fs::rename(&tmp, &path).expect("rename ring into place");
+        RingFile { path, base, len, writer }
+    }
+
+    fn header(&self) -> &RingHeader {
+        // SAFETY: the mapping starts with an initialised header and lives as long as self.
+        unsafe { &*(self.base as *const RingHeader) }
+    }
+
+    /// Publishes one event (any pid the test likes: that is the point).
+    pub fn push(&self, e: Event) {
+        assert!(self.writer.push(&e.to_raw()), "ring full");
+    }
+
+    /// Claims `n` events dropped by the writer.
+    pub fn set_dropped(&self, n: u64) {
+        self.header().dropped.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Sets lane 0's write cursor (slots claimed reserved) without publishing anything.
+    pub fn set_write_pos(&self, n: u64) {
+        self.header().write_pos.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn mark_exited(&self) {
+        self.writer.mark_exited();
+    }
+}
+
+impl Drop for RingFile {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// An allocation event of `pid`.
+pub fn alloc(pid: u32, addr: u64, size: u64) -> Event {
+    Event {
+        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+        pid,
+        tid: pid,
+        kind: EventKind::Alloc.code(),
+        api: Api::cuMemAlloc_v2.code(),
+        addr,
+        size,
+        ..Event::default()
+    }
+}
+
+/// A failed allocation (CUDA_ERROR_OUT_OF_MEMORY) of `size` by `pid`.
+pub fn oom(pid: u32, size: u64) -> Event {
+    Event { result: 2, addr: 0, ..alloc(pid, 0, size) }
+}
+
+/// Start time (clock ticks since boot) of a running process.
+pub fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    stat[stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start time")
+}
+
+/// A process of the hostile uid that just sleeps (its pid and start time are real), killed
+/// when dropped.
+pub struct Sleeper {
+    pub child: Child,
+    pub pid: u32,
+    pub start: u64,
+}
+
+impl Sleeper {
+    pub fn start() -> Sleeper {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("3600").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        as_uid(&mut cmd, HOSTILE_UID);
+        let child = cmd.spawn().expect("start a sleeper as the hostile uid");
+        let pid = child.id();
+        // Wait for the exec, so that /proc/PID belongs to the new uid.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            if exe.to_string_lossy().contains("sleep") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sleeper never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Sleeper { start: start_time(pid), pid, child }
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private ring directory of the hostile user: `<base>/user`, 0700 and theirs, under a
+/// parent that user may also write (1777, like /dev/shm/vramhook), on /dev/shm where
+/// there is one. Removed when dropped.
+pub struct UserDir {
+    pub parent: tempfile::TempDir,
+    pub dir: PathBuf,
+}
+
+impl UserDir {
+    pub fn new(tag: &str) -> UserDir {
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() { base.to_path_buf() } else { std::env::temp_dir() };
+        let parent = tempfile::Builder::new().prefix(&format!("vramhook-{tag}-")).tempdir_in(base).expect("parent dir");
+        std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod parent");
+        let dir = parent.path().join("user");
+        std::fs::create_dir(&dir).expect("user dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod user dir");
+        std::os::unix::fs::chown(&dir, Some(HOSTILE_UID), Some(HOSTILE_UID)).expect("chown user dir");
+        UserDir { parent, dir }
+    }
+}
+
+/// `vramhook agent` on a private loopback port, its stderr collected.
+pub struct Agent {
+    pub child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    /// Starts the agent on `ring_dir` with `args` and waits until it listens. The binary
+    /// is this build's, or `$VRAMHOOK_SAFETY_AGENT_BIN` (to show a test failing on an
+    /// older build).
+    pub fn start(ring_dir: &Path, args: &[&str]) -> Agent {
+        let bin = std::env::var_os("VRAMHOOK_SAFETY_AGENT_BIN").map(PathBuf::from).unwrap_or_else(vramhook_bin);
+        let mut child = Command::new(bin)
+            .arg("agent")
+            .arg("--ring-dir")
+            .arg(ring_dir)
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vramhook agent");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("vramhook agent: listening on ") {
+                    let _ = tx.send(a.trim().to_string());
+                }
+                if let Ok(mut l) = log2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("agent did not start listening: {}", log.lock().map(|l| l.clone()).unwrap_or_default())
+        });
+        Agent { child, addr: addr.parse().expect("addr"), log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// GET `path`; `Err` when the agent does not answer.
+    pub fn get(&self, path: &str) -> Result<String, String> {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr)
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(head.to_string());
+        }
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            return dechunk(body);
+        }
+        Ok(body.to_string())
+    }
+
+    pub fn state(&self) -> Value {
+        let body = self.get("/api/v1/state").unwrap_or_else(|e| self.died(&format!("GET /api/v1/state: {e}")));
+        serde_json::from_str(&body).expect("state JSON")
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").unwrap_or_else(|e| self.died(&format!("GET /metrics: {e}")))
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The agent's exit status if it is no longer running.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn died(&self, what: &str) -> ! {
+        panic!("{what} (the agent died or hangs?)\nagent log:\n{}", self.log())
+    }
+
+    /// Polls the state until `pred` holds; panics after `timeout` (a generous bound, never
+    /// a measurement) or as soon as the agent has exited.
+    pub fn wait_state(&mut self, timeout: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                panic!("the agent exited ({status}) while waiting for {what}\nagent log:\n{}", self.log());
+            }
+            let s = self.state();
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; agent={}\nagent log:\n{}",
+                s["agent"],
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the agent to exit; its status, or `None`
+    /// when it ignored the signal (it is then killed).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dechunk(mut body: &str) -> Result<String, String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").ok_or("bad chunk header")?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).map_err(|e| e.to_string())?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..size).ok_or("short chunk")?);
+        body = rest.get(size + 2..).ok_or("short chunk")?;
+    }
+}
+
+/// The process `pid` in an agent state, if the model knows it.
+pub fn process(state: &Value, pid: u32) -> Option<&Value> {
+    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
+}
+
+/// An agent counter from its state.
+pub fn stat(state: &Value, name: &str) -> u64 {
+    state["agent"][name].as_u64().unwrap_or(0)
+}
+
+/// Numeric value of one series in Prometheus text output.
+pub fn prom_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// CPU time (user + system, in clock ticks) a process has used so far.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(close) = stat.rfind(')') else { return 0 };
+    let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
