@@ -165,3 +165,4 @@ pub fn as_uid(cmd: &mut Command, uid: u32) -> &mut Command {
         })
     }
 }
+pub mod shm_kit;
