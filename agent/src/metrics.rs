@@ -147,6 +147,22 @@ pub const AGENT_REFUSED: MetricDef = m!(
     "",
     "Ring files refused (bad header, absurd capacity, wrong owner)."
 );
+pub const AGENT_GC_REMOVED: MetricDef = m!(
+    "vramhook.agent.rings.gc_removed",
+    "{ring}",
+    "vramhook_agent_rings_gc_removed_total",
+    Counter,
+    "",
+    "Undrained rings of gone processes removed over the keep budget (VRAMHOOK_KEEP_PERCENT, VRAMHOOK_KEEP_HOURS): their events were never drained."
+);
+pub const AGENT_GC_REMOVED_BYTES: MetricDef = m!(
+    "vramhook.agent.rings.gc_removed_bytes",
+    "By",
+    "vramhook_agent_rings_gc_removed_bytes_total",
+    Counter,
+    "",
+    "Bytes of the undrained rings removed over the keep budget."
+);
 pub const AGENT_MALFORMED: MetricDef = m!(
     "vramhook.agent.records.malformed",
     "{record}",
@@ -190,6 +206,8 @@ pub const ALL: &[MetricDef] = &[
     AGENT_EVENTS,
     AGENT_RINGS,
     AGENT_REFUSED,
+    AGENT_GC_REMOVED,
+    AGENT_GC_REMOVED_BYTES,
     AGENT_MALFORMED,
     AGENT_DROPPED,
     AGENT_SINK_DROPPED,
@@ -245,6 +263,8 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
         "vramhook_agent_events_ingested_total" => vec![(vec![], stats.events_ingested as f64)],
         "vramhook_agent_rings_open" => vec![(vec![], stats.rings_open as f64)],
         "vramhook_agent_rings_refused_total" => vec![(vec![], stats.rings_refused as f64)],
+        "vramhook_agent_rings_gc_removed_total" => vec![(vec![], stats.rings_gc_removed as f64)],
+        "vramhook_agent_rings_gc_removed_bytes_total" => vec![(vec![], stats.rings_gc_removed_bytes as f64)],
         "vramhook_agent_records_malformed_total" => vec![(vec![], stats.records_malformed as f64)],
         "vramhook_agent_events_dropped_total" => vec![
             (vec![("kind", "writer".into())], stats.writer_dropped as f64),
