@@ -44,19 +44,17 @@ fn collect_garbage(dir: &std::os::fd::OwnedFd, stats: &stats::AgentStats) {
     use vramhook_protocol::ringdir;
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    let sum =
-        ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |e| {
-            if e.reason.removes() && e.pending > 0 {
-                eprintln!(
-                    "vramhook agent: removed ring {} ({} bytes, {} events never drained): {}",
-                    String::from_utf8_lossy(e.name),
-                    e.bytes,
-                    e.pending,
-                    e.reason.text()
-                );
-            }
-        });
-    let _ = sum;
+    ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |e| {
+        if e.reason.removes() && e.pending > 0 {
+            eprintln!(
+                "vramhook agent: removed ring {} ({} bytes, {} events never drained): {}",
+                String::from_utf8_lossy(e.name),
+                e.bytes,
+                e.pending,
+                e.reason.text()
+            );
+        }
+    });
     let (rings, bytes) = ringdir::read_gc_record(dir.as_raw_fd());
     stats.rings_gc_removed.store(rings, Ordering::Relaxed);
     stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
@@ -145,7 +143,14 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         });
     }
 
-    collect_garbage(&ring_dir_fd, &stats);
+    // The first gc waits one interval: ingestion looks at what is there first (a ring it
+    // refuses is counted as refused before gc may remove it).
+    {
+        use std::os::fd::AsRawFd;
+        let (rings, bytes) = vramhook_protocol::ringdir::read_gc_record(ring_dir_fd.as_raw_fd());
+        stats.rings_gc_removed.store(rings, Ordering::Relaxed);
+        stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
+    }
     {
         let (stats, stop) = (stats.clone(), stop.clone());
         rt.spawn(async move {
