@@ -8,7 +8,7 @@
 //!   with the sticky bit, owned by root or the current user;
 //! - each user's directory is a real directory, mode 0700, owned by that user; a directory
 //!   given explicitly (`VRAMHOOK_DIR`, `--ring-dir`) must be a real directory owned by the
-//!   user and writable by nobody else;
+//!   user and writable by nobody else unless it has the sticky bit (as /tmp);
 //! - a ring whose process is gone and whose events are drained is removed; one not drained
 //!   is kept for a later reader within a per-user budget (a share of the file system and
 //!   an age), oldest removed first, each such removal counted in [`GC_RECORD_NAME`];
@@ -98,7 +98,9 @@ impl RingDirError {
             RingDirError::Owner { role: Parent, .. } => b"/dev/shm/vramhook is owned by another user",
             RingDirError::Owner { role: UserDir, .. } => b"ring directory owned by another user",
             RingDirError::Mode { role: Parent, .. } => b"/dev/shm/vramhook is not mode 1777 with the sticky bit",
-            RingDirError::Mode { role: UserDir, .. } => b"ring directory mode is not private (0700)",
+            RingDirError::Mode { role: UserDir, .. } => {
+                b"ring directory is not private: others may write there (make it 0700)"
+            }
             RingDirError::Io { err, .. } => errno_text(err.0),
             RingDirError::BadPath => b"ring directory path too long",
         }
@@ -143,7 +145,7 @@ pub fn check_parent(st: &libc::stat, uid: u32) -> Result<(), RingDirError> {
 }
 
 /// Checks a ring directory's `fstat`: a real directory owned by `uid`; under the default
-/// parent exactly 0700, elsewhere writable by nobody but its owner.
+/// parent exactly 0700, elsewhere writable by nobody but its owner unless sticky.
 pub fn check_user_dir(st: &libc::stat, uid: u32, under_default: bool) -> Result<(), RingDirError> {
     let role = DirRole::UserDir;
     match st.st_mode & libc::S_IFMT {
@@ -158,8 +160,10 @@ pub fn check_user_dir(st: &libc::stat, uid: u32, under_default: bool) -> Result<
     if under_default && mode != 0o700 {
         return Err(RingDirError::Mode { role, found: mode, expected: "0700" });
     }
-    if !under_default && mode & 0o022 != 0 {
-        return Err(RingDirError::Mode { role, found: mode, expected: "not writable by group or others" });
+    // An explicit directory others may write to is accepted only with the sticky bit (as
+    // /tmp): then nobody else can remove or rename our rings.
+    if !under_default && mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(RingDirError::Mode { role, found: mode, expected: "0700 (or sticky, as /tmp)" });
     }
     Ok(())
 }
@@ -184,9 +188,10 @@ fn fstat_fd(fd: RawFd) -> Result<libc::stat, i32> {
     }
 }
 
-/// Opens and checks the shared parent (no allocation).
-fn check_default_parent(uid: u32) -> Result<(), RingDirError> {
-    // SAFETY: NUL-terminated path; the fd is closed below.
+/// Opens and checks the shared parent (no allocation); the user's directory is then
+/// opened relative to this fd, so a parent swapped in between cannot redirect it.
+fn open_default_parent(uid: u32) -> Result<OwnedFd, RingDirError> {
+    // SAFETY: NUL-terminated path; the fd is owned below.
     let fd = unsafe {
         libc::open(
             c"/dev/shm/vramhook".as_ptr(),
@@ -199,7 +204,8 @@ fn check_default_parent(uid: u32) -> Result<(), RingDirError> {
     // SAFETY: fd is ours.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let st = fstat_fd(fd.as_raw_fd()).map_err(|e| RingDirError::Io { role: DirRole::Parent, err: Errno(e) })?;
-    check_parent(&st, uid)
+    check_parent(&st, uid)?;
+    Ok(fd)
 }
 
 /// Classifies a failed `open(O_DIRECTORY|O_NOFOLLOW)`: a symlink gives ELOOP, a file
@@ -225,13 +231,17 @@ fn open_error(role: DirRole, path: &CStr) -> RingDirError {
 
 /// [`open_ring_dir`] on a NUL-terminated path, without allocation (for the interposer).
 pub fn open_ring_dir_c(path: &CStr, owner: u32) -> Result<OwnedFd, RingDirError> {
+    const FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let under_default = is_under_default(path.to_bytes());
-    if under_default {
-        check_default_parent(owner)?;
-    }
-    // SAFETY: NUL-terminated path.
-    let fd =
-        unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    let fd = if under_default {
+        let parent = open_default_parent(owner)?;
+        let leaf = &path.to_bytes_with_nul()[DEFAULT_PARENT.len() + 1..];
+        // SAFETY: a NUL-terminated name relative to the checked parent.
+        unsafe { libc::openat(parent.as_raw_fd(), leaf.as_ptr() as *const libc::c_char, FLAGS) }
+    } else {
+        // SAFETY: NUL-terminated path.
+        unsafe { libc::open(path.as_ptr(), FLAGS) }
+    };
     if fd < 0 {
         return Err(open_error(DirRole::UserDir, path));
     }
@@ -959,7 +969,18 @@ pub fn add_gc_record(dir: RawFd, rings: u64, bytes: u64) {
     }
     // SAFETY: plain calls on our fd.
     unsafe {
-        libc::flock(fd.as_raw_fd(), libc::LOCK_EX);
+        // Never block (the interposer calls this): a bounded retry, else the count is lost.
+        let mut locked = false;
+        for _ in 0..1000 {
+            if libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 {
+                locked = true;
+                break;
+            }
+            libc::sched_yield();
+        }
+        if !locked {
+            return;
+        }
         let mut buf = [0u8; 64];
         let n = libc::pread(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0);
         let (r0, b0) = parse_gc_record(&buf[..n.max(0) as usize]);

@@ -148,6 +148,9 @@ fn mode_and_owner_rules() {
     assert_eq!(check_user_dir(&st, 1000, false), Ok(()));
     st.st_mode = libc::S_IFDIR | 0o777;
     assert!(matches!(check_user_dir(&st, 1000, false), Err(RingDirError::Mode { .. })));
+    st.st_mode = libc::S_IFDIR | 0o1777;
+    assert_eq!(check_user_dir(&st, 1000, false), Ok(()), "an explicit sticky directory, as /tmp");
+    assert!(matches!(check_user_dir(&st, 1000, true), Err(RingDirError::Mode { .. })));
     st.st_mode = libc::S_IFREG | 0o700;
     assert_eq!(check_user_dir(&st, 1000, false), Err(RingDirError::NotADirectory(DirRole::UserDir)));
 
