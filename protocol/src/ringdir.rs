@@ -443,9 +443,12 @@ pub fn process_alive(pid: u32, start_time: u64) -> bool {
 /// all. `None`: not even the floor fits.
 pub fn fit_ring(capacity: u64, lanes: u32, limit: u64) -> Option<(u64, u32)> {
     let (mut capacity, mut lanes) = (capacity.max(1), lanes.clamp(1, MAX_LANES));
-    let size = |c: u64, l: u32| HEADER_SIZE as u64 + u64::from(l) * c * crate::record::RECORD_SIZE as u64;
+    let size = |c: u64, l: u32| {
+        (HEADER_SIZE as u64)
+            .saturating_add(u64::from(l).saturating_mul(c).saturating_mul(crate::record::RECORD_SIZE as u64))
+    };
     while size(capacity, lanes) > limit {
-        if capacity * u64::from(lanes) <= MIN_RING_SLOTS {
+        if capacity.saturating_mul(u64::from(lanes)) <= MIN_RING_SLOTS {
             return None;
         }
         if capacity > crate::ring::MIN_CAPACITY {
@@ -700,7 +703,7 @@ fn for_each_name(dir: RawFd, max: usize, f: &mut dyn FnMut(&[u8])) {
         let mut off = 0usize;
         while off + 19 < bytes.len() {
             let reclen = u16::from_ne_bytes([bytes[off + 16], bytes[off + 17]]) as usize;
-            if reclen == 0 || off + reclen > bytes.len() {
+            if reclen < 20 || off + reclen > bytes.len() {
                 return;
             }
             let name_area = &bytes[off + 19..off + reclen];

@@ -157,3 +157,28 @@ fn gc_applies_the_space_budget_oldest_first_and_dry_run_removes_nothing() {
     let record = std::fs::read_to_string(dir.join(".gc-removed")).expect("recorded");
     assert!(record.starts_with("3 "), "{record}");
 }
+
+/// `vramhook run` drains its descendants' rings and then removes them (their processes are
+/// gone, their events drained): a run leaves nothing in the ring directory. It also
+/// removes, when it starts, drained rings of gone processes it finds there.
+#[test]
+fn vramhook_run_leaves_nothing_in_the_ring_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = private_dir(tmp.path(), "rings", 0o700);
+    assert!(traced_workload(WORKLOAD, &dir).status().expect("plain traced run").success());
+    let old = rings(&dir);
+    assert_eq!(old.len(), 1);
+    mark_drained(&old[0]);
+    let out = std::process::Command::new(vramhook_safety_tests::vramhook_bin())
+        .arg("run")
+        .arg("--quiet")
+        .arg("--ring-dir")
+        .arg(&dir)
+        .arg("--")
+        .arg(vramhook_safety_tests::workload(WORKLOAD))
+        .env("LD_LIBRARY_PATH", vramhook_safety_tests::sim_dir())
+        .output()
+        .expect("vramhook run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rings(&dir), Vec::<std::path::PathBuf>::new(), "{:?}", names(&dir));
+}
