@@ -780,7 +780,8 @@ fn unlink_at(dir: RawFd, name: &CStr) -> bool {
 
 /// Runs the gc policy over the ring directory `dir` (an fd from [`open_ring_dir`]) owned
 /// by `uid`, at wall time `now_secs`; calls `report` for each entry removed and, with
-/// `report_kept`, for each ring kept. Removals of undrained rings are added to
+/// `report_kept`, for each ring kept (the `kept*` counts of the summary are only filled
+/// then). Removals of undrained rings are added to
 /// [`GC_RECORD_NAME`] (unless `policy.dry_run`). No allocation, no panic.
 pub fn gc_dir(
     dir: RawFd,
@@ -896,41 +897,41 @@ pub fn gc_dir(
         }
     }
 
-    // What is kept (for the operator's listing and the summary).
-    for_each_name(dir, policy.max_entries, &mut |name| {
-        let Some((pid, start, _)) = parse_ring_name(name) else { return };
-        let Some(cname) = name_cstr(name, &mut name_buf) else { return };
-        let (reason, bytes, pending, age_secs) = if process_alive(pid, start) {
-            let mut st: libc::stat = unsafe { core::mem::zeroed() };
-            // SAFETY: fstatat on our directory fd, not following links.
-            let bytes = if unsafe { libc::fstatat(dir, cname.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
-                (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64)
+    // What is kept (for the operator's listing and the summary; the interposer skips it).
+    if report_kept {
+        for_each_name(dir, policy.max_entries, &mut |name| {
+            let Some((pid, start, _)) = parse_ring_name(name) else { return };
+            let Some(cname) = name_cstr(name, &mut name_buf) else { return };
+            let (reason, bytes, pending, age_secs) = if process_alive(pid, start) {
+                let mut st: libc::stat = unsafe { core::mem::zeroed() };
+                // SAFETY: fstatat on our directory fd, not following links.
+                let bytes = if unsafe { libc::fstatat(dir, cname.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
+                    (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64)
+                } else {
+                    0
+                };
+                (GcReason::Live, bytes, 0, 0)
             } else {
-                0
+                match open_candidate(dir, cname, uid) {
+                    Ok(c) => match c.drain {
+                        // Only in a dry run (or a race with a finishing reader).
+                        Drain::Drained => return,
+                        Drain::Pending(_) if age(&c) >= policy.keep_secs => return,
+                        Drain::Pending(_) if cutoff.is_some_and(|k| (c.mtime_ns, c.ino) <= k) => return,
+                        Drain::Pending(n) => {
+                            sum.kept_undrained += 1;
+                            sum.kept_undrained_bytes += c.bytes;
+                            (GcReason::Undrained, c.bytes, n, age(&c))
+                        }
+                    },
+                    Err(reason) => (reason, 0, 0, 0),
+                }
             };
-            (GcReason::Live, bytes, 0, 0)
-        } else {
-            match open_candidate(dir, cname, uid) {
-                Ok(c) => match c.drain {
-                    // Only in a dry run (or a race with a finishing reader).
-                    Drain::Drained => return,
-                    Drain::Pending(_) if age(&c) >= policy.keep_secs => return,
-                    Drain::Pending(_) if cutoff.is_some_and(|k| (c.mtime_ns, c.ino) <= k) => return,
-                    Drain::Pending(n) => {
-                        sum.kept_undrained += 1;
-                        sum.kept_undrained_bytes += c.bytes;
-                        (GcReason::Undrained, c.bytes, n, age(&c))
-                    }
-                },
-                Err(reason) => (reason, 0, 0, 0),
-            }
-        };
-        sum.kept += 1;
-        sum.kept_bytes += bytes;
-        if report_kept {
+            sum.kept += 1;
+            sum.kept_bytes += bytes;
             report(&GcEntry { name, bytes, pending, age_secs, reason });
-        }
-    });
+        });
+    }
 
     if !policy.dry_run && sum.removed_undrained > 0 {
         add_gc_record(dir, sum.removed_undrained, sum.removed_undrained_bytes);
