@@ -98,9 +98,8 @@ impl RingDirError {
             RingDirError::Owner { role: Parent, .. } => b"/dev/shm/vramhook is owned by another user",
             RingDirError::Owner { role: UserDir, .. } => b"ring directory owned by another user",
             RingDirError::Mode { role: Parent, .. } => b"/dev/shm/vramhook is not mode 1777 with the sticky bit",
-            RingDirError::Mode { role: UserDir, .. } => {
-                b"ring directory is not private: others may write there (make it 0700)"
-            }
+            RingDirError::Mode { role: UserDir, expected: "0700", .. } => b"ring directory mode is not 0700",
+            RingDirError::Mode { role: UserDir, .. } => b"ring directory is writable by other users (make it 0700)",
             RingDirError::Io { err, .. } => errno_text(err.0),
             RingDirError::BadPath => b"ring directory path too long",
         }
@@ -293,16 +292,50 @@ pub fn open_ring_dir(path: &Path, owner: u32) -> Result<OwnedFd, RingDirError> {
 /// Makes a ring directory as the rules say (the shared parent 1777 with the sticky bit,
 /// the user's directory 0700; missing ancestors of an explicit directory 0755), then opens
 /// it as [`open_ring_dir`] does.
+///
+/// Under the default parent it also repairs the modes of directories that are already
+/// the caller's own (a real directory, not a link, owned by `uid`): a parent made 0755 (as
+/// earlier agents and a Kubernetes `DirectoryOrCreate` hostPath did) becomes 1777, a user
+/// directory made 0755 becomes 0700. Nobody else can make a directory owned by `uid`, so
+/// this fixes loose modes without trusting a squatter; anything not ours is refused. The
+/// interposer does not repair (it uses [`make_ring_dir_c`] and runs untraced instead).
 pub fn make_ring_dir(path: &Path, uid: u32) -> Result<OwnedFd, RingDirError> {
     let c = c_path(path)?;
-    if !is_under_default(c.to_bytes()) {
+    if is_under_default(c.to_bytes()) {
+        repair_own_mode(c"/dev/shm/vramhook", uid, 0o1777);
+        make_ring_dir_c(&c, uid).or_else(|e| match e {
+            RingDirError::Mode { role: DirRole::UserDir, .. } => {
+                repair_own_mode(&c, uid, 0o700);
+                open_ring_dir_c(&c, uid)
+            }
+            e => Err(e),
+        })
+    } else {
         if let Some(parent) = path.parent() {
             if !parent.as_os_str().is_empty() {
                 let _ = std::fs::create_dir_all(parent);
             }
         }
+        make_ring_dir_c(&c, uid)
     }
-    make_ring_dir_c(&c, uid)
+}
+
+/// Sets `mode` on `path` if it is a real directory owned by `uid` with another mode.
+fn repair_own_mode(path: &CStr, uid: u32, mode: libc::mode_t) {
+    // SAFETY: NUL-terminated path; the fd is owned below.
+    let fd =
+        unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: fd is ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Ok(st) = fstat_fd(fd.as_raw_fd()) {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == uid && st.st_mode & 0o7777 != mode {
+            // SAFETY: fchmod on our fd.
+            unsafe { libc::fchmod(fd.as_raw_fd(), mode) };
+        }
+    }
 }
 
 /// The default ring directory of `uid`: `/dev/shm/vramhook/<uid>`.

@@ -184,6 +184,9 @@ fn a_symlinked_or_shared_ring_dir_is_refused() {
     unsafe { libc::umask(old) };
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(std::fs::metadata(&made).expect("meta").permissions().mode() & 0o7777, 0o700);
+    // An explicit directory of ours with loose modes is refused, not repaired.
+    std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    assert!(matches!(make_ring_dir(&made, uid()), Err(RingDirError::Mode { .. })));
 }
 
 #[test]

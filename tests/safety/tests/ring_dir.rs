@@ -281,3 +281,35 @@ fn a_new_ring_appears_complete_under_its_final_name() {
     );
     assert!(names(&dir).iter().all(|n| !n.ends_with(".tmp")), "{:?}", names(&dir));
 }
+
+/// Directories an earlier agent made 0755 (or a Kubernetes `DirectoryOrCreate` hostPath),
+/// owned by the agent's own user, are repaired to 1777 / 0700, not refused; the traced
+/// program then records there.
+#[test]
+fn agent_repairs_its_own_dirs_left_0755_by_an_earlier_version() {
+    if !ready("agent_repairs_its_own_dirs_left_0755_by_an_earlier_version") {
+        return;
+    }
+    let shm = fake_shm();
+    dir_as(&shm.path().join("vramhook"), 0o755, 0);
+    dir_as(&shm.path().join("vramhook/0"), 0o755, 0);
+    let mut cmd = Command::new(vramhook_safety_tests::vramhook_bin());
+    cmd.args(["agent", "--no-http", "--no-recover"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    private_dev_shm(&mut cmd, shm.path());
+    let mut child = cmd.spawn().expect("spawn agent");
+    let modes = || {
+        let m = |p: PathBuf| std::fs::symlink_metadata(p).map(|m| m.mode() & 0o7777).unwrap_or(0);
+        (m(shm.path().join("vramhook")), m(shm.path().join("vramhook/0")))
+    };
+    for _ in 0..600 {
+        if modes() == (0o1777, 0o700) || child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("agent output");
+    assert_eq!(modes(), (0o1777, 0o700), "repaired; agent said: {}", String::from_utf8_lossy(&out.stderr));
+}
