@@ -82,13 +82,19 @@ pub struct RingHeader {
     /// Entry points handed out by the driver that no wrapper matched.
     pub hook_misses: AtomicU64,
     pub state: AtomicU32,
-    _pad3: [u8; 44],
+    _pad3: [u8; 4],
+    /// Wall-clock seconds when a gc first found this ring's process gone with events not
+    /// drained (0: not yet). The keep-hours budget counts from here, not from the ring's
+    /// creation: a job that ran for days is not expired the moment it dies.
+    pub gone_since_s: AtomicU64,
+    _pad4: [u8; 32],
 }
 
 const _: () = assert!(std::mem::size_of::<RingHeader>() == 448);
 const _: () = assert!(std::mem::offset_of!(RingHeader, write_pos) == 256);
 const _: () = assert!(std::mem::offset_of!(RingHeader, read_pos) == 320);
 const _: () = assert!(std::mem::offset_of!(RingHeader, dropped) == 384);
+const _: () = assert!(std::mem::offset_of!(RingHeader, gone_since_s) == 408);
 
 /// Bytes a one-lane ring of `capacity` slots occupies.
 pub const fn ring_file_size(capacity: u64) -> usize {

@@ -586,6 +586,13 @@ pub fn drain_state(header: &[u8]) -> Drain {
 
 /// Reads the drain state of an open ring file.
 pub fn drain_state_fd(fd: RawFd) -> Drain {
+    ring_state_fd(fd).0
+}
+
+const GONE_SINCE_OFFSET: usize = core::mem::offset_of!(RingHeader, gone_since_s);
+
+/// The drain state and the `gone_since_s` stamp of an open ring file.
+fn ring_state_fd(fd: RawFd) -> (Drain, u64) {
     let mut buf = [0u8; STATE_BYTES];
     let mut n = 0usize;
     while n < buf.len() {
@@ -596,7 +603,28 @@ pub fn drain_state_fd(fd: RawFd) -> Drain {
         }
         n += r as usize;
     }
-    drain_state(&buf[..n])
+    let gone_since = if n >= GONE_SINCE_OFFSET + 8 { u64_at(&buf, GONE_SINCE_OFFSET) } else { 0 };
+    (drain_state(&buf[..n]), gone_since)
+}
+
+/// Stamps a ring's header with the time its process was first found gone (in place,
+/// never growing the file), keeping its modification time (the budget's oldest-first
+/// order).
+fn stamp_gone_since(fd: RawFd, now_secs: u64, mtime_ns: i128) -> bool {
+    let b = now_secs.max(1).to_le_bytes();
+    // SAFETY: pwrite of 8 bytes inside the header page; futimens on our fd.
+    unsafe {
+        let ok = libc::pwrite(fd, b.as_ptr() as *const libc::c_void, 8, GONE_SINCE_OFFSET as libc::off_t) == 8;
+        let times = [
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            libc::timespec {
+                tv_sec: (mtime_ns.div_euclid(1_000_000_000)) as libc::time_t,
+                tv_nsec: (mtime_ns.rem_euclid(1_000_000_000)) as libc::c_long,
+            },
+        ];
+        libc::futimens(fd, times.as_ptr());
+        ok
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -678,7 +706,7 @@ impl GcReason {
         match self {
             GcReason::Drained => "process gone, events drained",
             GcReason::StaleTmp => "unfinished ring of a process that is gone",
-            GcReason::Expired => "process gone, events never drained, older than the keep-hours budget",
+            GcReason::Expired => "process gone, events never drained, kept past the keep-hours budget",
             GcReason::OverBudget => "process gone, events never drained, over the keep-percent budget (oldest first)",
             GcReason::Live => "process running",
             GcReason::BeingRead => "a reader holds it",
@@ -765,7 +793,9 @@ fn name_cstr<'a>(name: &[u8], buf: &'a mut [u8; 256]) -> Option<&'a CStr> {
 
 struct Candidate {
     /// Held open, and so locked, while gc decides.
-    _locked: OwnedFd,
+    fd: OwnedFd,
+    /// Header stamp: when a gc first found the process gone (0: not yet).
+    gone_since: u64,
     bytes: u64,
     mtime_ns: i128,
     ino: u64,
@@ -775,14 +805,14 @@ struct Candidate {
 /// Opens a ring entry of a gone process for gc: a regular file owned by `uid`, locked
 /// (a reader holds an exclusive lock while it drains). `Err(reason)` for what is kept.
 fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReason> {
+    const FLAGS: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // Read-write to stamp `gone_since_s`; read-only where the mode forbids writing.
     // SAFETY: openat on our directory fd; never follows a link, never blocks on a FIFO.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
-        )
-    };
+    let mut fd = unsafe { libc::openat(dir, name.as_ptr(), libc::O_RDWR | FLAGS) };
+    if fd < 0 {
+        // SAFETY: as above.
+        fd = unsafe { libc::openat(dir, name.as_ptr(), libc::O_RDONLY | FLAGS) };
+    }
     if fd < 0 {
         return Err(GcReason::NotOurs);
     }
@@ -796,13 +826,14 @@ fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReas
     if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(GcReason::BeingRead);
     }
-    let drain = drain_state_fd(fd.as_raw_fd());
+    let (drain, gone_since) = ring_state_fd(fd.as_raw_fd());
     Ok(Candidate {
         bytes: (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64),
         mtime_ns: i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec),
         ino: st.st_ino as u64,
         drain,
-        _locked: fd,
+        gone_since,
+        fd,
     })
 }
 
@@ -835,8 +866,9 @@ pub fn gc_dir(
         }
     };
     sum.budget_bytes = fs_bytes / 100 * policy.keep_percent.min(100);
-    let now_ns = i128::from(now_secs) * 1_000_000_000;
-    let age = |c: &Candidate| ((now_ns - c.mtime_ns).max(0) / 1_000_000_000) as u64;
+    // The keep-hours budget counts from when a gc first found the process gone (stamped in
+    // the ring's header), not from the ring's creation.
+    let age = |c: &Candidate| if c.gone_since == 0 { 0 } else { now_secs.saturating_sub(c.gone_since) };
     let mut name_buf = [0u8; 256];
     let mut undrained_bytes = 0u64;
 
@@ -864,9 +896,11 @@ pub fn gc_dir(
         let (reason, pending) = match c.drain {
             Drain::Drained => (GcReason::Drained, 0),
             Drain::Pending(n) if age(&c) >= policy.keep_secs => (GcReason::Expired, n),
-            Drain::Pending(n) => {
+            Drain::Pending(_) => {
+                if c.gone_since == 0 && !policy.dry_run {
+                    stamp_gone_since(c.fd.as_raw_fd(), now_secs, c.mtime_ns);
+                }
                 undrained_bytes = undrained_bytes.saturating_add(c.bytes);
-                let _ = n;
                 return;
             }
         };

@@ -215,6 +215,18 @@ fn drain_state_reads_every_lane() {
     assert_eq!(drain_state(&h[..10]), Drain::Drained);
 }
 
+/// Stamps a ring as found gone `secs_ago` seconds ago (what an earlier gc writes).
+fn set_gone_since(path: &Path, secs_ago: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).expect("open");
+    f.write_all_at(&now_secs().saturating_sub(secs_ago).to_le_bytes(), 408).expect("stamp");
+}
+
+fn gone_since(path: &Path) -> u64 {
+    let b = std::fs::read(path).expect("read");
+    u64::from_le_bytes(b[408..416].try_into().expect("8 bytes"))
+}
+
 fn set_age(path: &Path, secs_ago: u64) {
     let t = now_secs().saturating_sub(secs_ago) as i64;
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
@@ -262,7 +274,7 @@ fn gc_dry_run_removes_nothing() {
     let s = Scratch::new("dry");
     make_ring(&s.0.join(format!("{DEAD_PID}-1-0.ring")), 1, 3, 3);
     make_ring(&s.0.join(format!("{DEAD_PID}-1-1.ring")), 1, 3, 0);
-    set_age(&s.0.join(format!("{DEAD_PID}-1-1.ring")), 48 * 3600);
+    set_gone_since(&s.0.join(format!("{DEAD_PID}-1-1.ring")), 48 * 3600);
     let dir = open(&s.0);
     let policy = GcPolicy { dry_run: true, ..GcPolicy::default() };
     let sum = gc_dir(dir.as_raw_fd(), uid(), &policy, now_secs(), true, &mut |_| {});
@@ -279,9 +291,13 @@ fn gc_age_and_space_budgets_remove_oldest_first_and_count() {
         let p = s.0.join(format!("{DEAD_PID}-1-{image}.ring"));
         make_ring(&p, 1, 3, 0);
         set_age(&p, age_h * 3600);
+        if image == 0 {
+            set_gone_since(&p, age_h * 3600);
+        }
     }
     let dir = open(&s.0);
-    // Age: only the 30-hour-old ring goes.
+    // Age: only the ring found gone 30 hours ago goes (the others, unstamped, are
+    // stamped now and kept).
     let policy = GcPolicy { keep_percent: 100, ..GcPolicy::default() };
     let sum = gc_dir(dir.as_raw_fd(), uid(), &policy, now_secs(), false, &mut |_| {});
     assert_eq!((sum.removed, sum.removed_undrained), (1, 1));
@@ -328,4 +344,29 @@ fn gc_record_parsing() {
     assert_eq!(parse_gc_record(b"3 4096\n"), (3, 4096));
     assert_eq!(parse_gc_record(b""), (0, 0));
     assert_eq!(parse_gc_record(b"x y"), (0, 0));
+}
+
+/// A ring created long ago (a job that ran for days) whose process just died is not
+/// expired at once: the keep-hours clock starts when a gc first finds it gone.
+#[test]
+fn the_age_budget_counts_from_when_the_process_was_found_gone() {
+    let s = Scratch::new("gone");
+    let p = s.0.join(format!("{DEAD_PID}-1-0.ring"));
+    make_ring(&p, 1, 3, 0);
+    set_age(&p, 72 * 3600);
+    let dir = open(&s.0);
+    let dry = GcPolicy { dry_run: true, ..GcPolicy::default() };
+    gc_dir(dir.as_raw_fd(), uid(), &dry, now_secs(), false, &mut |_| {});
+    assert_eq!(gone_since(&p), 0, "a dry run writes nothing");
+    let sum = gc_dir(dir.as_raw_fd(), uid(), &GcPolicy::default(), now_secs(), false, &mut |_| {});
+    assert_eq!(sum.removed, 0);
+    assert!(p.exists());
+    assert!(gone_since(&p) + 5 >= now_secs(), "stamped now");
+    let mtime = std::fs::metadata(&p).expect("meta").modified().expect("mtime");
+    let age = std::time::SystemTime::now().duration_since(mtime).expect("past").as_secs();
+    assert!(age >= 71 * 3600, "the stamp keeps the modification time (oldest-first order): {age}");
+    // 25 hours later, it goes.
+    let sum = gc_dir(dir.as_raw_fd(), uid(), &GcPolicy::default(), now_secs() + 25 * 3600, false, &mut |_| {});
+    assert_eq!((sum.removed, sum.removed_undrained), (1, 1));
+    assert!(!p.exists());
 }

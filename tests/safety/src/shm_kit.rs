@@ -166,6 +166,15 @@ pub fn pending(ring: &Path) -> u64 {
         .sum()
 }
 
+/// Stamps a ring as found gone by a gc `secs_ago` seconds ago (its header's
+/// `gone_since_s`, at offset 408): the keep-hours budget counts from there.
+pub fn set_gone_since(ring: &Path, secs_ago: u64) {
+    use std::os::unix::fs::FileExt;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let f = std::fs::OpenOptions::new().write(true).open(ring).expect("open ring");
+    f.write_all_at(&now.saturating_sub(secs_ago).to_le_bytes(), 408).expect("stamp");
+}
+
 /// Sets a file's modification time to `secs_ago` seconds before now.
 pub fn set_age(path: &Path, secs_ago: u64) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();

@@ -97,8 +97,9 @@ fn the_next_traced_process_removes_drained_rings_of_gone_processes() {
     assert!(rings(&dir).contains(&r2[0]));
 }
 
-/// An undrained ring of a gone process older than the keep-hours budget is removed by the
-/// next traced process, and the removal is counted where `vramhook gc` reports it.
+/// An undrained ring of a gone process kept past the keep-hours budget (counted from when a
+/// gc first found its process gone) is removed by the next traced process, and the removal
+/// is counted where `vramhook gc` reports it.
 #[test]
 fn undrained_rings_past_the_age_budget_are_removed_and_counted() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -108,9 +109,9 @@ fn undrained_rings_past_the_age_budget_are_removed_and_counted() {
     assert_eq!(r1.len(), 1);
     assert!(pending(&r1[0]) > 0);
     let bytes = std::fs::metadata(&r1[0]).expect("ring").len();
-    set_age(&r1[0], 25 * 3600);
+    set_gone_since(&r1[0], 25 * 3600);
     assert!(traced_workload(WORKLOAD, &dir).status().expect("run 2").success());
-    assert!(!r1[0].exists(), "a ring past 24 hours is removed: {:?}", names(&dir));
+    assert!(!r1[0].exists(), "a ring found gone 25 hours ago is removed: {:?}", names(&dir));
     let record = std::fs::read_to_string(dir.join(".gc-removed")).expect("removals are recorded");
     let mut parts = record.split_whitespace().map(|p| p.parse::<u64>().expect("number"));
     assert_eq!(parts.next(), Some(1));
