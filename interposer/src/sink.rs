@@ -388,7 +388,7 @@ fn create_ring() -> bool {
         let reason: &[u8] = if ringdir::file_size_rlimit() < floor {
             b"file size limit (ulimit -f) too small for the smallest ring"
         } else {
-            b"too little free space for the smallest ring (a ring takes at most 10% of the free space)"
+            b"too little free space: a ring may take 10% of it, and the smallest is 1,024 slots"
         };
         warn(reason, &dir.buf[..dir.len]);
         return false;

@@ -802,8 +802,8 @@ struct Candidate {
     drain: Drain,
 }
 
-/// Opens a ring entry of a gone process for gc: a regular file owned by `uid`, locked
-/// (a reader holds an exclusive lock while it drains). `Err(reason)` for what is kept.
+/// Opens a ring entry of a gone process for gc: a regular file owned by `uid`.
+/// `Err(reason)` for what is kept.
 fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReason> {
     const FLAGS: libc::c_int = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
     // Read-write to stamp `gone_since_s`; read-only where the mode forbids writing.
@@ -822,10 +822,8 @@ fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReas
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != uid {
         return Err(GcReason::NotOurs);
     }
-    // SAFETY: flock on our fd.
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(GcReason::BeingRead);
-    }
+    // Not locked here: a reader that found a ring locked by gc would leave it alone for
+    // good, so gc locks only what it is about to remove (see `lock_for_removal`).
     let (drain, gone_since) = ring_state_fd(fd.as_raw_fd());
     Ok(Candidate {
         bytes: (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64),
@@ -835,6 +833,13 @@ fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReas
         gone_since,
         fd,
     })
+}
+
+/// Takes the lock a reader holds while it drains (non-blocking): a ring a reader holds is
+/// kept. Held until the candidate is dropped, after its removal.
+fn lock_for_removal(c: &Candidate) -> bool {
+    // SAFETY: flock on our fd.
+    unsafe { libc::flock(c.fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 fn unlink_at(dir: RawFd, name: &CStr) -> bool {
@@ -877,10 +882,10 @@ pub fn gc_dir(
         let Some(cname) = name_cstr(name, &mut name_buf) else { return };
         if let Some((pid, start, _)) = parse_tmp_name(name) {
             if !process_alive(pid, start) {
-                // A tmp file we cannot lock or that is not ours is left alone.
+                // A tmp file that is not ours is left alone.
                 let Ok(c) = open_candidate(dir, cname, uid) else { return };
                 let st_bytes = c.bytes;
-                if policy.dry_run || unlink_at(dir, cname) {
+                if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
                     sum.removed += 1;
                     sum.removed_bytes += st_bytes;
                     report(&GcEntry { name, bytes: st_bytes, pending: 0, age_secs: 0, reason: GcReason::StaleTmp });
@@ -904,7 +909,7 @@ pub fn gc_dir(
                 return;
             }
         };
-        if policy.dry_run || unlink_at(dir, cname) {
+        if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
             sum.removed += 1;
             sum.removed_bytes += c.bytes;
             if reason == GcReason::Expired {
@@ -952,7 +957,7 @@ pub fn gc_dir(
             Drain::Pending(n) => n,
             Drain::Drained => 0,
         };
-        if policy.dry_run || unlink_at(dir, cname) {
+        if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
             sum.removed += 1;
             sum.removed_bytes += c.bytes;
             if pending > 0 {
