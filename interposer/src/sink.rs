@@ -492,6 +492,7 @@ fn create_ring() -> bool {
     };
     // SAFETY: a fresh zero-filled shared mapping of the right size, page aligned.
     let writer = unsafe { RingWriter::init_lanes(map, &init, lanes, &meta[..meta_len]) };
+    writer.set_pid_ns(ringdir::own_pid_ns());
     // Publish under the final name; a name taken meanwhile moves to the next image.
     let published = loop {
         match rename_noreplace(dfd, &tmp_name, &final_name) {

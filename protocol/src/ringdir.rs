@@ -590,9 +590,37 @@ pub fn drain_state_fd(fd: RawFd) -> Drain {
 }
 
 const GONE_SINCE_OFFSET: usize = core::mem::offset_of!(RingHeader, gone_since_s);
+const PID_NS_OFFSET: usize = core::mem::offset_of!(RingHeader, pid_ns);
+const STATE_OFFSET: usize = core::mem::offset_of!(RingHeader, state);
+
+/// The inode of this process's pid namespace (0 when unknown). No allocation.
+pub fn own_pid_ns() -> u64 {
+    // SAFETY: stat into a zeroed buffer.
+    unsafe {
+        let mut st: libc::stat = core::mem::zeroed();
+        if libc::stat(c"/proc/self/ns/pid".as_ptr(), &mut st) == 0 {
+            st.st_ino as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// What gc reads of a ring's header.
+struct RingState {
+    drain: Drain,
+    gone_since: u64,
+    pid_ns: u64,
+    exited: bool,
+}
 
 /// The drain state and the `gone_since_s` stamp of an open ring file.
 fn ring_state_fd(fd: RawFd) -> (Drain, u64) {
+    let st = ring_state_full(fd);
+    (st.drain, st.gone_since)
+}
+
+fn ring_state_full(fd: RawFd) -> RingState {
     let mut buf = [0u8; STATE_BYTES];
     let mut n = 0usize;
     while n < buf.len() {
@@ -603,8 +631,14 @@ fn ring_state_fd(fd: RawFd) -> (Drain, u64) {
         }
         n += r as usize;
     }
+    let published = n >= 12 && buf[8..12] != [0, 0, 0, 0];
     let gone_since = if n >= GONE_SINCE_OFFSET + 8 { u64_at(&buf, GONE_SINCE_OFFSET) } else { 0 };
-    (drain_state(&buf[..n]), gone_since)
+    let pid_ns = if published && n >= PID_NS_OFFSET + 8 { u64_at(&buf, PID_NS_OFFSET) } else { 0 };
+    let exited = published
+        && n >= STATE_OFFSET + 4
+        && u32::from_le_bytes([buf[STATE_OFFSET], buf[STATE_OFFSET + 1], buf[STATE_OFFSET + 2], buf[STATE_OFFSET + 3]])
+            == crate::ring::STATE_EXITED;
+    RingState { drain: drain_state(&buf[..n]), gone_since, pid_ns, exited }
 }
 
 /// Stamps a ring's header with the time its process was first found gone (in place,
@@ -696,6 +730,9 @@ pub enum GcReason {
     Undrained,
     /// Kept: not a regular file of ours.
     NotOurs,
+    /// Kept: written from another pid namespace (a container sharing the directory), not
+    /// marked exited: whether its process lives cannot be told from here.
+    OtherPidNamespace,
 }
 
 impl GcReason {
@@ -712,6 +749,9 @@ impl GcReason {
             GcReason::BeingRead => "a reader holds it",
             GcReason::Undrained => "process gone, events not yet drained: kept for a later agent",
             GcReason::NotOurs => "not a regular file of this user",
+            GcReason::OtherPidNamespace => {
+                "written from another pid namespace and not marked exited: cannot tell whether its process lives"
+            }
         }
     }
 }
@@ -796,6 +836,9 @@ struct Candidate {
     fd: OwnedFd,
     /// Header stamp: when a gc first found the process gone (0: not yet).
     gone_since: u64,
+    /// The writer's pid namespace (0: unknown) and whether it marked the ring exited.
+    pid_ns: u64,
+    exited: bool,
     bytes: u64,
     mtime_ns: i128,
     ino: u64,
@@ -824,8 +867,10 @@ fn open_candidate(dir: RawFd, name: &CStr, uid: u32) -> Result<Candidate, GcReas
     }
     // Not locked here: a reader that found a ring locked by gc would leave it alone for
     // good, so gc locks only what it is about to remove (see `lock_for_removal`).
-    let (drain, gone_since) = ring_state_fd(fd.as_raw_fd());
+    let RingState { drain, gone_since, pid_ns, exited } = ring_state_full(fd.as_raw_fd());
     Ok(Candidate {
+        pid_ns,
+        exited,
         bytes: (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64),
         mtime_ns: i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec),
         ino: st.st_ino as u64,
@@ -876,6 +921,10 @@ pub fn gc_dir(
     let age = |c: &Candidate| if c.gone_since == 0 { 0 } else { now_secs.saturating_sub(c.gone_since) };
     let mut name_buf = [0u8; 256];
     let mut undrained_bytes = 0u64;
+    // A ring from another pid namespace names a pid our /proc cannot check: it counts as
+    // gone only once its writer marked it exited.
+    let own_ns = own_pid_ns();
+    let foreign = |c: &Candidate| c.pid_ns != 0 && own_ns != 0 && c.pid_ns != own_ns && !c.exited;
 
     // Pass 1: what the rules remove outright; sum what is left undrained.
     for_each_name(dir, policy.max_entries, &mut |name| {
@@ -898,6 +947,9 @@ pub fn gc_dir(
             return;
         }
         let Ok(c) = open_candidate(dir, cname, uid) else { return };
+        if foreign(&c) {
+            return;
+        }
         let (reason, pending) = match c.drain {
             Drain::Drained => (GcReason::Drained, 0),
             Drain::Pending(n) if age(&c) >= policy.keep_secs => (GcReason::Expired, n),
@@ -934,7 +986,7 @@ pub fn gc_dir(
                 return;
             }
             let Ok(c) = open_candidate(dir, cname, uid) else { return };
-            if !matches!(c.drain, Drain::Pending(_)) || age(&c) >= policy.keep_secs {
+            if foreign(&c) || !matches!(c.drain, Drain::Pending(_)) || age(&c) >= policy.keep_secs {
                 return;
             }
             let key = (c.mtime_ns, c.ino);
@@ -985,6 +1037,7 @@ pub fn gc_dir(
                 (GcReason::Live, bytes, 0, 0)
             } else {
                 match open_candidate(dir, cname, uid) {
+                    Ok(c) if foreign(&c) => (GcReason::OtherPidNamespace, c.bytes, 0, 0),
                     Ok(c) => match c.drain {
                         // Only in a dry run (or a race with a finishing reader).
                         Drain::Drained => return,

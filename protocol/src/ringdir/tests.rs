@@ -370,3 +370,31 @@ fn the_age_budget_counts_from_when_the_process_was_found_gone() {
     assert_eq!((sum.removed, sum.removed_undrained), (1, 1));
     assert!(!p.exists());
 }
+
+/// A ring written from another pid namespace (a container sharing the directory) names a
+/// pid this /proc cannot check: it is left alone until its writer marks it exited.
+#[test]
+fn a_ring_from_another_pid_namespace_is_kept_until_marked_exited() {
+    use std::os::unix::fs::FileExt;
+    let s = Scratch::new("pidns");
+    let p = s.0.join(format!("{DEAD_PID}-1-0.ring"));
+    make_ring(&p, 1, 3, 3);
+    let f = std::fs::OpenOptions::new().write(true).open(&p).expect("open");
+    f.write_all_at(&(own_pid_ns() + 12_345).to_le_bytes(), 416).expect("pid_ns");
+    let dir = open(&s.0);
+    let mut kept = Vec::new();
+    let sum = gc_dir(
+        dir.as_raw_fd(),
+        uid(),
+        &GcPolicy { keep_percent: 0, keep_secs: 0, ..GcPolicy::default() },
+        now_secs(),
+        true,
+        &mut |e| kept.push(e.reason),
+    );
+    assert_eq!(sum.removed, 0);
+    assert_eq!(kept, vec![GcReason::OtherPidNamespace]);
+    assert!(p.exists());
+    f.write_all_at(&crate::ring::STATE_EXITED.to_le_bytes(), 400).expect("state");
+    let sum = gc_dir(dir.as_raw_fd(), uid(), &GcPolicy::default(), now_secs(), false, &mut |_| {});
+    assert_eq!(sum.removed, 1, "marked exited: gone, drained, removed");
+}
