@@ -121,7 +121,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // destructors may still write after the exit mark.
     source.trust_exit_mark = false;
     source.max_ring_bytes = cfg.max_ring_bytes;
-    let _ = std::fs::create_dir_all(&cfg.ring_dir);
+    // Parent 1777 (sticky), ours 0700; `crate::run` has already refused a bad directory.
+    // SAFETY: geteuid has no preconditions.
+    let _ = vramhook_protocol::ringdir::make_ring_dir(&cfg.ring_dir, unsafe { libc::geteuid() });
     let mut watcher = Watcher::new(&cfg.ring_dir);
     if watcher.is_none() {
         eprintln!(

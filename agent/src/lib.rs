@@ -31,6 +31,33 @@ pub enum AgentError {
     Otlp(#[from] otlp::OtlpError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("refusing ring directory {dir}: {source}")]
+    RingDir { dir: PathBuf, source: vramhook_protocol::ringdir::RingDirError },
+}
+
+/// How often the agent applies the gc rules to its ring directory.
+const GC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Applies the gc rules to the ring directory once and publishes the recorded removals.
+fn collect_garbage(dir: &std::os::fd::OwnedFd, stats: &stats::AgentStats) {
+    use std::os::fd::AsRawFd;
+    use vramhook_protocol::ringdir;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |e| {
+        if e.reason.removes() && e.pending > 0 {
+            eprintln!(
+                "vramhook agent: removed ring {} ({} bytes, {} events never drained): {}",
+                String::from_utf8_lossy(e.name),
+                e.bytes,
+                e.pending,
+                e.reason.text()
+            );
+        }
+    });
+    let (rings, bytes) = ringdir::read_gc_record(dir.as_raw_fd());
+    stats.rings_gc_removed.store(rings, Ordering::Relaxed);
+    stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
 }
 
 /// Everything `vramhook agent` can be told.
@@ -49,6 +76,11 @@ pub struct AgentConfig {
 /// Runs the agent until SIGINT/SIGTERM or until `stop` is set. Prints the address it
 /// listens on (`vramhook agent: listening on ADDR`) once ready.
 pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
+    // The ring directory as the rules say (parent 1777 sticky, ours 0700, no symlink),
+    // or a clear refusal.
+    // SAFETY: geteuid has no preconditions.
+    let ring_dir_fd = vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, unsafe { libc::geteuid() })
+        .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("vramhook-agent")
@@ -111,6 +143,27 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         });
     }
 
+    // The first gc waits one interval: ingestion looks at what is there first (a ring it
+    // refuses is counted as refused before gc may remove it).
+    {
+        use std::os::fd::AsRawFd;
+        let (rings, bytes) = vramhook_protocol::ringdir::read_gc_record(ring_dir_fd.as_raw_fd());
+        stats.rings_gc_removed.store(rings, Ordering::Relaxed);
+        stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
+    }
+    {
+        let (stats, stop) = (stats.clone(), stop.clone());
+        rt.spawn(async move {
+            let dir = Arc::new(ring_dir_fd);
+            let mut tick = tokio::time::interval(GC_INTERVAL);
+            tick.tick().await;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let (dir, stats) = (dir.clone(), stats.clone());
+                let _ = tokio::task::spawn_blocking(move || collect_garbage(&dir, &stats)).await;
+            }
+        });
+    }
     eprintln!("vramhook agent: draining rings in {ring_dir}");
     let links = ingest::IngestLinks {
         stats: stats.clone(),

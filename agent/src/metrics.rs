@@ -163,6 +163,22 @@ pub const AGENT_EVENTS_REFUSED: MetricDef = m!(
     "",
     "Events refused for naming another process than their ring's verified writer."
 );
+pub const AGENT_GC_REMOVED: MetricDef = m!(
+    "vramhook.agent.rings.gc_removed",
+    "{ring}",
+    "vramhook_agent_rings_gc_removed_total",
+    Counter,
+    "",
+    "Undrained rings of gone processes removed over the keep budget (VRAMHOOK_KEEP_PERCENT, VRAMHOOK_KEEP_HOURS): their events were never drained."
+);
+pub const AGENT_GC_REMOVED_BYTES: MetricDef = m!(
+    "vramhook.agent.rings.gc_removed_bytes",
+    "By",
+    "vramhook_agent_rings_gc_removed_bytes_total",
+    Counter,
+    "",
+    "Bytes of the undrained rings removed over the keep budget."
+);
 pub const AGENT_MALFORMED: MetricDef = m!(
     "vramhook.agent.records.malformed",
     "{record}",
@@ -208,6 +224,8 @@ pub const ALL: &[MetricDef] = &[
     AGENT_REFUSED,
     AGENT_HOSTILE,
     AGENT_EVENTS_REFUSED,
+    AGENT_GC_REMOVED,
+    AGENT_GC_REMOVED_BYTES,
     AGENT_MALFORMED,
     AGENT_DROPPED,
     AGENT_SINK_DROPPED,
@@ -265,6 +283,8 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
         "vramhook_agent_rings_refused_total" => vec![(vec![], stats.rings_refused as f64)],
         "vramhook_agent_rings_hostile_total" => vec![(vec![], stats.rings_hostile as f64)],
         "vramhook_agent_events_refused_total" => vec![(vec![], stats.events_refused as f64)],
+        "vramhook_agent_rings_gc_removed_total" => vec![(vec![], stats.rings_gc_removed as f64)],
+        "vramhook_agent_rings_gc_removed_bytes_total" => vec![(vec![], stats.rings_gc_removed_bytes as f64)],
         "vramhook_agent_records_malformed_total" => vec![(vec![], stats.records_malformed as f64)],
         "vramhook_agent_events_dropped_total" => vec![
             (vec![("kind", "writer".into())], stats.writer_dropped as f64),

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
@@ -540,7 +539,9 @@ impl RingSource {
         let ident = (meta.dev(), meta.ino());
         let ring = match MappedRing::from_file(file, self.tsc, self.max_ring_bytes) {
             Ok(Some(ring)) => ring,
-            Ok(None) => return Err(OpenError::Ignore), // another reader holds it
+            // Another reader holds it (a `vramhook run`, or a gc about to remove it): look again
+            // later rather than never, in case it lets go without removing it.
+            Ok(None) => return Err(OpenError::NotReady),
             Err(RingError::NotReady) => return Err(OpenError::NotReady),
             Err(RingError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
             // The writer creates the file, then sizes it: a scan may see it empty. Wait
@@ -640,18 +641,17 @@ fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
     dir.join(ring_name(key))
 }
 
-/// Opens the ring directory: the one place it is opened by path, once; never through a
-/// symlink in its last component. (Where the directory's own mode and owner rules are
-/// checked, this is the function to swap.)
+/// Opens the ring directory: the one place it is opened by path, once, with the ring
+/// directory rules checked on the descriptor (`ringdir::open_ring_dir`: no symlink, the
+/// shared parent 1777 and sticky, the user's directory 0700 and its owner's). A root agent
+/// drains the directory of the user who owns it; anyone else only their own.
 fn open_dir_fd(path: &Path) -> std::io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    // SAFETY: a NUL-terminated path; the fd returned is ours.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    // Only a hint of whose it is: open_ring_dir checks the owner again on the descriptor.
+    let owner = if euid == 0 { std::fs::symlink_metadata(path)?.uid() } else { euid };
+    vramhook_protocol::ringdir::open_ring_dir(path, owner).map_err(std::io::Error::other)
 }
 
 /// The names in a directory, read through its descriptor (a duplicate, rewound).
@@ -754,15 +754,9 @@ fn proc_start_time(pid: u32) -> Option<u64> {
     fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok())
 }
 
-/// Whether `pid` is still the process that started at `start_time` and has not exited.
-pub fn process_alive(pid: u32, start_time: u64) -> bool {
-    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
-    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return false };
-    let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
-    let state = fields.first().and_then(|f| f.first()).copied().unwrap_or(b'X');
-    let started = fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok());
-    state != b'Z' && state != b'X' && started == Some(start_time)
-}
+/// Whether `pid` is still the process that started at `start_time` and has not exited
+/// (one implementation for the interposer's gc, `vramhook gc` and the agent).
+pub use vramhook_protocol::ringdir::process_alive;
 
 /// The default ring directory for this user: `/dev/shm/vramhook/<euid>`.
 pub fn default_ring_dir() -> PathBuf {

@@ -44,6 +44,10 @@ pub struct AgentStats {
     pub incidents_exported: AtomicU64,
     pub snapshots: AtomicU64,
     pub http_requests: AtomicU64,
+    /// Undrained rings of gone processes removed over the keep budget (their events were
+    /// never drained), as recorded in the ring directory's `.gc-removed`.
+    pub rings_gc_removed: AtomicU64,
+    pub rings_gc_removed_bytes: AtomicU64,
 }
 
 /// A plain copy of [`AgentStats`] for the JSON state endpoint.
@@ -78,6 +82,10 @@ pub struct StatsView {
     pub incidents_exported: u64,
     pub snapshots: u64,
     pub http_requests: u64,
+    #[serde(default)]
+    pub rings_gc_removed: u64,
+    #[serde(default)]
+    pub rings_gc_removed_bytes: u64,
 }
 
 /// Adds `n` to a counter, saturating: what a hostile ring claims can never wrap a total.
@@ -119,6 +127,8 @@ impl AgentStats {
             incidents_exported: g(&self.incidents_exported),
             snapshots: g(&self.snapshots),
             http_requests: g(&self.http_requests),
+            rings_gc_removed: g(&self.rings_gc_removed),
+            rings_gc_removed_bytes: g(&self.rings_gc_removed_bytes),
         }
     }
 }

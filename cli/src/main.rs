@@ -4,6 +4,7 @@ mod agent;
 mod analyze;
 mod demo;
 mod dump;
+mod gc;
 mod run;
 mod summary;
 mod top;
@@ -43,6 +44,10 @@ enum Command {
     ///
     /// Exit code 2 when nothing could be read, or with --strict at the first corrupt frame.
     Analyze(analyze::AnalyzeArgs),
+    /// Remove the rings of processes that are gone: drained ones at once, undrained ones
+    /// past the keep budget (VRAMHOOK_KEEP_PERCENT of the file system, VRAMHOOK_KEEP_HOURS),
+    /// oldest first. Prints what it removed and kept; --dry-run removes nothing.
+    Gc(gc::GcArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::agent(args),
         Command::Top(args) => top::top(args),
         Command::Analyze(args) => analyze::analyze(args),
+        Command::Gc(args) => gc::gc(args),
     };
     match result {
         Ok(code) => code,

@@ -97,6 +97,17 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     let lib = find_interposer()?;
     let run_id = random_run_id();
     let ring_dir = run.ring_dir.map(Path::to_path_buf).unwrap_or_else(default_ring_dir);
+    // The ring directory as the rules say (parent 1777 sticky, ours 0700), or a clear
+    // refusal; then what the gc rules remove (rings of gone processes), before we add ours.
+    let ring_dir_fd = {
+        use vramhook_protocol::ringdir;
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let dir = ringdir::make_ring_dir(&ring_dir, uid)
+            .map_err(|e| anyhow::anyhow!("refusing ring directory {}: {e}", ring_dir.display()))?;
+        collect_garbage(&dir);
+        dir
+    };
     let tsc = TscClock::calibrate(Duration::from_millis(10));
     let mut recorder = Recorder::new(run.record)?;
     let mut source = RingSource::new(&ring_dir, RingFilter { run_id: Some(run_id) }, tsc);
@@ -190,7 +201,20 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
         std::thread::sleep(idle);
     }
     recorder.finish();
+    // Our descendants' rings are drained and their processes gone: removed now (the
+    // source's locks released first), so nothing accumulates across runs.
+    drop(source);
+    collect_garbage(&ring_dir_fd);
     Ok(RunOutcome { exit_code: exit_code.unwrap_or(1), recorder })
+}
+
+/// Applies the gc rules to the ring directory (rings of processes that are gone).
+fn collect_garbage(dir: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    use vramhook_protocol::ringdir;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |_| {});
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {

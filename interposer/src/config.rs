@@ -20,6 +20,15 @@ pub static DEBUG: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_CLOCK=monotonic`: stamp events with CLOCK_MONOTONIC instead of the TSC.
 pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
+/// `VRAMHOOK_KEEP_PERCENT`: undrained rings of gone processes may take this share of the
+/// ring directory's file system before the oldest are removed.
+pub static KEEP_PERCENT: AtomicU64 = AtomicU64::new(vramhook_protocol::ringdir::DEFAULT_KEEP_PERCENT);
+/// `VRAMHOOK_KEEP_HOURS`: undrained rings of gone processes older than this are removed.
+pub static KEEP_HOURS: AtomicU64 = AtomicU64::new(vramhook_protocol::ringdir::DEFAULT_KEEP_HOURS);
+/// `VRAMHOOK_DIR` was set to a path of `DIR_CAPACITY` bytes or more: refused (the process
+/// runs untraced with one line), never silently replaced by the default directory.
+pub static DIR_TOO_LONG: AtomicBool = AtomicBool::new(false);
+
 /// `VRAMHOOK_DIR`: ring directory; empty means `/dev/shm/vramhook/<uid>`.
 pub const DIR_CAPACITY: usize = 512;
 static DIR_LEN: AtomicUsize = AtomicUsize::new(0);
@@ -81,8 +90,16 @@ pub fn load_from_env() {
     if let Some(v) = env(c"VRAMHOOK_CLOCK") {
         FORCE_MONOTONIC.store(v == b"monotonic", Ordering::Relaxed);
     }
+    if let Some(n) = env(c"VRAMHOOK_KEEP_PERCENT").and_then(vramhook_protocol::ringdir::parse_setting) {
+        KEEP_PERCENT.store(n.min(100), Ordering::Relaxed);
+    }
+    if let Some(n) = env(c"VRAMHOOK_KEEP_HOURS").and_then(vramhook_protocol::ringdir::parse_setting) {
+        KEEP_HOURS.store(n, Ordering::Relaxed);
+    }
     if let Some(dir) = env(c"VRAMHOOK_DIR") {
-        if !dir.is_empty() && dir.len() < DIR_CAPACITY {
+        if dir.len() >= DIR_CAPACITY {
+            DIR_TOO_LONG.store(true, Ordering::Relaxed);
+        } else if !dir.is_empty() {
             // SAFETY: the constructor runs once, before any other thread of ours exists.
             unsafe {
                 let buf = &mut *core::ptr::addr_of_mut!(DIR_BUF);

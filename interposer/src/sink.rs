@@ -3,12 +3,14 @@
 use crate::config;
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vramhook_protocol::clock::{self, ClockSource};
 use vramhook_protocol::record::{saturate_result, Api, EventKind, RawRecord};
 use vramhook_protocol::ring::{
     encode_meta, lanes_for_cpus, ring_file_size_lanes, RingInit, RingWriter, META_CAPACITY, MIN_CAPACITY,
 };
+use vramhook_protocol::ringdir;
 use zerocopy::little_endian::{I16, U16, U32, U64};
 
 const UNINIT: u8 = 0;
@@ -245,15 +247,6 @@ impl<const N: usize> StackStr<N> {
         }
         self.push(&digits[i..])
     }
-    fn as_ptr(&self) -> *const libc::c_char {
-        self.buf.as_ptr() as *const libc::c_char
-    }
-    fn truncate(&mut self, len: usize) {
-        self.len = len;
-        if len < N {
-            self.buf[len] = 0;
-        }
-    }
 }
 
 /// Reads a small file into `out`; returns the bytes read.
@@ -308,70 +301,77 @@ fn warn(reason: &[u8], dir: &[u8]) {
 }
 
 fn errno_name() -> &'static [u8] {
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EACCES) => b"permission denied",
-        Some(libc::EPERM) => b"operation not permitted",
-        Some(libc::ENOENT) => b"no such directory",
-        Some(libc::ENOSPC) => b"no space left",
-        Some(libc::EROFS) => b"read-only file system",
-        Some(libc::ENOTDIR) => b"not a directory",
-        Some(libc::EEXIST) => b"already exists",
-        Some(libc::ENOMEM) => b"out of memory",
-        _ => b"error",
-    }
+    ringdir::errno_text(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
 }
 
-/// Makes `dir` if missing; accepts it only if it is a real directory owned by us.
-fn ensure_private_dir(dir: &StackStr<600>, mode: libc::mode_t) -> Result<(), &'static [u8]> {
-    // SAFETY: NUL-terminated path; stat buffer on the stack.
+/// `renameat2(RENAME_NOREPLACE)`: publishes a finished ring under its final name, never
+/// over an existing one (EEXIST, so the caller tries the next image number). Where the
+/// file system lacks it, `linkat` + `unlinkat` does the same.
+fn rename_noreplace(dir: libc::c_int, from: &[u8], to: &[u8]) -> Result<(), i32> {
+    const RENAME_NOREPLACE: libc::c_uint = 1;
+    let (from, to) = (from.as_ptr() as *const libc::c_char, to.as_ptr() as *const libc::c_char);
+    // SAFETY: NUL-terminated names relative to our directory fd.
     unsafe {
-        if libc::mkdir(dir.as_ptr(), mode) != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
-        {
-            return Err(errno_name());
+        if libc::syscall(libc::SYS_renameat2, dir, from, dir, to, RENAME_NOREPLACE) == 0 {
+            return Ok(());
         }
-        let mut st: libc::stat = core::mem::zeroed();
-        if libc::lstat(dir.as_ptr(), &mut st) != 0 {
-            return Err(errno_name());
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        if errno != libc::EINVAL && errno != libc::ENOSYS {
+            return Err(errno);
         }
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(b"not a directory");
+        if libc::linkat(dir, from, dir, to, 0) != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
-        if st.st_uid != libc::geteuid() {
-            return Err(b"directory owned by another user");
-        }
+        libc::unlinkat(dir, from, 0);
     }
     Ok(())
+}
+
+/// Removes what gc rules say in the ring directory (once per process, at ring creation:
+/// bounded work, no allocation).
+fn collect_garbage(dir: libc::c_int, uid: u32) {
+    let policy = ringdir::GcPolicy {
+        keep_percent: config::KEEP_PERCENT.load(Ordering::Relaxed),
+        keep_secs: config::KEEP_HOURS.load(Ordering::Relaxed).saturating_mul(3600),
+        max_entries: 4096,
+        max_budget_removals: 16,
+        dry_run: false,
+    };
+    ringdir::gc_dir(dir, uid, &policy, ringdir::now_secs(), false, &mut |_| {});
 }
 
 fn create_ring() -> bool {
     // SAFETY: getpid/getppid/getuid have no preconditions.
     let (pid, ppid, uid) = unsafe { (libc::getpid() as u32, libc::getppid() as u32, libc::geteuid()) };
+    if config::DIR_TOO_LONG.load(Ordering::Relaxed) {
+        warn(b"VRAMHOOK_DIR is 512 bytes or longer", b"refused, not replaced by the default directory");
+        return false;
+    }
     let mut dir = StackStr::<600>::new();
     match config::ring_dir() {
         Some(d) => {
             dir.push(d);
-            if let Err(reason) = ensure_private_dir(&dir, 0o700) {
-                warn(reason, d);
-                return false;
-            }
         }
         None => {
-            dir.push(b"/dev/shm/vramhook");
-            // SAFETY: NUL-terminated path. The shared parent is sticky and world-writable
-            // like /tmp; each user's own folder below it is 0700.
-            unsafe {
-                if libc::mkdir(dir.as_ptr(), 0o1777) == 0 {
-                    libc::chmod(dir.as_ptr(), 0o1777);
-                }
-            }
-            dir.push(b"/");
+            dir.push(b"/dev/shm/vramhook/");
             dir.push_u64(u64::from(uid));
-            if let Err(reason) = ensure_private_dir(&dir, 0o700) {
-                warn(reason, &dir.buf[..dir.len]);
-                return false;
-            }
         }
     }
+    let made = match core::ffi::CStr::from_bytes_with_nul(&dir.buf[..=dir.len]) {
+        // The shared parent 1777 with the sticky bit, ours 0700; checked through the fd.
+        Ok(path) => ringdir::make_ring_dir_c(path, uid),
+        Err(_) => Err(ringdir::RingDirError::BadPath),
+    };
+    let dir_fd = match made {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn(e.reason(), &dir.buf[..dir.len]);
+            return false;
+        }
+    };
+    let dfd = dir_fd.as_raw_fd();
+    collect_garbage(dfd, uid);
+
     let start_time = process_start_time();
     // One lane per CPU (up to 16) so that threads on different cores do not contend for
     // one write cursor; VRAMHOOK_RING_SLOTS is the total, split evenly.
@@ -381,41 +381,74 @@ fn create_ring() -> bool {
         n => (n as u32).next_power_of_two(),
     };
     let capacity = (config::RING_SLOTS.load(Ordering::Relaxed) / u64::from(lanes)).max(MIN_CAPACITY);
-    let len = ring_file_size_lanes(capacity, lanes);
-    let base_len = dir.len;
-    let mut fd = -1;
-    // After exec the pid and start time stay the same: the image number keeps names apart.
-    for image in 0..64u64 {
-        dir.truncate(base_len);
-        dir.push(b"/");
-        dir.push_u64(u64::from(pid));
-        dir.push(b"-");
-        dir.push_u64(start_time);
-        dir.push(b"-");
-        dir.push_u64(image);
-        dir.push(b".ring");
-        // SAFETY: NUL-terminated path.
-        fd = unsafe {
-            libc::open(
-                dir.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600,
-            )
+    // At most 10% of the space free now, and never past RLIMIT_FSIZE (sizing a file
+    // beyond it is SIGXFSZ): smaller, down to 1,024 slots, or untraced.
+    let Some((capacity, lanes)) = ringdir::fit_ring(capacity, lanes, ringdir::ring_size_limit(dfd)) else {
+        let floor = ringdir::ring_bytes(ringdir::MIN_RING_SLOTS / u64::from(lanes.max(1)), lanes.max(1));
+        let reason: &[u8] = if ringdir::file_size_rlimit() < floor {
+            b"file size limit (ulimit -f) too small for the smallest ring"
+        } else {
+            b"too little free space: a ring may take 10% of it, and the smallest is 1,024 slots"
         };
-        if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
-            break;
+        warn(reason, &dir.buf[..dir.len]);
+        return false;
+    };
+    let len = ring_file_size_lanes(capacity, lanes);
+
+    // Made under a hidden temporary name, sized, reserved, mapped and initialised, then
+    // renamed to its final name: a reader never finds an unfinished ring there.
+    let mut tmp_name = [0u8; 80];
+    let mut final_name = [0u8; 80];
+    let mut fd = -1;
+    let mut image = 0u64;
+    // After exec the pid and start time stay the same: the image number keeps names apart.
+    while image < 64 {
+        let taken = ringdir::format_ring_name(&mut final_name, pid, start_time, image, false).is_some_and(|_| {
+            // SAFETY: fstatat on our directory fd with a NUL-terminated name.
+            unsafe {
+                let mut st: libc::stat = core::mem::zeroed();
+                libc::fstatat(dfd, final_name.as_ptr() as *const libc::c_char, &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
+            }
+        });
+        if !taken && ringdir::format_ring_name(&mut tmp_name, pid, start_time, image, true).is_some() {
+            // SAFETY: openat on our directory fd with a NUL-terminated name.
+            fd = unsafe {
+                libc::openat(
+                    dfd,
+                    tmp_name.as_ptr() as *const libc::c_char,
+                    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
+            if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                break;
+            }
         }
+        image += 1;
     }
     if fd < 0 {
-        warn(errno_name(), &dir.buf[..base_len]);
+        warn(errno_name(), &dir.buf[..dir.len]);
         return false;
     }
+    let drop_tmp = || {
+        // SAFETY: unlinkat on our directory fd with a NUL-terminated name.
+        unsafe { libc::unlinkat(dfd, tmp_name.as_ptr() as *const libc::c_char, 0) };
+    };
     // SAFETY: fd is ours; the mapping is checked before use.
     let map = unsafe {
         if libc::ftruncate(fd, len as libc::off_t) != 0 {
             warn(errno_name(), &dir.buf[..dir.len]);
             libc::close(fd);
-            libc::unlink(dir.as_ptr());
+            drop_tmp();
+            return false;
+        }
+        // Reserve every page now: on a full file system a write to an unbacked page of a
+        // shared mapping is a SIGBUS in the program. (posix_fallocate returns the error.)
+        let err = libc::posix_fallocate(fd, 0, len as libc::off_t);
+        if err != 0 {
+            warn(ringdir::errno_text(err), &dir.buf[..dir.len]);
+            libc::close(fd);
+            drop_tmp();
             return false;
         }
         // Populated now (once, at the first CUDA call) so that no page fault lands on a hook.
@@ -430,7 +463,7 @@ fn create_ring() -> bool {
         libc::close(fd);
         if map == libc::MAP_FAILED {
             warn(errno_name(), &dir.buf[..dir.len]);
-            libc::unlink(dir.as_ptr());
+            drop_tmp();
             return false;
         }
         map as *mut u8
@@ -459,6 +492,28 @@ fn create_ring() -> bool {
     };
     // SAFETY: a fresh zero-filled shared mapping of the right size, page aligned.
     let writer = unsafe { RingWriter::init_lanes(map, &init, lanes, &meta[..meta_len]) };
+    writer.set_pid_ns(ringdir::own_pid_ns());
+    // Publish under the final name; a name taken meanwhile moves to the next image.
+    let published = loop {
+        match rename_noreplace(dfd, &tmp_name, &final_name) {
+            Ok(()) => break Ok(()),
+            Err(libc::EEXIST) if image < 63 => {
+                image += 1;
+                if ringdir::format_ring_name(&mut final_name, pid, start_time, image, false).is_none() {
+                    break Err(libc::ENAMETOOLONG);
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    if let Err(e) = published {
+        warn(ringdir::errno_text(e), &dir.buf[..dir.len]);
+        // SAFETY: unmapping our own mapping, never handed out.
+        unsafe { libc::munmap(map as *mut libc::c_void, len) };
+        drop_tmp();
+        return false;
+    }
+    drop(dir_fd);
     // SAFETY: only the creating thread writes here, before READY is published.
     unsafe { (*RING.writer.get()).write(writer) };
     RING.map.store(map as usize, Ordering::Relaxed);

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod mapped;
 pub mod record;
 pub mod ring;
+pub mod ringdir;
 
 pub use capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};
 pub use record::{Api, Caller, Event, EventKind, MemClass, RawRecord, RECORD_SIZE};

@@ -82,13 +82,24 @@ pub struct RingHeader {
     /// Entry points handed out by the driver that no wrapper matched.
     pub hook_misses: AtomicU64,
     pub state: AtomicU32,
-    _pad3: [u8; 44],
+    _pad3: [u8; 4],
+    /// Wall-clock seconds when a gc first found this ring's process gone with events not
+    /// drained (0: not yet). The keep-hours budget counts from here, not from the ring's
+    /// creation: a job that ran for days is not expired the moment it dies.
+    pub gone_since_s: AtomicU64,
+    /// Inode of the writer's pid namespace (`/proc/self/ns/pid`; 0: unknown). A gc in
+    /// another pid namespace cannot look the writer up in its /proc, so it leaves such a
+    /// ring alone unless the writer marked it exited.
+    pub pid_ns: AtomicU64,
+    _pad4: [u8; 24],
 }
 
 const _: () = assert!(std::mem::size_of::<RingHeader>() == 448);
 const _: () = assert!(std::mem::offset_of!(RingHeader, write_pos) == 256);
 const _: () = assert!(std::mem::offset_of!(RingHeader, read_pos) == 320);
 const _: () = assert!(std::mem::offset_of!(RingHeader, dropped) == 384);
+const _: () = assert!(std::mem::offset_of!(RingHeader, gone_since_s) == 408);
+const _: () = assert!(std::mem::offset_of!(RingHeader, pid_ns) == 416);
 
 /// Bytes a one-lane ring of `capacity` slots occupies.
 pub const fn ring_file_size(capacity: u64) -> usize {
@@ -278,6 +289,11 @@ impl RingWriter {
 
     pub fn count_hook_miss(&self) {
         self.header().hook_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records the writer's pid namespace (see [`RingHeader::pid_ns`]).
+    pub fn set_pid_ns(&self, ns: u64) {
+        self.header().pid_ns.store(ns, Ordering::Release);
     }
 
     pub fn mark_exited(&self) {

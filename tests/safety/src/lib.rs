@@ -167,3 +167,4 @@ pub fn as_uid(cmd: &mut Command, uid: u32) -> &mut Command {
         })
     }
 }
+pub mod shm_kit;
