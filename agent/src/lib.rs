@@ -31,7 +31,7 @@ pub enum AgentError {
     Otlp(#[from] otlp::OtlpError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("refusing ring directory {dir}: {source}")]
+    #[error("refusing ring directory {dir}")]
     RingDir { dir: PathBuf, source: vramhook_protocol::ringdir::RingDirError },
 }
 
@@ -78,9 +78,17 @@ pub struct AgentConfig {
 pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     // The ring directory as the rules say (parent 1777 sticky, ours 0700, no symlink),
     // or a clear refusal.
+    // A root agent may drain another user's directory, `<parent>/<uid>` as under
+    // /dev/shm/vramhook, under that user's rules; its own it makes or repairs.
     // SAFETY: geteuid has no preconditions.
-    let ring_dir_fd = vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, unsafe { libc::geteuid() })
-        .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })?;
+    let euid = unsafe { libc::geteuid() };
+    let owner = vramhook_protocol::ringdir::expected_owner(&cfg.ingest.ring_dir, euid);
+    let ring_dir_fd = if owner == euid {
+        vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, euid)
+    } else {
+        vramhook_protocol::ringdir::open_ring_dir(&cfg.ingest.ring_dir, owner)
+    }
+    .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("vramhook-agent")

@@ -643,14 +643,11 @@ fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
 
 /// Opens the ring directory: the one place it is opened by path, once, with the ring
 /// directory rules checked on the descriptor (`ringdir::open_ring_dir`: no symlink, the
-/// shared parent 1777 and sticky, the user's directory 0700 and its owner's). A root agent
-/// drains the directory of the user who owns it; anyone else only their own.
+/// shared parent 1777 and sticky, the user's directory 0700 and its owner's). See
+/// `ringdir::expected_owner` for whose directory a root agent drains.
 fn open_dir_fd(path: &Path) -> std::io::Result<OwnedFd> {
-    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    // Only a hint of whose it is: open_ring_dir checks the owner again on the descriptor.
-    let owner = if euid == 0 { std::fs::symlink_metadata(path)?.uid() } else { euid };
+    let owner = vramhook_protocol::ringdir::expected_owner(path, unsafe { libc::geteuid() });
     vramhook_protocol::ringdir::open_ring_dir(path, owner).map_err(std::io::Error::other)
 }
 

@@ -285,6 +285,19 @@ fn c_path(path: &Path) -> Result<std::ffi::CString, RingDirError> {
 /// Opens a ring directory (O_DIRECTORY|O_NOFOLLOW|O_CLOEXEC) and checks it by `fstat`: a
 /// real directory owned by `owner` (0700 under the default parent, which is then checked
 /// too: 1777 sticky, owned by root or `owner`; elsewhere writable by nobody else).
+/// Whose ring directory `path` must be for a reader running as `euid`. Anyone but root
+/// reads only their own. Root reads `<parent>/<uid>` (the default layout's
+/// `/dev/shm/vramhook/<uid>`, or the same shape elsewhere) as that uid's, so one root agent
+/// per user directory drains that user's rings; any other name is root's own. A directory
+/// whose owner is not the one expected is refused by [`open_ring_dir`]: a name that says
+/// whose it is cannot be squatted by someone else.
+pub fn expected_owner(path: &Path, euid: u32) -> u32 {
+    if euid != 0 {
+        return euid;
+    }
+    path.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(euid)
+}
+
 pub fn open_ring_dir(path: &Path, owner: u32) -> Result<OwnedFd, RingDirError> {
     open_ring_dir_c(&c_path(path)?, owner)
 }

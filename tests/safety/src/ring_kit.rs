@@ -179,7 +179,9 @@ impl UserDir {
         let base = if base.is_dir() { base.to_path_buf() } else { std::env::temp_dir() };
         let parent = tempfile::Builder::new().prefix(&format!("vramhook-{tag}-")).tempdir_in(base).expect("parent dir");
         std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod parent");
-        let dir = parent.path().join("user");
+        // Named by its uid, as under /dev/shm/vramhook: a root agent drains a directory of
+        // another user only when its name is the uid that owns it.
+        let dir = parent.path().join(HOSTILE_UID.to_string());
         std::fs::create_dir(&dir).expect("user dir");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod user dir");
         std::os::unix::fs::chown(&dir, Some(HOSTILE_UID), Some(HOSTILE_UID)).expect("chown user dir");

@@ -89,9 +89,12 @@ fn a_ring_cut_while_mapped_is_closed_and_the_agent_lives() {
     let mut agent = Agent::start(&user.dir, &[]);
     agent.wait_state(WAIT, "the ring to be drained", |s| process(s, me.pid).is_some());
     as_hostile(&user.dir, &format!("truncate -s 0 {}", path.display()));
-    let s = agent.wait_state(WAIT, "the cut ring to be closed", |s| stat(s, "rings_hostile") >= 1);
+    // The stat and the process's end land in the state one after the other: wait for both.
+    agent.wait_state(WAIT, "the cut ring to be closed and its process ended", |s| {
+        stat(s, "rings_hostile") >= 1
+            && process(s, me.pid).is_some_and(|p| p["alive"] == serde_json::Value::Bool(false))
+    });
     assert!(agent.exited().is_none(), "the agent died");
-    assert_eq!(process(&s, me.pid).map(|p| p["alive"].clone()), Some(serde_json::Value::Bool(false)));
     let log = agent.log();
     assert!(log.contains("cut to 0 bytes while mapped"), "a clear line:\n{log}");
     // And it still drains a ring made afterwards.
@@ -142,7 +145,10 @@ fn a_swapped_directory_never_makes_the_agent_touch_files_outside_it() {
     let mut agent = Agent::start(&user.dir, &[]);
     agent.wait_state(WAIT, "the first ring", |s| stat(s, "rings_closed") >= 1);
 
-    as_hostile(user.parent.path(), &format!("mv user user.old && ln -s {} user", root_only.path().display()));
+    as_hostile(
+        user.parent.path(),
+        &format!("mv {HOSTILE_UID} user.old && ln -s {} {HOSTILE_UID}", root_only.path().display()),
+    );
     // Two more rings in the directory the agent opened (now `user.old`), one after the
     // other: each closed means a scan happened after the swap.
     for (n, pid) in [(2, gone_pid(4)), (3, gone_pid(5))] {
