@@ -435,3 +435,190 @@ fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() 
     agent.wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
     agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| process(s, pid).is_none());
 }
+
+/// A tiny OTLP/HTTP sink on loopback: answers every request with `status(path)` and
+/// remembers (path, status) in order of arrival.
+struct Sink {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+}
+
+impl Sink {
+    fn start(status: fn(&str) -> u16) -> Sink {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the sink");
+        let addr = listener.local_addr().expect("sink addr");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let seen = seen2.clone();
+                std::thread::spawn(move || serve_sink_connection(conn, status, &seen));
+            }
+        });
+        Sink { addr, seen }
+    }
+
+    fn requests(&self, path: &str) -> usize {
+        self.seen.lock().map(|s| s.iter().filter(|(p, _)| p == path).count()).unwrap_or(0)
+    }
+}
+
+fn serve_sink_connection(
+    conn: std::net::TcpStream,
+    status: fn(&str) -> u16,
+    seen: &std::sync::Mutex<Vec<(String, u16)>>,
+) {
+    use std::io::{BufRead, Read, Write};
+    let Ok(mut out) = conn.try_clone() else { return };
+    let mut r = std::io::BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        let (mut len, mut chunked) = (0usize, false);
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end().to_ascii_lowercase();
+            if h.is_empty() {
+                break;
+            }
+            if let Some(v) = h.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if h.starts_with("transfer-encoding:") && h.contains("chunked") {
+                chunked = true;
+            }
+        }
+        if chunked {
+            loop {
+                let mut size = String::new();
+                if r.read_line(&mut size).unwrap_or(0) == 0 {
+                    return;
+                }
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                let mut body = vec![0; n + 2];
+                if r.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+        } else {
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                return;
+            }
+        }
+        let code = status(&path);
+        if let Ok(mut s) = seen.lock() {
+            s.push((path, code));
+        }
+        let reason = if code == 200 { "OK" } else { "Not Found" };
+        let reply =
+            format!("HTTP/1.1 {code} {reason}\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n");
+        if out.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// SIGTERM with OTLP on panicked ("there is no reactor running", exit 101) and skipped the
+/// final flush. With an export interval of an hour, the only metrics export there can be
+/// is the final flush.
+#[test]
+fn sigterm_with_otlp_on_exits_0_after_a_final_flush() {
+    let rings = ring_dir("otlp-term");
+    let sink = Sink::start(|_| 200);
+    let endpoint = format!("http://{}", sink.addr);
+    let bin = vramhook_bin();
+    let mut agent = Agent::start(
+        &bin,
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "3600000"),
+        ],
+    );
+    assert!(
+        agent.log().contains(&format!("OTLP metrics to {endpoint}/v1/metrics (http/protobuf)")),
+        "the endpoint is named at startup:\n{}",
+        agent.log()
+    );
+    let mut child = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
+    let pid = child.id();
+    let _ = child.wait();
+    agent.wait_state(Duration::from_secs(20), "the leak to be drained", |s| process(s, pid).is_some());
+    assert_eq!(sink.requests("/v1/metrics"), 0, "no periodic export within the hour");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    let status = agent.child.wait().expect("agent exit");
+    let log = agent.log();
+    assert_eq!(status.code(), Some(0), "SIGTERM with OTLP on exits 0:\n{log}");
+    assert!(!log.contains("panicked"), "no panic:\n{log}");
+    assert!(sink.requests("/v1/metrics") >= 1, "the final flush exported the metrics:\n{log}");
+}
+
+/// Jaeger's default configuration answers 404 on /v1/logs, and the agent said nothing.
+/// Here logs get a 404 and traces a closed port: each failure kind is said once, at once,
+/// naming its endpoint; later ones are summarised (at the latest at shutdown).
+#[test]
+fn otlp_export_failures_are_said_once_per_kind_naming_the_endpoint() {
+    let rings = ring_dir("otlp-fail");
+    let sink = Sink::start(|path| if path == "/v1/logs" { 404 } else { 200 });
+    let endpoint = format!("http://{}", sink.addr);
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }; // closed again: connections are refused
+    let traces = format!("http://127.0.0.1:{closed}/v1/traces");
+    let bin = vramhook_bin();
+    let mut agent = Agent::start(
+        &bin,
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "3600000"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let log = agent.log();
+    for line in [
+        format!("OTLP metrics to {endpoint}/v1/metrics (http/protobuf)"),
+        format!("OTLP traces to {traces} (http/protobuf)"),
+        format!("OTLP logs to {endpoint}/v1/logs (http/protobuf)"),
+    ] {
+        assert!(log.contains(&line), "startup names the endpoint: {line}\n{log}");
+    }
+    // torch_caching runs out of memory on purpose: its incident is a span and a log record.
+    let mut child = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[]);
+    let _ = child.wait();
+    let logs_failed = format!("OTLP logs export to {endpoint}/v1/logs (http/protobuf) failed: HTTP 404");
+    let traces_failed = format!("OTLP traces export to {traces} (http/protobuf) failed: network error");
+    let start = std::time::Instant::now();
+    while !(agent.log().contains(&logs_failed) && agent.log().contains(&traces_failed)) {
+        assert!(start.elapsed() < Duration::from_secs(60), "each failure said at once:\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sink.requests("/v1/logs") >= 1, "the logs did reach the sink (and got a 404)");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    let status = agent.child.wait().expect("agent exit");
+    let log = agent.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert_eq!(log.matches(&logs_failed).count(), 1, "said once:\n{log}");
+    assert_eq!(log.matches(&traces_failed).count(), 1, "said once:\n{log}");
+    // The span batch is retried once a second: the retry failed too, and is summarised.
+    let summary = log.lines().find(|l| l.contains("more failed OTLP exports since")).unwrap_or("");
+    assert!(summary.contains("traces"), "later failures summarised:\n{log}");
+}
