@@ -622,3 +622,55 @@ fn otlp_export_failures_are_said_once_per_kind_naming_the_endpoint() {
     let summary = log.lines().find(|l| l.contains("more failed OTLP exports since")).unwrap_or("");
     assert!(summary.contains("traces"), "later failures summarised:\n{log}");
 }
+
+/// `top` showed "dropped 20 (writer 0, restart 0, capture 0)" after a cleanly stopped
+/// agent was started again: the drops the earlier instance counted had no part. A ring
+/// left by a finished process with a tiny ring holds thousands of writer drops, whatever
+/// the timing; the first agent drains it and stops cleanly, the second recovers them.
+#[test]
+fn the_dropped_parts_add_up_to_the_total_across_a_clean_restart() {
+    let rings = ring_dir("drop-parts");
+    let captures = tempfile::tempdir().expect("capture dir");
+    let mut child = spawn_traced(
+        &workload("threads16"),
+        &["--threads", "2", "--iters", "2000"],
+        rings.path(),
+        &[("VRAMHOOK_RING_SLOTS", "64")],
+    );
+    let pid = child.id();
+    assert!(child.wait().expect("workload").success());
+    let bin = vramhook_bin();
+    let args = ["--ring-dir", rings.path().to_str().unwrap(), "--capture-dir", captures.path().to_str().unwrap()];
+    let parts = |s: &Value| {
+        let a = &s["agent"];
+        ["writer_dropped", "restart_lost", "dropped_recovered", "dropped_in_ring"]
+            .map(|k| a[k].as_u64().unwrap_or_else(|| panic!("no {k} in {a}")))
+    };
+    let per_process = |s: &Value| -> u64 {
+        s["snapshot"]["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .map(|p| p["dropped_events"].as_u64().unwrap_or(0))
+            .sum()
+    };
+
+    let mut first = Agent::start(&bin, &args, &[]);
+    let s = first.wait_state(Duration::from_secs(30), "the ring drained", |s| s["agent"]["rings_closed"] == 1);
+    let dropped = per_process(&s);
+    assert!(dropped > 1000, "a 64-slot ring of a finished process dropped most of ~8000 calls: {dropped}");
+    assert_eq!(parts(&s).iter().sum::<u64>(), dropped, "first agent: parts add up: {}", s["agent"]);
+    first.terminate();
+
+    let second = Agent::start(&bin, &args, &[]);
+    assert!(second.log().contains("recovered the model"), "{}", second.log());
+    let s = second.wait_state(Duration::from_secs(20), "the recovered model published", |s| process(s, pid).is_some());
+    let p = process(&s, pid).expect("the recovered process");
+    assert_eq!(p["dropped_events"].as_u64(), Some(dropped), "the recovered model keeps its drops");
+    assert_eq!(parts(&s), [0, 0, dropped, 0], "counted by the earlier agent: {}", s["agent"]);
+    let metrics = second.get("/metrics");
+    assert_eq!(
+        prom_value(&metrics, "vramhook_agent_events_dropped_total{kind=\"earlier_agent\"}"),
+        Some(dropped as f64)
+    );
+}
