@@ -207,47 +207,6 @@ fn captured_by_api(dir: &Path, pid: u32) -> std::collections::BTreeMap<String, i
     m
 }
 
-/// The first call of each thread: (api, addr), in the capture.
-fn first_call_per_thread(dir: &Path, pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
-    let mut m = std::collections::BTreeMap::new();
-    for_each_event(dir, pid, |e| {
-        if is_call(e) {
-            m.entry(e.tid).or_insert_with(|| (api_name(e), e.addr));
-        }
-    });
-    m
-}
-
-/// Calls the interposer never put in the ring nor counted: a thread's first call made
-/// while another thread was creating the process's ring (an interposer race, reported
-/// to its owner). Found as threads whose captured stream starts past their first call.
-fn missed_by_interposer(truth_dir: &Path, captures: &Path, pid: u32) -> u64 {
-    let first = first_call_per_thread(captures, pid);
-    let mut per_tid: std::collections::BTreeMap<u64, Vec<(String, u64)>> = std::collections::BTreeMap::new();
-    for e in std::fs::read_dir(truth_dir).expect("truth").filter_map(|e| e.ok()) {
-        for l in std::fs::read_to_string(e.path()).expect("truth").lines() {
-            let Ok(v) = serde_json::from_str::<Value>(l) else { continue };
-            let (Some(f), Some(tid)) = (v["fn"].as_str(), v["tid"].as_u64()) else { continue };
-            let calls = per_tid.entry(tid).or_default();
-            if calls.len() < 16 {
-                calls.push((f.to_string(), v["addr"].as_u64().unwrap_or(0)));
-            }
-        }
-    }
-    let mut missed = 0;
-    for (tid, calls) in per_tid {
-        let got = u32::try_from(tid).ok().and_then(|t| first.get(&t));
-        // The captured stream of the thread starts at its k-th call: k calls missed.
-        match got {
-            Some(g) => missed += calls.iter().position(|c| c == g).unwrap_or(0) as u64,
-            // A thread of a few calls, all made before the ring existed (the main thread).
-            None if calls.len() < 16 => missed += calls.len() as u64,
-            None => {}
-        }
-    }
-    missed
-}
-
 /// Every event of a traced process in the capture files: (seqs delivered, dropped count,
 /// calls).
 fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
@@ -327,12 +286,11 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
     }
     let unique: HashSet<u64> = seqs.iter().copied().collect();
     assert_eq!(unique.len(), seqs.len(), "an event was delivered twice");
-    let missed = missed_by_interposer(truth.path(), captures.path(), pid);
-    if missed > 0 {
-        eprintln!("NOTE: the interposer never recorded {missed} thread-first call(s) made while the ring was being created (interposer race; not the agent's)");
-    }
+    // A call a thread made while another thread was creating the ring is counted as
+    // dropped by the interposer itself (moved into the ring's drop counter once the ring
+    // exists): it is in `dropped` already, and must not be counted again.
     assert_eq!(
-        calls + dropped + missed,
+        calls + dropped,
         truth_calls,
         "every call delivered once or counted as dropped (delivered {calls}, dropped {dropped}); agent {}",
         state["agent"]
