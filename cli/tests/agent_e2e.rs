@@ -326,10 +326,18 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
         ],
         &[],
     );
-    let mut child = spawn_traced(&workload("threads16"), &["--threads", "2", "--iters", "50000"], rings.path(), &[]);
+    // A ring that holds all ~200,000 events (one lane of 262,144 slots), so that the bytes
+    // captured, and the rotations, do not depend on how fast the agent drains: under a
+    // loaded machine it drained 32,770 events, dropped the rest and rotated once.
+    let mut child = spawn_traced(
+        &workload("threads16"),
+        &["--threads", "2", "--iters", "50000"],
+        rings.path(),
+        &[("VRAMHOOK_RING_SLOTS", "262144"), ("VRAMHOOK_RING_LANES", "1")],
+    );
     let pid = child.id();
     let _ = child.wait();
-    let s = agent.wait_state(Duration::from_secs(60), "the workload drained", |s| {
+    let s = agent.wait_state(Duration::from_secs(120), "the workload drained", |s| {
         s["agent"]["rings_closed"] == 1 && process(s, pid).is_some_and(|p| p["alive"] == false)
     });
     assert!(s["agent"]["capture_files"].as_u64().unwrap_or(0) >= 4, "rotated by size: {}", s["agent"]);
