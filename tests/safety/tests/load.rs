@@ -12,6 +12,9 @@ use vramhook_safety_tests::{interposer, vramhook_bin};
 const PROCS: usize = 64;
 const THREADS: usize = 16;
 const ITERS: usize = 100;
+/// Rings of 1,024 slots for ~3,200 calls per process: whether the reader keeps up or not,
+/// the drop path is exercised along with the delivery path.
+const SLOTS: &str = "1024";
 
 #[test]
 fn sixty_four_processes_of_sixteen_threads_under_run_account_exactly() {
@@ -28,6 +31,7 @@ fn sixty_four_processes_of_sixteen_threads_under_run_account_exactly() {
         .args(["--", "sh", "-c", &load_kit::many_threads16(PROCS, THREADS, ITERS)])
         .env("VRAMHOOK_LIB", interposer())
         .env("VRAMHOOK_SIM_LOG_DIR", &truth)
+        .env("VRAMHOOK_RING_SLOTS", SLOTS)
         .status()
         .expect("vramhook run");
     assert!(status.success(), "vramhook run: {status}");
@@ -58,6 +62,7 @@ fn sixty_four_processes_of_sixteen_threads_under_the_agent_account_exactly() {
         .env("LD_PRELOAD", interposer())
         .env("VRAMHOOK_DIR", rings.path())
         .env("VRAMHOOK_SIM_LOG_DIR", &truth)
+        .env("VRAMHOOK_RING_SLOTS", SLOTS)
         .env_remove("VRAMHOOK_RUN_ID")
         .status()
         .expect("load");
