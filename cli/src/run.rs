@@ -95,6 +95,14 @@ enum Reaped {
     NotOurs,
 }
 
+/// Whether a ring of the same process (pid and start time) is still in the directory: the
+/// ended stream was an image that the process replaced by `exec`.
+fn newer_image(ring_dir: &Path, end: &ProcessEnd) -> bool {
+    let prefix = format!("{}-{}-", end.pid, end.start_time);
+    std::fs::read_dir(ring_dir)
+        .is_ok_and(|d| d.filter_map(|e| e.ok()).any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))))
+}
+
 fn reap(pid: u32) -> Reaped {
     let mut status = 0;
     // SAFETY: waitpid with a valid out pointer.
@@ -259,6 +267,9 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
                     end.exit_status = Some(code);
                     recorder.handle(SourceItem::End(end));
                 }
+                // An older image of a process that exec'd ends while the process runs on
+                // in its new image (whose ring is still there): no status to wait for.
+                Reaped::Later if newer_image(&ring_dir, &end) => recorder.handle(SourceItem::End(end)),
                 Reaped::Later => held.push(end),
                 Reaped::NotOurs => recorder.handle(SourceItem::End(end)),
             },
