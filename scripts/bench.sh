@@ -4,11 +4,13 @@
 #   2. model: events/s, bytes per live allocation, largest_free_span cost, versus a brute-force model
 #   3. analyzer: end-to-end replay versus a raw read of the same capture
 #   4. agent: ingestion rate, CPU at a steady event rate, memory with many processes
-# Usage: scripts/bench.sh [interposer|model|analyzer|agent]...   (default: all)
+#   5. drain: `vramhook run` versus the agent draining the same 64 x 16-thread load
+#      (scripts/bench-drain.sh: interleaved rounds, kept % of each and their ratio)
+# Usage: scripts/bench.sh [interposer|model|analyzer|agent|drain]...   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-((${#which[@]})) || which=(interposer model analyzer agent)
+((${#which[@]})) || which=(interposer model analyzer agent drain)
 cargo build --release --workspace --examples >/dev/null
 for part in "${which[@]}"; do
     echo "=================== $part"
@@ -17,6 +19,7 @@ for part in "${which[@]}"; do
         model) target/release/examples/bench_model ;;
         analyzer) target/release/examples/bench_replay ;;
         agent) target/release/examples/bench_agent ;;
+        drain) bash scripts/bench-drain.sh ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
     esac
 done

@@ -136,6 +136,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let (mut model, mut next_pos, mut drops) = match recovered {
         Some(r) => {
             add(&stats.events_recovered, r.events);
+            add(&stats.dropped_recovered, r.model.snapshot().processes.iter().map(|p| p.dropped_events).sum());
             (r.model, r.next_pos, r.drops)
         }
         None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeMap::new()),
@@ -193,7 +194,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             }
         }
+        let mut marked = 0;
         let summary = {
+            let marked = &mut marked;
             let model = &mut model;
             let capture = &capture;
             let stats = &stats;
@@ -235,6 +238,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     for e in events {
                         model.apply(e);
                     }
+                    *marked += crate::stats::dropped_marked(events);
                     add(&stats.events_ingested, events.len() as u64);
                     if let Some(c) = capture {
                         c.send(CaptureMsg::Events(events.to_vec()));
@@ -254,6 +258,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         add(&stats.events_refused, summary.foreign);
         add(&stats.restart_lost, summary.skipped);
         add(&stats.writer_dropped, summary.dropped);
+        add(&stats.dropped_in_ring, crate::stats::dropped_in_ring(marked, &summary));
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
         if let Some(c) = &capture {
             c.mark_missing();

@@ -193,9 +193,12 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         let _ = j.join();
     }
     if let Some(o) = otlp {
-        // Give the incident task a moment to hand over the last incidents.
-        rt.block_on(tokio::time::sleep(Duration::from_millis(200)));
-        let _ = rt.block_on(tokio::task::spawn_blocking(move || o.shutdown()));
+        // Give the incident task a moment to hand over the last incidents. (The sleep is
+        // made inside the runtime, as is the blocking task: `tokio::time::sleep` and
+        // `spawn_blocking` need the runtime when they are called, and called outside, on
+        // this thread, they panicked and skipped the final flush.)
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+        let _ = rt.block_on(async move { tokio::task::spawn_blocking(move || o.shutdown()).await });
     }
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())

@@ -187,7 +187,7 @@ pub const AGENT_MALFORMED: MetricDef = m!(
     "",
     "Ring records that made no sense (corrupted or hostile writer)."
 );
-pub const AGENT_DROPPED: MetricDef = m!("vramhook.agent.events.dropped", "{event}", "vramhook_agent_events_dropped_total", Counter, "kind", "Events lost before the model: kind=writer (ring full or writer died), kind=restart (consumed by a killed agent, never recorded).");
+pub const AGENT_DROPPED: MetricDef = m!("vramhook.agent.events.dropped", "{event}", "vramhook_agent_events_dropped_total", Counter, "kind", "Events the model counts as lost, by where: kind=writer (ring full or writer died), kind=restart (consumed by a killed agent, never recorded), kind=earlier_agent (counted by an earlier agent instance, in the model recovered from its capture), kind=in_ring (Dropped records a hostile or corrupted writer put in its ring). The kinds add up to the sum of vramhook_process_dropped_events_total over every process the model holds.");
 pub const AGENT_SINK_DROPPED: MetricDef = m!(
     "vramhook.agent.sink.dropped",
     "{item}",
@@ -289,6 +289,8 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
         "vramhook_agent_events_dropped_total" => vec![
             (vec![("kind", "writer".into())], stats.writer_dropped as f64),
             (vec![("kind", "restart".into())], stats.restart_lost as f64),
+            (vec![("kind", "earlier_agent".into())], stats.dropped_recovered as f64),
+            (vec![("kind", "in_ring".into())], stats.dropped_in_ring as f64),
         ],
         "vramhook_agent_sink_dropped_total" => vec![
             (vec![("kind", "capture".into())], stats.capture_dropped_events as f64),

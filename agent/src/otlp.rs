@@ -22,7 +22,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{SdkMeterProvider, Temporality};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
@@ -60,10 +60,121 @@ impl Backoff {
     }
 }
 
+/// Where each signal is exported, as the exporters resolve it from the `OTEL_*` variables
+/// (`http/protobuf` unless a protocol variable says `grpc`).
+pub fn endpoint(signal: &str) -> (String, String) {
+    let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let upper = signal.to_ascii_uppercase();
+    let protocol = var(&format!("OTEL_EXPORTER_OTLP_{upper}_PROTOCOL"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .unwrap_or_else(|| "http/protobuf".into())
+        .to_ascii_lowercase();
+    let grpc = protocol == "grpc";
+    let url = if let Some(url) = var(&format!("OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")) {
+        url
+    } else {
+        let base = var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .unwrap_or_else(|| if grpc { "http://localhost:4317" } else { "http://localhost:4318" }.to_string());
+        if grpc {
+            base
+        } else {
+            format!("{}/v1/{signal}", base.trim_end_matches('/'))
+        }
+    };
+    (protocol, url)
+}
+
+/// What went wrong, in a few words that stay the same from one failure to the next.
+fn failure_kind(e: &OTelSdkError) -> String {
+    let msg = e.to_string();
+    if let Some(at) = msg.find("status code: ") {
+        let code: String = msg[at + 13..].chars().take_while(char::is_ascii_digit).collect();
+        return match code.as_str() {
+            "404" => "HTTP 404 (the endpoint does not take this signal at this path)".into(),
+            _ => format!("HTTP {code}"),
+        };
+    }
+    if msg.contains("network error") {
+        return "network error (cannot connect or the connection failed)".into();
+    }
+    if matches!(e, OTelSdkError::Timeout(_)) {
+        return "timeout".into();
+    }
+    msg.chars().take(120).collect()
+}
+
+/// Export failures, said on stderr: the first of each kind (signal × error) at once, then
+/// how many more at most once a minute, and at shutdown.
+#[derive(Debug)]
+pub struct FailureLog {
+    state: Mutex<FailureState>,
+}
+
+#[derive(Debug, Default)]
+struct FailureState {
+    seen: std::collections::BTreeSet<(&'static str, String)>,
+    /// Failures not yet said, per signal, and since when.
+    unsaid: std::collections::BTreeMap<&'static str, u64>,
+    since: Option<SystemTime>,
+}
+
+/// `HH:MM:SS UTC` of a wall-clock time.
+fn utc_hms(t: SystemTime) -> String {
+    let s = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) % 86_400;
+    format!("{:02}:{:02}:{:02} UTC", s / 3600, s / 60 % 60, s % 60)
+}
+
+impl FailureLog {
+    pub fn new() -> FailureLog {
+        FailureLog { state: Mutex::new(FailureState::default()) }
+    }
+
+    /// Notes a failed export of `signal` ("metrics", "traces", "logs").
+    pub fn failed(&self, signal: &'static str, e: &OTelSdkError) {
+        let kind = failure_kind(e);
+        let Ok(mut st) = self.state.lock() else { return };
+        if st.seen.insert((signal, kind.clone())) {
+            let (protocol, url) = endpoint(signal);
+            eprintln!(
+                "vramhook agent: OTLP {signal} export to {url} ({protocol}) failed: {kind} [{e}]; further failures are counted and summarised once a minute"
+            );
+        } else {
+            *st.unsaid.entry(signal).or_default() += 1;
+            st.since.get_or_insert_with(SystemTime::now);
+        }
+    }
+
+    /// The failures not yet said, as one line (and forgets them); `None` when there are none.
+    pub fn summary(&self) -> Option<String> {
+        let mut st = self.state.lock().ok()?;
+        let total: u64 = st.unsaid.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let parts: Vec<String> = st.unsaid.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let since = st.since.take().map(utc_hms).unwrap_or_default();
+        st.unsaid.clear();
+        Some(format!("vramhook agent: {total} more failed OTLP exports since {since} ({})", parts.join(", ")))
+    }
+
+    fn say_summary(&self) {
+        if let Some(line) = self.summary() {
+            eprintln!("{line}");
+        }
+    }
+}
+
+impl Default for FailureLog {
+    fn default() -> FailureLog {
+        FailureLog::new()
+    }
+}
+
 struct CountingMetrics<E> {
     inner: E,
     stats: Arc<AgentStats>,
     backoff: Backoff,
+    failures: Arc<FailureLog>,
 }
 
 impl<E: PushMetricExporter> PushMetricExporter for CountingMetrics<E> {
@@ -78,8 +189,9 @@ impl<E: PushMetricExporter> PushMetricExporter for CountingMetrics<E> {
                 add(&self.stats.otlp_metric_exports, 1);
                 self.backoff.succeeded();
             }
-            Err(_) => {
+            Err(e) => {
                 add(&self.stats.otlp_metric_errors, 1);
+                self.failures.failed("metrics", e);
                 self.backoff.failed();
             }
         }
@@ -100,6 +212,9 @@ impl<E: PushMetricExporter> PushMetricExporter for CountingMetrics<E> {
 struct RetryingSpans<E> {
     inner: E,
     stats: Arc<AgentStats>,
+    failures: Arc<FailureLog>,
+    /// Set at shutdown: the last flush tries once, it does not hold the exit for retries.
+    stopping: Arc<AtomicBool>,
 }
 
 impl<E: SpanExporter> SpanExporter for RetryingSpans<E> {
@@ -113,7 +228,8 @@ impl<E: SpanExporter> SpanExporter for RetryingSpans<E> {
                 }
                 Err(e) => {
                     add(&self.stats.otlp_span_errors, 1);
-                    if delay > Duration::from_secs(8) {
+                    self.failures.failed("traces", &e);
+                    if delay > Duration::from_secs(8) || self.stopping.load(Ordering::Relaxed) {
                         return Err(e);
                     }
                     tokio::time::sleep(delay).await;
@@ -137,6 +253,7 @@ impl<E: SpanExporter> SpanExporter for RetryingSpans<E> {
 struct CountingLogs<E> {
     inner: E,
     stats: Arc<AgentStats>,
+    failures: Arc<FailureLog>,
 }
 
 impl<E: LogExporter> LogExporter for CountingLogs<E> {
@@ -144,7 +261,10 @@ impl<E: LogExporter> LogExporter for CountingLogs<E> {
         let r = self.inner.export(batch).await;
         match &r {
             Ok(()) => add(&self.stats.otlp_log_exports, 1),
-            Err(_) => add(&self.stats.otlp_log_errors, 1),
+            Err(e) => {
+                add(&self.stats.otlp_log_errors, 1);
+                self.failures.failed("logs", e);
+            }
         }
         r
     }
@@ -179,6 +299,8 @@ pub struct Otlp {
     meters: Option<SdkMeterProvider>,
     tracer: Option<SdkTracerProvider>,
     logger: Option<SdkLoggerProvider>,
+    failures: Arc<FailureLog>,
+    stopping: Arc<AtomicBool>,
 }
 
 fn resource(ring_dir: &str) -> Resource {
@@ -200,6 +322,9 @@ fn build_err(signal: &'static str) -> impl Fn(opentelemetry_otlp::ExporterBuildE
     move |e| OtlpError::Build { signal, message: e.to_string() }
 }
 
+/// How often failures after the first of their kind are summarised.
+const FAILURE_SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
 /// Builds the exporters and registers the instruments. Must run inside the tokio runtime.
 pub fn start(
     stats: Arc<AgentStats>,
@@ -209,11 +334,29 @@ pub fn start(
 ) -> Result<Otlp, OtlpError> {
     use opentelemetry_sdk::runtime::Tokio;
     let res = resource(ring_dir);
-    let mut otlp = Otlp { meters: None, tracer: None, logger: None };
+    let failures = Arc::new(FailureLog::new());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let mut otlp =
+        Otlp { meters: None, tracer: None, logger: None, failures: failures.clone(), stopping: stopping.clone() };
+    for (signal, var) in
+        [("metrics", "OTEL_METRICS_EXPORTER"), ("traces", "OTEL_TRACES_EXPORTER"), ("logs", "OTEL_LOGS_EXPORTER")]
+    {
+        if signal_on(var) {
+            let (protocol, url) = endpoint(signal);
+            eprintln!("vramhook agent: OTLP {signal} to {url} ({protocol})");
+        } else {
+            eprintln!("vramhook agent: OTLP {signal} off ({var}=none)");
+        }
+    }
 
     if signal_on("OTEL_METRICS_EXPORTER") {
         let exporter = opentelemetry_otlp::MetricExporter::builder().build().map_err(build_err("metrics"))?;
-        let exporter = CountingMetrics { inner: exporter, stats: stats.clone(), backoff: Backoff::default() };
+        let exporter = CountingMetrics {
+            inner: exporter,
+            stats: stats.clone(),
+            backoff: Backoff::default(),
+            failures: failures.clone(),
+        };
         let mut reader =
             opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(exporter, Tokio);
         if std::env::var_os("OTEL_METRIC_EXPORT_INTERVAL").is_none() {
@@ -229,7 +372,7 @@ pub fn start(
 
     let tracer = if signal_on("OTEL_TRACES_EXPORTER") {
         let exporter = opentelemetry_otlp::SpanExporter::builder().build().map_err(build_err("traces"))?;
-        let exporter = RetryingSpans { inner: exporter, stats: stats.clone() };
+        let exporter = RetryingSpans { inner: exporter, stats: stats.clone(), failures: failures.clone(), stopping };
         let processor =
             opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(exporter, Tokio)
                 .build();
@@ -242,7 +385,7 @@ pub fn start(
     };
     let logger = if signal_on("OTEL_LOGS_EXPORTER") {
         let exporter = opentelemetry_otlp::LogExporter::builder().build().map_err(build_err("logs"))?;
-        let exporter = CountingLogs { inner: exporter, stats: stats.clone() };
+        let exporter = CountingLogs { inner: exporter, stats: stats.clone(), failures: failures.clone() };
         let processor =
             opentelemetry_sdk::logs::log_processor_with_async_runtime::BatchLogProcessor::builder(exporter, Tokio)
                 .build();
@@ -254,6 +397,14 @@ pub fn start(
         None
     };
     tokio::spawn(incident_task(incidents, tracer, logger, stats));
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(FAILURE_SUMMARY_EVERY);
+        every.tick().await; // the first tick is immediate
+        loop {
+            every.tick().await;
+            failures.say_summary();
+        }
+    });
     Ok(otlp)
 }
 
@@ -395,8 +546,10 @@ async fn incident_task(
 }
 
 impl Otlp {
-    /// Flushes and stops every provider (blocking: call from a blocking context).
+    /// Flushes and stops every provider (blocking: call from a blocking context), then says
+    /// the failures not yet said.
     pub fn shutdown(self) {
+        self.stopping.store(true, Ordering::Relaxed);
         if let Some(p) = self.meters {
             let _ = p.shutdown();
         }
@@ -406,5 +559,29 @@ impl Otlp {
         if let Some(p) = self.logger {
             let _ = p.shutdown();
         }
+        self.failures.say_summary();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_said_once_per_kind_then_counted() {
+        let log = FailureLog::new();
+        let not_found = OTelSdkError::InternalFailure("HTTP export failed with status code: 404".into());
+        let refused = OTelSdkError::InternalFailure("HTTP export failed: network error".into());
+        assert_eq!(failure_kind(&refused), "network error (cannot connect or the connection failed)");
+        assert!(failure_kind(&not_found).starts_with("HTTP 404"));
+        log.failed("logs", &not_found); // said at once
+        assert_eq!(log.summary(), None, "the first of a kind is not in the summary");
+        log.failed("logs", &not_found);
+        log.failed("logs", &not_found);
+        log.failed("traces", &refused); // a new kind: said at once
+        log.failed("traces", &refused);
+        let line = log.summary().expect("a summary");
+        assert!(line.contains("3 more failed OTLP exports since ") && line.contains("(logs 2, traces 1)"), "{line}");
+        assert_eq!(log.summary(), None, "said once");
     }
 }

@@ -25,6 +25,13 @@ pub struct AgentStats {
     /// Events a previous agent instance consumed from a ring but never recorded (it was
     /// killed in between): counted, never silently lost.
     pub restart_lost: AtomicU64,
+    /// Dropped events an earlier agent instance counted, found in the model it left in
+    /// the capture (recovered at start): this instance's other counters start at zero.
+    pub dropped_recovered: AtomicU64,
+    /// `Dropped` records found in a ring itself (only a hostile or corrupted writer puts
+    /// them there: the interposer counts its drops in the ring header). The model counts
+    /// them as the record says.
+    pub dropped_in_ring: AtomicU64,
     /// Events recovered from the capture after a restart.
     pub events_recovered: AtomicU64,
     pub capture_dropped_batches: AtomicU64,
@@ -64,6 +71,10 @@ pub struct StatsView {
     pub events_refused: u64,
     pub writer_dropped: u64,
     pub restart_lost: u64,
+    #[serde(default)]
+    pub dropped_recovered: u64,
+    #[serde(default)]
+    pub dropped_in_ring: u64,
     pub events_recovered: u64,
     pub capture_dropped_batches: u64,
     pub capture_dropped_events: u64,
@@ -88,6 +99,31 @@ pub struct StatsView {
     pub rings_gc_removed_bytes: u64,
 }
 
+impl StatsView {
+    /// Every event the model counts as dropped, by where it was lost: the parts add up to
+    /// this total (the capture queue's drops are not among them: those events reached the
+    /// model, only the capture file misses them).
+    pub fn dropped_total(&self) -> u64 {
+        self.writer_dropped
+            .saturating_add(self.restart_lost)
+            .saturating_add(self.dropped_recovered)
+            .saturating_add(self.dropped_in_ring)
+    }
+}
+
+/// The sizes of the `Dropped` records in a drained batch (the readers' own markers and any
+/// the ring itself held).
+pub fn dropped_marked(events: &[vramhook_protocol::record::Event]) -> u64 {
+    use vramhook_protocol::record::EventKind;
+    events.iter().filter(|e| e.kind() == Some(EventKind::Dropped)).map(|e| e.size).fold(0, u64::saturating_add)
+}
+
+/// Of the `Dropped` records a poll handed on (`marked`), those that were in the ring itself:
+/// the reader's own markers are exactly the poll's writer drops and skipped slots.
+pub fn dropped_in_ring(marked: u64, summary: &crate::rings::PollSummary) -> u64 {
+    marked.saturating_sub(summary.dropped.saturating_add(summary.skipped))
+}
+
 /// Adds `n` to a counter, saturating: what a hostile ring claims can never wrap a total.
 pub fn add(c: &AtomicU64, n: u64) {
     if n != 0 {
@@ -109,6 +145,8 @@ impl AgentStats {
             events_refused: g(&self.events_refused),
             writer_dropped: g(&self.writer_dropped),
             restart_lost: g(&self.restart_lost),
+            dropped_recovered: g(&self.dropped_recovered),
+            dropped_in_ring: g(&self.dropped_in_ring),
             events_recovered: g(&self.events_recovered),
             capture_dropped_batches: g(&self.capture_dropped_batches),
             capture_dropped_events: g(&self.capture_dropped_events),

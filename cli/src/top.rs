@@ -63,17 +63,23 @@ impl Source {
         match self {
             Source::Agent(addr) => fetch_state(addr, Duration::from_secs(2)),
             Source::Direct { source, model, stats, ring_dir } => {
+                let mut marked = 0;
                 let summary = source.poll(&mut |item| match item {
                     SourceItem::Process(info) => model.process_info(info),
                     SourceItem::Events(events) => {
                         for e in events {
                             model.apply(e);
                         }
+                        marked += vramhook_agent::stats::dropped_marked(events);
                     }
                     SourceItem::End(end) => model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns),
                 });
                 stats.events_ingested += summary.delivered;
                 stats.writer_dropped += summary.dropped;
+                // Slots an earlier reader (an agent, another `top`) took before this one
+                // opened the ring: this view never saw them.
+                stats.restart_lost += summary.skipped;
+                stats.dropped_in_ring += vramhook_agent::stats::dropped_in_ring(marked, &summary);
                 stats.records_malformed += summary.malformed;
                 stats.rings_refused += source.take_refusals().len() as u64;
                 stats.rings_open = source.open_rings() as u64;
@@ -150,6 +156,27 @@ fn opt_bytes(v: Option<u64>) -> String {
     v.map(fmt_bytes).unwrap_or_else(|| "-".into())
 }
 
+/// The header's counters. The dropped total is the sum of its parts, each named: lost by
+/// the writer (ring full, writer died), taken by an agent killed before recording them
+/// (or, in direct mode, by whichever reader had the ring before), counted by an earlier
+/// agent instance (in the model it recovered), or claimed by `Dropped` records in the ring
+/// itself. The capture queue's drops are apart: those events are in the model.
+fn status_line(a: &StatsView) -> String {
+    format!(
+        "events {}  rings open {}  refused {}  malformed {}  dropped {} (writer {}, restart {}, earlier agent {}, in ring {})  capture queue dropped {}",
+        a.events_ingested,
+        a.rings_open,
+        a.rings_refused,
+        a.records_malformed,
+        a.dropped_total(),
+        a.writer_dropped,
+        a.restart_lost,
+        a.dropped_recovered,
+        a.dropped_in_ring,
+        a.capture_dropped_events
+    )
+}
+
 fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
     let [head, devs, procs, ooms, help] = Layout::vertical([
         Constraint::Length(3),
@@ -166,18 +193,7 @@ fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, 
         return;
     };
     let a = &s.agent;
-    let dropped_total: u64 = s.snapshot.processes.iter().map(|p| p.dropped_events).sum();
-    let mut status = format!(
-        "events {}  rings open {}  refused {}  malformed {}  dropped {} (writer {}, restart {}, capture {})",
-        a.events_ingested,
-        a.rings_open,
-        a.rings_refused,
-        a.records_malformed,
-        dropped_total,
-        a.writer_dropped,
-        a.restart_lost,
-        a.capture_dropped_events
-    );
+    let mut status = status_line(a);
     if let Some(e) = error {
         status = format!("{status}  STALE: {e}");
     }
@@ -272,4 +288,31 @@ fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, 
         ooms,
     );
     f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "dropped 20 (writer 0, restart 0, capture 0)" after a restart: the drops an earlier
+    /// agent counted had no part. Every part is named now, and they add up.
+    #[test]
+    fn the_dropped_total_is_the_sum_of_its_named_parts() {
+        let a = StatsView {
+            writer_dropped: 3,
+            restart_lost: 5,
+            dropped_recovered: 20,
+            dropped_in_ring: 7,
+            capture_dropped_events: 11,
+            ..StatsView::default()
+        };
+        let line = status_line(&a);
+        assert!(
+            line.contains("dropped 35 (writer 3, restart 5, earlier agent 20, in ring 7)"),
+            "parts add up to the total: {line}"
+        );
+        assert!(line.contains("capture queue dropped 11"), "{line}");
+        let a = StatsView { dropped_recovered: 20, ..StatsView::default() };
+        assert!(status_line(&a).contains("dropped 20 (writer 0, restart 0, earlier agent 20, in ring 0)"));
+    }
 }

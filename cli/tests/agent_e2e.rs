@@ -207,47 +207,6 @@ fn captured_by_api(dir: &Path, pid: u32) -> std::collections::BTreeMap<String, i
     m
 }
 
-/// The first call of each thread: (api, addr), in the capture.
-fn first_call_per_thread(dir: &Path, pid: u32) -> std::collections::BTreeMap<u32, (String, u64)> {
-    let mut m = std::collections::BTreeMap::new();
-    for_each_event(dir, pid, |e| {
-        if is_call(e) {
-            m.entry(e.tid).or_insert_with(|| (api_name(e), e.addr));
-        }
-    });
-    m
-}
-
-/// Calls the interposer never put in the ring nor counted: a thread's first call made
-/// while another thread was creating the process's ring (an interposer race, reported
-/// to its owner). Found as threads whose captured stream starts past their first call.
-fn missed_by_interposer(truth_dir: &Path, captures: &Path, pid: u32) -> u64 {
-    let first = first_call_per_thread(captures, pid);
-    let mut per_tid: std::collections::BTreeMap<u64, Vec<(String, u64)>> = std::collections::BTreeMap::new();
-    for e in std::fs::read_dir(truth_dir).expect("truth").filter_map(|e| e.ok()) {
-        for l in std::fs::read_to_string(e.path()).expect("truth").lines() {
-            let Ok(v) = serde_json::from_str::<Value>(l) else { continue };
-            let (Some(f), Some(tid)) = (v["fn"].as_str(), v["tid"].as_u64()) else { continue };
-            let calls = per_tid.entry(tid).or_default();
-            if calls.len() < 16 {
-                calls.push((f.to_string(), v["addr"].as_u64().unwrap_or(0)));
-            }
-        }
-    }
-    let mut missed = 0;
-    for (tid, calls) in per_tid {
-        let got = u32::try_from(tid).ok().and_then(|t| first.get(&t));
-        // The captured stream of the thread starts at its k-th call: k calls missed.
-        match got {
-            Some(g) => missed += calls.iter().position(|c| c == g).unwrap_or(0) as u64,
-            // A thread of a few calls, all made before the ring existed (the main thread).
-            None if calls.len() < 16 => missed += calls.len() as u64,
-            None => {}
-        }
-    }
-    missed
-}
-
 /// Every event of a traced process in the capture files: (seqs delivered, dropped count,
 /// calls).
 fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
@@ -313,7 +272,7 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
         .sum();
     assert!(truth_calls >= 1_000_000, "a million-event workload ({truth_calls} calls)");
     let (seqs, dropped, calls) = captured(captures.path(), pid);
-    if calls + dropped != truth_calls {
+    if calls + dropped != truth_calls && calls + dropped != truth_calls + 1 {
         let mut diff = captured_by_api(captures.path(), pid);
         for e in std::fs::read_dir(truth.path()).expect("truth").filter_map(|e| e.ok()) {
             for l in std::fs::read_to_string(e.path()).expect("truth").lines() {
@@ -327,14 +286,16 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
     }
     let unique: HashSet<u64> = seqs.iter().copied().collect();
     assert_eq!(unique.len(), seqs.len(), "an event was delivered twice");
-    let missed = missed_by_interposer(truth.path(), captures.path(), pid);
-    if missed > 0 {
-        eprintln!("NOTE: the interposer never recorded {missed} thread-first call(s) made while the ring was being created (interposer race; not the agent's)");
-    }
+    // A call a thread made while another thread was creating the ring is counted as
+    // dropped by the interposer itself (moved into the ring's drop counter once the ring
+    // exists): it is in `dropped` already, and must not be counted again.
+    // Ring slots hold the calls and the process's start and exit records: a dropped slot
+    // may have held either kind.
+    let records = seqs.len() as u64 - calls;
     assert_eq!(
-        calls + dropped + missed,
-        truth_calls,
-        "every call delivered once or counted as dropped (delivered {calls}, dropped {dropped}); agent {}",
+        calls + records + dropped,
+        truth_calls + 2,
+        "every call and record delivered once or counted as dropped (delivered {calls} calls and {records} records, dropped {dropped}); agent {}",
         state["agent"]
     );
     // The restarted model says the same: its process counts those drops.
@@ -365,10 +326,18 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
         ],
         &[],
     );
-    let mut child = spawn_traced(&workload("threads16"), &["--threads", "2", "--iters", "50000"], rings.path(), &[]);
+    // A ring that holds all ~200,000 events (one lane of 262,144 slots), so that the bytes
+    // captured, and the rotations, do not depend on how fast the agent drains: under a
+    // loaded machine it drained 32,770 events, dropped the rest and rotated once.
+    let mut child = spawn_traced(
+        &workload("threads16"),
+        &["--threads", "2", "--iters", "50000"],
+        rings.path(),
+        &[("VRAMHOOK_RING_SLOTS", "262144"), ("VRAMHOOK_RING_LANES", "1")],
+    );
     let pid = child.id();
     let _ = child.wait();
-    let s = agent.wait_state(Duration::from_secs(60), "the workload drained", |s| {
+    let s = agent.wait_state(Duration::from_secs(120), "the workload drained", |s| {
         s["agent"]["rings_closed"] == 1 && process(s, pid).is_some_and(|p| p["alive"] == false)
     });
     assert!(s["agent"]["capture_files"].as_u64().unwrap_or(0) >= 4, "rotated by size: {}", s["agent"]);
@@ -434,4 +403,243 @@ fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() 
     // Seen (the ring is drained and closed), then forgotten with no retention.
     agent.wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
     agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| process(s, pid).is_none());
+}
+
+/// A tiny OTLP/HTTP sink on loopback: answers every request with `status(path)` and
+/// remembers (path, status) in order of arrival.
+struct Sink {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, u16)>>>,
+}
+
+impl Sink {
+    fn start(status: fn(&str) -> u16) -> Sink {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the sink");
+        let addr = listener.local_addr().expect("sink addr");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let seen = seen2.clone();
+                std::thread::spawn(move || serve_sink_connection(conn, status, &seen));
+            }
+        });
+        Sink { addr, seen }
+    }
+
+    fn requests(&self, path: &str) -> usize {
+        self.seen.lock().map(|s| s.iter().filter(|(p, _)| p == path).count()).unwrap_or(0)
+    }
+}
+
+fn serve_sink_connection(
+    conn: std::net::TcpStream,
+    status: fn(&str) -> u16,
+    seen: &std::sync::Mutex<Vec<(String, u16)>>,
+) {
+    use std::io::{BufRead, Read, Write};
+    let Ok(mut out) = conn.try_clone() else { return };
+    let mut r = std::io::BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        let (mut len, mut chunked) = (0usize, false);
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end().to_ascii_lowercase();
+            if h.is_empty() {
+                break;
+            }
+            if let Some(v) = h.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if h.starts_with("transfer-encoding:") && h.contains("chunked") {
+                chunked = true;
+            }
+        }
+        if chunked {
+            loop {
+                let mut size = String::new();
+                if r.read_line(&mut size).unwrap_or(0) == 0 {
+                    return;
+                }
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                let mut body = vec![0; n + 2];
+                if r.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+        } else {
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                return;
+            }
+        }
+        let code = status(&path);
+        if let Ok(mut s) = seen.lock() {
+            s.push((path, code));
+        }
+        let reason = if code == 200 { "OK" } else { "Not Found" };
+        let reply =
+            format!("HTTP/1.1 {code} {reason}\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n");
+        if out.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// SIGTERM with OTLP on panicked ("there is no reactor running", exit 101) and skipped the
+/// final flush. With an export interval of an hour, the only metrics export there can be
+/// is the final flush.
+#[test]
+fn sigterm_with_otlp_on_exits_0_after_a_final_flush() {
+    let rings = ring_dir("otlp-term");
+    let sink = Sink::start(|_| 200);
+    let endpoint = format!("http://{}", sink.addr);
+    let bin = vramhook_bin();
+    let mut agent = Agent::start(
+        &bin,
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "3600000"),
+        ],
+    );
+    assert!(
+        agent.log().contains(&format!("OTLP metrics to {endpoint}/v1/metrics (http/protobuf)")),
+        "the endpoint is named at startup:\n{}",
+        agent.log()
+    );
+    let mut child = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
+    let pid = child.id();
+    let _ = child.wait();
+    agent.wait_state(Duration::from_secs(20), "the leak to be drained", |s| process(s, pid).is_some());
+    assert_eq!(sink.requests("/v1/metrics"), 0, "no periodic export within the hour");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    let status = agent.child.wait().expect("agent exit");
+    let log = agent.log();
+    assert_eq!(status.code(), Some(0), "SIGTERM with OTLP on exits 0:\n{log}");
+    assert!(!log.contains("panicked"), "no panic:\n{log}");
+    assert!(sink.requests("/v1/metrics") >= 1, "the final flush exported the metrics:\n{log}");
+}
+
+/// Jaeger's default configuration answers 404 on /v1/logs, and the agent said nothing.
+/// Here logs get a 404 and traces a closed port: each failure kind is said once, at once,
+/// naming its endpoint; later ones are summarised (at the latest at shutdown).
+#[test]
+fn otlp_export_failures_are_said_once_per_kind_naming_the_endpoint() {
+    let rings = ring_dir("otlp-fail");
+    let sink = Sink::start(|path| if path == "/v1/logs" { 404 } else { 200 });
+    let endpoint = format!("http://{}", sink.addr);
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    }; // closed again: connections are refused
+    let traces = format!("http://127.0.0.1:{closed}/v1/traces");
+    let bin = vramhook_bin();
+    let mut agent = Agent::start(
+        &bin,
+        &["--ring-dir", rings.path().to_str().unwrap()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "3600000"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let log = agent.log();
+    for line in [
+        format!("OTLP metrics to {endpoint}/v1/metrics (http/protobuf)"),
+        format!("OTLP traces to {traces} (http/protobuf)"),
+        format!("OTLP logs to {endpoint}/v1/logs (http/protobuf)"),
+    ] {
+        assert!(log.contains(&line), "startup names the endpoint: {line}\n{log}");
+    }
+    // torch_caching runs out of memory on purpose: its incident is a span and a log record.
+    let mut child = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[]);
+    let _ = child.wait();
+    let logs_failed = format!("OTLP logs export to {endpoint}/v1/logs (http/protobuf) failed: HTTP 404");
+    let traces_failed = format!("OTLP traces export to {traces} (http/protobuf) failed: network error");
+    let start = std::time::Instant::now();
+    while !(agent.log().contains(&logs_failed) && agent.log().contains(&traces_failed)) {
+        assert!(start.elapsed() < Duration::from_secs(60), "each failure said at once:\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sink.requests("/v1/logs") >= 1, "the logs did reach the sink (and got a 404)");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    let status = agent.child.wait().expect("agent exit");
+    let log = agent.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert_eq!(log.matches(&logs_failed).count(), 1, "said once:\n{log}");
+    assert_eq!(log.matches(&traces_failed).count(), 1, "said once:\n{log}");
+    // The span batch is retried once a second: the retry failed too, and is summarised.
+    let summary = log.lines().find(|l| l.contains("more failed OTLP exports since")).unwrap_or("");
+    assert!(summary.contains("traces"), "later failures summarised:\n{log}");
+}
+
+/// `top` showed "dropped 20 (writer 0, restart 0, capture 0)" after a cleanly stopped
+/// agent was started again: the drops the earlier instance counted had no part. A ring
+/// left by a finished process with a tiny ring holds thousands of writer drops, whatever
+/// the timing; the first agent drains it and stops cleanly, the second recovers them.
+#[test]
+fn the_dropped_parts_add_up_to_the_total_across_a_clean_restart() {
+    let rings = ring_dir("drop-parts");
+    let captures = tempfile::tempdir().expect("capture dir");
+    let mut child = spawn_traced(
+        &workload("threads16"),
+        &["--threads", "2", "--iters", "2000"],
+        rings.path(),
+        &[("VRAMHOOK_RING_SLOTS", "64")],
+    );
+    let pid = child.id();
+    assert!(child.wait().expect("workload").success());
+    let bin = vramhook_bin();
+    let args = ["--ring-dir", rings.path().to_str().unwrap(), "--capture-dir", captures.path().to_str().unwrap()];
+    let parts = |s: &Value| {
+        let a = &s["agent"];
+        ["writer_dropped", "restart_lost", "dropped_recovered", "dropped_in_ring"]
+            .map(|k| a[k].as_u64().unwrap_or_else(|| panic!("no {k} in {a}")))
+    };
+    let per_process = |s: &Value| -> u64 {
+        s["snapshot"]["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .map(|p| p["dropped_events"].as_u64().unwrap_or(0))
+            .sum()
+    };
+
+    let mut first = Agent::start(&bin, &args, &[]);
+    let s = first.wait_state(Duration::from_secs(30), "the ring drained", |s| s["agent"]["rings_closed"] == 1);
+    let dropped = per_process(&s);
+    assert!(dropped > 1000, "a 64-slot ring of a finished process dropped most of ~8000 calls: {dropped}");
+    assert_eq!(parts(&s).iter().sum::<u64>(), dropped, "first agent: parts add up: {}", s["agent"]);
+    first.terminate();
+
+    let second = Agent::start(&bin, &args, &[]);
+    assert!(second.log().contains("recovered the model"), "{}", second.log());
+    let s = second.wait_state(Duration::from_secs(20), "the recovered model published", |s| process(s, pid).is_some());
+    let p = process(&s, pid).expect("the recovered process");
+    assert_eq!(p["dropped_events"].as_u64(), Some(dropped), "the recovered model keeps its drops");
+    assert_eq!(parts(&s), [0, 0, dropped, 0], "counted by the earlier agent: {}", s["agent"]);
+    let metrics = second.get("/metrics");
+    assert_eq!(
+        prom_value(&metrics, "vramhook_agent_events_dropped_total{kind=\"earlier_agent\"}"),
+        Some(dropped as f64)
+    );
 }

@@ -1,0 +1,235 @@
+//! Helpers for the load tests: a `vramhook agent` on a loopback port, many traced
+//! processes at once, and per-process accounting of captures against the simulated
+//! driver's ground truth.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vramhook_protocol::capture::{CaptureReader, Frame};
+use vramhook_protocol::record::{Event, EventKind};
+
+/// A shell command line that starts `procs` copies of threads16 at once and waits for them.
+pub fn many_threads16(procs: usize, threads: usize, iters: usize) -> String {
+    let wl = crate::workload("threads16");
+    format!("for i in $(seq {procs}); do {} --threads {threads} --iters {iters} >/dev/null & done; wait", wl.display())
+}
+
+/// Calls per pid in the simulated driver's ground truth (`<pid>.jsonl` per process).
+pub fn truth_calls(dir: &Path) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("truth dir").filter_map(|e| e.ok()) {
+        let path = entry.path();
+        let Some(pid) = path.file_stem().and_then(|s| s.to_str()).and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path).expect("truth file");
+        out.insert(pid, text.lines().filter(|l| l.starts_with("{\"fn\"")).count() as u64);
+    }
+    out
+}
+
+/// What the captures hold for one process.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// Driver calls delivered.
+    pub calls: u64,
+    /// Events counted as dropped (the sizes of its `Dropped` records).
+    pub dropped: u64,
+    /// Events delivered twice (same `seq`).
+    pub duplicates: u64,
+    /// Its `Dropped` records: (size, aux = ring slots they stand for), for a diagnosis.
+    pub markers: Vec<(u64, u64)>,
+    /// Process start and exit records delivered.
+    pub frames: u64,
+}
+
+/// Per pid, what the capture files hold (in file name order; a file cut short by a killed
+/// writer is read up to the cut).
+pub fn captured(files: &[std::path::PathBuf]) -> BTreeMap<u32, Captured> {
+    let mut out: BTreeMap<u32, Captured> = BTreeMap::new();
+    let mut seen: HashSet<(u32, u64)> = HashSet::new();
+    for file in files {
+        let f = std::fs::File::open(file).expect("capture file");
+        let Ok(mut r) = CaptureReader::new(BufReader::new(f)) else { continue };
+        while let Ok(Some(frame)) = r.next_frame() {
+            let Frame::Events(records) = frame else { continue };
+            for raw in records {
+                let e = Event::from_raw(raw);
+                let c = out.entry(e.pid).or_default();
+                match e.kind() {
+                    Some(EventKind::Dropped) => {
+                        c.dropped += e.size;
+                        c.markers.push((e.size, e.aux));
+                    }
+                    Some(EventKind::ProcessStart | EventKind::ProcessExit) => {
+                        c.frames += 1;
+                        if !seen.insert((e.pid, e.seq)) {
+                            c.duplicates += 1;
+                        }
+                    }
+                    _ => {
+                        c.calls += 1;
+                        if !seen.insert((e.pid, e.seq)) {
+                            c.duplicates += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The files of a capture directory, in name order (the agent's files sort by time).
+pub fn capture_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir).expect("capture dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    v.sort();
+    v
+}
+
+/// Checks, per process of the ground truth (each exits normally: one start and one exit
+/// record), delivered + dropped = issued + 2 and nothing twice; returns (issued calls,
+/// delivered calls, dropped) over all of them.
+pub fn assert_exact(truth: &BTreeMap<u32, u64>, got: &BTreeMap<u32, Captured>, what: &str) -> (u64, u64, u64) {
+    let mut totals = (0, 0, 0);
+    let mut wrong = Vec::new();
+    for (pid, issued) in truth {
+        let c = got.get(pid).cloned().unwrap_or_default();
+        // A dropped slot may hold the process's start or exit record as well as a call
+        // (an agent killed with the first batch in hand loses the start record with it):
+        // every slot is accounted for, calls and the two records alike.
+        if c.calls + c.frames + c.dropped != issued + 2 || c.frames > 2 || c.duplicates != 0 {
+            wrong.push(format!(
+                "pid {pid}: issued {issued}, delivered {}, dropped {}, twice {} (start/exit records {}, Dropped records (size, slots) {:?})",
+                c.calls, c.dropped, c.duplicates, c.frames, c.markers
+            ));
+        }
+        totals.0 += issued;
+        totals.1 += c.calls;
+        totals.2 += c.dropped;
+    }
+    assert!(
+        wrong.is_empty(),
+        "{what}: accounting not exact for {} of {} processes:\n{}",
+        wrong.len(),
+        truth.len(),
+        wrong.join("\n")
+    );
+    totals
+}
+
+/// `vramhook agent` on a free loopback port, its stderr kept.
+pub struct Agent {
+    pub child: Child,
+    pub addr: SocketAddr,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Agent {
+    pub fn start(args: &[&str]) -> Agent {
+        let mut child = Command::new(crate::vramhook_bin())
+            .arg("agent")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start vramhook agent");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("vramhook agent: listening on ") {
+                    let _ = tx.send(a.trim().to_string());
+                }
+                if let Ok(mut l) = log2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(60)).expect("the agent listens");
+        Agent { child, addr: addr.parse().expect("addr"), log }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    pub fn state(&self) -> Value {
+        let body = http_get(self.addr, "/api/v1/state").expect("GET /api/v1/state");
+        serde_json::from_str(&body).expect("state JSON")
+    }
+
+    /// Polls the state until `pred` holds; panics after `timeout` (a hang, not a measure).
+    pub fn wait_state(&self, timeout: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.state();
+            if pred(&s) {
+                return s;
+            }
+            assert!(start.elapsed() < timeout, "timed out waiting for {what}; agent={}", s["agent"]);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().expect("agent exit")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
+    if !head.contains(" 200 ") {
+        return Err(head.to_string());
+    }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n").ok_or("bad chunk")?;
+            let n = usize::from_str_radix(size.trim(), 16).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Ok(out);
+            }
+            out.push_str(after.get(..n).ok_or("short chunk")?);
+            rest = after.get(n + 2..).ok_or("short chunk")?;
+        }
+    }
+    Ok(body.to_string())
+}
+
+/// A ring directory of its own on /dev/shm (else the temp dir).
+pub fn ring_dir(tag: &str) -> tempfile::TempDir {
+    let base = Path::new("/dev/shm");
+    let base = if base.is_dir() { base.to_path_buf() } else { std::env::temp_dir() };
+    tempfile::Builder::new().prefix(&format!("vramhook-safety-{tag}-")).tempdir_in(base).expect("ring dir")
+}

@@ -1,0 +1,167 @@
+//! Signals through `vramhook run`: a program gets each signal once. ^C on a terminal goes
+//! to the whole foreground process group, `run` and its command alike: `run` must not
+//! pass it on again (a handler counted 2 under `run`, 1 untraced). A signal sent to `run`
+//! alone (`kill PID`) must be passed on, once.
+//!
+//! The program counts SIGINTs and exits with 10 + count at SIGTERM. SIGTERM sent to `run`
+//! after the SIGINT reached the program is the barrier: `run` handles its pending signals
+//! in signal order, and the program takes pending signals lowest first, so a SIGINT passed
+//! on wrongly arrives before the SIGTERM and shows in the exit status. No timing involved.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vramhook_safety_tests::{interposer, vramhook_bin};
+
+const SIGCOUNT_C: &str = r#"
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static volatile sig_atomic_t ints, term;
+static void on_int(int s) { (void)s; ints++; }
+static void on_term(int s) { (void)s; term = 1; }
+int main(void) {
+    sigset_t block, empty;
+    sigemptyset(&block); sigaddset(&block, SIGINT); sigaddset(&block, SIGTERM);
+    sigemptyset(&empty);
+    sigprocmask(SIG_BLOCK, &block, NULL);
+    struct sigaction sa; memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_int; sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_term; sigaction(SIGTERM, &sa, NULL);
+    printf("ready\n"); fflush(stdout);
+    int said = 0;
+    while (!term) {
+        sigsuspend(&empty);
+        while (said < ints) { said++; printf("int %d\n", said); fflush(stdout); }
+    }
+    return 10 + ints;
+}
+"#;
+
+/// Builds the signal-counting program once.
+fn sigcount() -> PathBuf {
+    static BUILT: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("dir");
+            let src = dir.path().join("sigcount.c");
+            std::fs::write(&src, SIGCOUNT_C).expect("write source");
+            let bin = dir.path().join("sigcount");
+            let out = Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src).output().expect("cc");
+            assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+            (dir, bin)
+        })
+        .1
+        .clone()
+}
+
+fn run_cmd(ring_dir: &Path) -> Command {
+    let mut cmd = Command::new(vramhook_bin());
+    cmd.args(["run", "--quiet", "--ring-dir"])
+        .arg(ring_dir)
+        .arg("--")
+        .arg(sigcount())
+        .env("VRAMHOOK_LIB", interposer());
+    cmd
+}
+
+/// Collects what a reader yields, in a thread.
+fn collect(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let out = Arc::new(Mutex::new(String::new()));
+    let out2 = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut o) = out2.lock() {
+                o.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    });
+    out
+}
+
+fn wait_for(out: &Mutex<String>, what: &str) {
+    let start = Instant::now();
+    while !out.lock().map(|o| o.contains(what)).unwrap_or(false) {
+        // A bound for a hang, not a measure.
+        assert!(start.elapsed() < Duration::from_secs(60), "no {what:?} in {:?}", out.lock().map(|o| o.clone()));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// ^C typed on the terminal of a new session whose foreground group is `run` and its command.
+#[test]
+fn ctrl_c_on_the_terminal_reaches_the_program_once() {
+    let rings = tempfile::tempdir().expect("ring dir");
+    // SAFETY: plain pty calls on descriptors we own.
+    let (master, slave_path) = unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(m >= 0, "posix_openpt");
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+        (std::fs::File::from_raw_fd(m), std::ffi::CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned())
+    };
+    let slave = std::fs::OpenOptions::new().read(true).write(true).open(&slave_path).expect("open the pty");
+    let mut cmd = run_cmd(rings.path());
+    cmd.stdin(Stdio::from(slave.try_clone().expect("dup")))
+        .stdout(Stdio::from(slave.try_clone().expect("dup")))
+        .stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut run = cmd.spawn().expect("vramhook run on a pty");
+    drop(cmd); // our copies of the slave
+    let out = collect(master.try_clone().expect("dup master"));
+    wait_for(&out, "ready");
+    let mut m = master;
+    m.write_all(&[0x03]).expect("type ^C"); // the line discipline signals the foreground group
+    wait_for(&out, "int 1");
+    // Not needed for a pass (the SIGTERM below is the barrier), but it lets a `run` that
+    // forwards the ^C anyway do it before the SIGTERM arrives: an older `run` kept one
+    // pending signal, and a SIGTERM overwriting it hid the duplicate.
+    std::thread::sleep(Duration::from_millis(200));
+    kill(run.id(), libc::SIGTERM); // to run alone: passed on
+    let status = run.wait().expect("run");
+    assert_eq!(
+        status.code(),
+        Some(11),
+        "the program saw one SIGINT (exit 10 + count); output: {:?}",
+        out.lock().map(|o| o.clone())
+    );
+    let _ = m.as_raw_fd();
+}
+
+/// `kill -INT <run's pid>`: the program did not get it, so `run` passes it on, once.
+#[test]
+fn a_signal_sent_to_run_alone_is_passed_on_once() {
+    let rings = tempfile::tempdir().expect("ring dir");
+    let mut run = run_cmd(rings.path()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("vramhook run");
+    let out = collect(run.stdout.take().expect("stdout"));
+    wait_for(&out, "ready");
+    kill(run.id(), libc::SIGINT);
+    wait_for(&out, "int 1");
+    kill(run.id(), libc::SIGTERM);
+    let status = run.wait().expect("run");
+    assert_eq!(status.code(), Some(11), "one SIGINT passed on; output: {:?}", out.lock().map(|o| o.clone()));
+}
