@@ -89,15 +89,17 @@ pub fn judge_framework_oom(o: &FrameworkOom) -> FrameworkJudgement {
     };
     let judged = |verdict: Verdict, missing: Vec<String>| FrameworkJudgement { verdict, missing, unknown_reason: None };
     match (o.cached_free, o.largest_free_block) {
-        (Some(c), Some(b)) if c >= r && b >= r => return unknown(
-            missing,
-            format!(
+        (Some(c), Some(b)) if c >= r && b >= r => {
+            return unknown(
+                missing,
+                format!(
                 "the framework reported a free block of {} for a request of {}: the failure is not explained by its \
                      numbers",
                 fmt_bytes(b),
                 fmt_bytes(r)
             ),
-        ),
+            )
+        }
         (Some(c), _) if c >= r => return judged(Verdict::FrameworkFragmentation, missing),
         (None, _) => missing.push("the framework's cached free bytes".to_string()),
         _ => {}
