@@ -197,3 +197,16 @@ fn vllm_names_its_engine_process() {
     assert_eq!(r.log_incidents[0].pid, Some(245));
     assert!(r.log_incidents[0].explanation.contains("4.85 GiB available"), "{}", r.log_incidents[0].explanation);
 }
+
+#[test]
+fn a_report_with_logs_matches_the_schema() {
+    #[path = "common/mod.rs"]
+    mod common;
+    let r = run(&[
+        fixture("h200-oom/torch_default_fragmented.vhc"),
+        fixture("h200-oom/torch_default_fragmented.log"),
+        fixture("h200-oom/jax_bfc_fragmented.log"),
+        fixture("logs/nvrm_xid.from-docs.log"),
+    ]);
+    common::assert_valid(&r);
+}

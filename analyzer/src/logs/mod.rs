@@ -629,7 +629,9 @@ mod tests {
         assert_eq!(parse_size("256B"), Some(256));
         assert_eq!(parse_size("256.00MiB"), Some(256 << 20));
         assert_eq!(parse_size("1.5 GB"), Some(1_500_000_000));
-        assert_eq!(parse_size("17179869184.00 GiB"), Some(17179869184u64 << 30));
+        // PyTorch prints its "no limit" as 2^64 bytes: more than a u64 holds.
+        assert_eq!(parse_size("17179869184.00 GiB"), None);
+        assert_eq!(parse_size("16777216.00 GiB"), Some(1 << 54));
         assert_eq!(parse_size("lots"), None);
         assert_eq!(parse_size("1e400 GiB"), None);
     }
