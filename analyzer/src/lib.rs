@@ -9,6 +9,7 @@
 
 pub mod fuzzing;
 pub mod html;
+pub mod logs;
 pub mod perfetto;
 pub mod pickle;
 mod replay;
@@ -79,15 +80,26 @@ fn is_pickle(head: &[u8]) -> bool {
 /// snapshot is imported into the same model).
 pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, AnalyzeError> {
     let mut r = Replayer::new(opts.clone());
+    let mut logs = logs::LogInputs::default();
     for path in paths {
         let path = path.as_ref();
         let name = path.display().to_string();
         let mut file =
             File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
-        let mut head = [0u8; 1];
-        let n = file.read(&mut head).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+        let mut head = [0u8; 4096];
+        let n = read_head(&mut file, &mut head)
+            .map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+        let head = &head[..n];
+        if !head.starts_with(&vramhook_protocol::capture::CAPTURE_MAGIC)
+            && (logs::is_gzip(head) || logs::looks_like_text(head))
+        {
+            // The bytes already read, then the rest: a pipe cannot be read twice.
+            logs.read(&name, head.chain(file), logs::is_gzip(head))
+                .map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+            continue;
+        }
         drop(file);
-        if n == 1 && is_pickle(&head) {
+        if is_pickle(head) {
             let bytes = read_bounded(path, torch::MAX_SNAPSHOT_BYTES)
                 .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
             torch::import(&mut r, &name, &bytes)?;
@@ -102,7 +114,23 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
             }
         }
     }
-    Ok(finish(r))
+    let mut report = finish(r);
+    logs.attach(&mut report);
+    Ok(report)
+}
+
+/// Reads up to `head.len()` bytes (fewer only at the end of the file).
+fn read_head(file: &mut File, head: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < head.len() {
+        match file.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
@@ -148,6 +176,7 @@ pub fn verdict_name(v: vramhook_model::Verdict) -> &'static str {
         OtherProcess => "other_process",
         ArenaFragmentation => "arena_fragmentation",
         Granularity => "granularity",
+        FrameworkFragmentation => "framework_fragmentation",
         Unknown => "unknown",
     }
 }
@@ -355,6 +384,8 @@ pub fn finish(mut r: Replayer) -> Report {
         layout,
         anomalies: snap.anomalies.clone(),
         notes,
+        logs: Vec::new(),
+        log_incidents: Vec::new(),
     }
 }
 

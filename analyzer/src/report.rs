@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 
 /// Version of the JSON report's schema.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -31,6 +31,10 @@ pub struct Report {
     pub anomalies: BTreeMap<String, u64>,
     /// Plain statements about anything that makes the numbers less than complete.
     pub notes: Vec<String>,
+    /// Log files read (schema 2).
+    pub logs: Vec<crate::logs::LogFileReport>,
+    /// OOMs (and driver faults) read from logs, judged (schema 2).
+    pub log_incidents: Vec<crate::logs::LogIncident>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -255,6 +255,8 @@ pub fn render(r: &Report) -> String {
         }
     }
 
+    crate::logs::render_text(&mut o, r);
+
     let _ = writeln!(o, "\nLEAKS ({})", r.leaks.len());
     if r.leaks.is_empty() {
         let _ = writeln!(o, "  none: everything was freed before exit and nothing grew without bound");

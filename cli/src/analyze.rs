@@ -8,8 +8,10 @@ use vramhook_analyzer::{analyze as run_analysis, html, perfetto, text, AnalyzeEr
 
 #[derive(clap::Args, Debug)]
 pub struct AnalyzeArgs {
-    /// Capture files (.vhc) and/or PyTorch memory snapshots (pickles from
-    /// torch.cuda.memory._dump_snapshot), replayed in order as one stream.
+    /// Capture files (.vhc), PyTorch memory snapshots (pickles from
+    /// torch.cuda.memory._dump_snapshot), replayed in order as one stream, and logs (plain
+    /// text, journalctl output, gzip) with OOM messages from PyTorch, JAX/XLA, ggml/ollama,
+    /// vLLM or the NVIDIA driver.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Print the report as JSON (schema: analyzer/schema/report.schema.json) instead of text.
@@ -82,7 +84,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     // Nothing at all could be read (bad magic, newer version, I/O): say so and fail.
-    if report.inputs.iter().all(|i| i.status == "unreadable") {
+    if report.logs.is_empty() && report.inputs.iter().all(|i| i.status == "unreadable") {
         let reasons: Vec<String> = report
             .inputs
             .iter()

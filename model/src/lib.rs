@@ -2,6 +2,7 @@
 #![doc = include_str!("../README.md")]
 
 mod addr_map;
+pub mod framework;
 mod model;
 mod types;
 mod verdict;

@@ -1218,6 +1218,10 @@ impl Model {
                     inc.view.outcome = Outcome::Recovered;
                     p.open_incident = None;
                 }
+            } else if kind != EventKind::MemInfo && ev.is_oom() {
+                // Another request failing (other size or API) is a new incident, not a
+                // retry: the program moved on, and this may be the failure that kills it.
+                p.open_incident = None;
             }
         }
     }

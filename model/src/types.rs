@@ -366,6 +366,9 @@ pub enum Verdict {
     ArenaFragmentation,
     /// The device had the requested bytes, but not once rounded up to the page granularity.
     Granularity,
+    /// A framework's cache (PyTorch's caching allocator, XLA's BFC pool) held enough
+    /// reserved-but-unallocated bytes for the request, but no free block was large enough.
+    FrameworkFragmentation,
     /// Not explained by the numbers known; see `unknown_reason`.
     Unknown,
 }

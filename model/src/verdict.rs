@@ -136,6 +136,10 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
                 fmt_bytes(i.granularity)
             )
         }
+        Verdict::FrameworkFragmentation => {
+            s += "Verdict: framework fragmentation. A framework's cache held the bytes in blocks too small for the \
+                  request.";
+        }
         Verdict::Unknown => {
             s += &format!("Verdict: unknown: {}.", c.unknown_reason.unwrap_or("no reason recorded"));
         }

@@ -151,6 +151,27 @@ fn pytorch_retry_is_one_capacity_incident() {
 
 /// Expandable segments: 20 MiB pages created and mapped until the device is full; the next
 /// page fails; pages are unmapped and released; the retry succeeds: Recovered.
+/// The H200 fragmented-cache run: a 1 GiB request fails (the fill loop's end), then, with
+/// that incident still open, a 2 GiB request fails twice. The 2 GiB failure is the one that
+/// killed the program: it gets an incident of its own (it was folded into the first).
+#[test]
+fn a_failure_of_another_request_is_a_new_incident() {
+    let mut p = Proc::new(468, 0);
+    for i in 0..4u64 {
+        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 1 << 30);
+    }
+    p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20);
+    p.oom(Api::cuMemAlloc_v2, 1 << 30);
+    p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20);
+    p.oom(Api::cuMemAlloc_v2, 2 << 30);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    assert_eq!(s.incidents.len(), 2, "{:#?}", s.incidents);
+    assert_eq!(s.incidents[0].requested_bytes, 1 << 30);
+    assert_eq!(s.incidents[1].requested_bytes, 2 << 30);
+    assert_eq!((s.incidents[1].failures, s.incidents[1].retries), (2, 1));
+}
+
 #[test]
 fn expandable_segments_recover() {
     const PAGE: u64 = 20 << 20;

@@ -771,6 +771,8 @@ impl Reference {
                     inc.view.outcome = Outcome::Recovered;
                     self.procs[slot].open = None;
                 }
+            } else if kind != EventKind::MemInfo && ev.is_oom() {
+                self.procs[slot].open = None; // another request failed: a new incident
             }
         }
     }

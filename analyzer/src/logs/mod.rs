@@ -1,0 +1,665 @@
+//! OOM post-mortems from the logs people already have: PyTorch's `OutOfMemoryError`, XLA's
+//! BFC allocator dump (JAX, TensorFlow), ggml's CUDA backend (llama.cpp, ollama), vLLM's
+//! KV-cache sizing failures and the NVIDIA driver's Xid lines.
+//!
+//! A log is read line by line in bounded memory (lines longer than [`MAX_LINE`] are cut
+//! and counted), plain or gzip, with or without `journalctl`'s prefix. Each parser sees
+//! every line and says whether it understood it; text no parser understands is skipped and
+//! counted, never an error. Each OOM found becomes a [`LogIncident`] judged by the model's
+//! [`judge_framework_oom`], the same rule a lens or snapshot feeds.
+
+mod bfc;
+mod ggml;
+mod nvrm;
+mod torch;
+mod vllm;
+
+use serde::Serialize;
+use std::io::{BufRead, Read};
+use vramhook_model::fmt_bytes;
+use vramhook_model::framework::{judge_framework_oom, Framework, FrameworkOom};
+
+/// Longest line kept whole; the rest of a longer line is skipped (and counted).
+pub const MAX_LINE: usize = 64 * 1024;
+/// At most this many incidents are kept per log; the rest are counted.
+pub const MAX_INCIDENTS: usize = 10_000;
+/// At most this many notes are kept per log.
+pub const MAX_NOTES: usize = 100;
+
+/// One line as the parsers see it: the message with any journal prefix removed.
+pub struct LogLine<'a> {
+    pub number: u64,
+    pub text: &'a str,
+    /// From the journal prefix (`ident[pid]:`) or the message itself (glog's thread id is not a pid).
+    pub pid: Option<u32>,
+    /// The time as the log wrote it, where it did.
+    pub time: Option<&'a str>,
+}
+
+/// What a parser made of a line.
+pub enum Parsed {
+    /// Not this parser's.
+    No,
+    /// Understood: part of a message whose incident is not complete yet.
+    Part,
+    /// Understood, and an incident is complete.
+    Incident(Box<LogIncident>),
+    /// Not this parser's line, but it ends an incident the parser was assembling.
+    Ended(Box<LogIncident>),
+    /// Understood, and worth a note in the report (a fallback to the CPU, say).
+    Note(String),
+}
+
+trait Parser {
+    fn feed(&mut self, line: &LogLine<'_>) -> Parsed;
+    /// Whether the parser is inside a multi-line message and must see every line.
+    fn pending(&self) -> bool {
+        false
+    }
+    /// End of input: an incident still being assembled.
+    fn finish(&mut self) -> Option<Box<LogIncident>> {
+        None
+    }
+}
+
+/// An OOM (or a driver fault) read from a log, judged.
+#[derive(Clone, Debug, Serialize)]
+pub struct LogIncident {
+    pub source: String,
+    pub file: String,
+    /// First line of the message (1-based).
+    pub line: u64,
+    pub pid: Option<u32>,
+    pub time: Option<String>,
+    pub device: Option<i32>,
+    /// The message's key line, verbatim (cut at 2,000 characters).
+    pub message: String,
+    /// Each number as the log wrote it, by field name: an explanation quotes these.
+    pub quoted: Vec<(String, String)>,
+    pub numbers: FrameworkOom,
+    /// `capacity`, `framework_fragmentation`, `other_process`, `unknown`, or `not_an_oom`.
+    pub verdict_name: String,
+    pub missing: Vec<String>,
+    pub unknown_reason: Option<String>,
+    pub explanation: String,
+    /// What to change, when the verdict has a known fix.
+    pub fix: Option<String>,
+    /// The capture incident this one was matched with (same pid and size within 5 s, or
+    /// the same size within 5 s when the log names no pid).
+    pub capture_incident: Option<u64>,
+}
+
+impl LogIncident {
+    fn new(source: Framework, line: &LogLine<'_>, message: &str) -> LogIncident {
+        LogIncident {
+            source: source.name().to_string(),
+            file: String::new(),
+            line: line.number,
+            pid: line.pid,
+            time: line.time.map(str::to_string),
+            device: None,
+            message: message.chars().take(2000).collect(),
+            quoted: Vec::new(),
+            numbers: FrameworkOom::default(),
+            verdict_name: String::new(),
+            missing: Vec::new(),
+            unknown_reason: None,
+            explanation: String::new(),
+            fix: None,
+            capture_incident: None,
+        }
+    }
+
+    fn quote(&mut self, field: &str, text: &str) {
+        self.quoted.push((field.to_string(), text.trim().to_string()));
+    }
+
+    fn quoted(&self, field: &str) -> Option<&str> {
+        self.quoted.iter().find(|(f, _)| f == field).map(|(_, t)| t.as_str())
+    }
+
+    /// Judges the numbers and writes the explanation.
+    fn judge(mut self: Box<Self>, framework: Framework) -> Box<Self> {
+        let j = judge_framework_oom(&self.numbers);
+        self.verdict_name = crate::verdict_name(j.verdict).to_string();
+        self.missing = j.missing;
+        self.unknown_reason = j.unknown_reason;
+        self.explanation = explain(&self, framework);
+        self.fix = fix(&self, framework);
+        self
+    }
+}
+
+fn q(i: &LogIncident, field: &str, value: Option<u64>) -> String {
+    match (i.quoted(field), value) {
+        (Some(t), _) => t.to_string(),
+        (None, Some(v)) => fmt_bytes(v),
+        (None, None) => "an unknown amount".to_string(),
+    }
+}
+
+fn explain(i: &LogIncident, framework: Framework) -> String {
+    let n = &i.numbers;
+    let who = match i.pid {
+        Some(pid) => format!("Process {pid}"),
+        None => "The process".to_string(),
+    };
+    let mut s = format!("{who} asked {} for {}", framework_label(framework), q(i, "requested", Some(n.requested)));
+    if let Some(d) = i.device {
+        s += &format!(" on GPU {d}");
+    }
+    s += ". ";
+    if n.device_free.is_some() {
+        s += &format!(
+            "The device had {} free of {}. ",
+            q(i, "device_free", n.device_free),
+            q(i, "device_total", n.device_total)
+        );
+    }
+    match framework {
+        Framework::Vllm => {
+            s += &format!("vLLM's KV cache had {} available for it", q(i, "pool_limit", n.pool_limit));
+            if let Some(len) = i.quoted("max_model_len") {
+                s += &format!(", for a max seq len of {len}");
+            }
+            s += " (its gpu_memory_utilization share of the GPU, less the weights and activations). ";
+        }
+        Framework::PyTorch if n.allocated.is_some() || n.cached_free.is_some() => {
+            s += &format!(
+                "Of the allocated memory {} is allocated by PyTorch, and {} is reserved by PyTorch but unallocated",
+                q(i, "allocated", n.allocated),
+                q(i, "cached_free", n.cached_free)
+            );
+            if let Some(p) = n.process_in_use {
+                s += &format!("; the process had {} in use in all", q(i, "process_in_use", Some(p)));
+            }
+            s += ". ";
+        }
+        Framework::XlaBfc => {
+            s += &format!(
+                "The BFC pool's limit was {}, {} in use; its largest free block was {}. ",
+                q(i, "pool_limit", n.pool_limit),
+                q(i, "in_use", n.pool_limit.zip(n.cached_free).map(|(l, c)| l.saturating_sub(c))),
+                q(i, "largest_free_block", n.largest_free_block)
+            );
+        }
+        _ => {}
+    }
+    for (pid, bytes) in &n.other_processes {
+        s += &format!("Process {pid} had {} in use. ", fmt_bytes(*bytes));
+    }
+    s += &match i.verdict_name.as_str() {
+        "framework_fragmentation" => format!(
+            "Verdict: framework fragmentation. The cache held {} it had not handed out, {}, but no free block of {} \
+             was there: the memory existed, stranded in the cache's pieces, not missing.",
+            q(i, "cached_free", n.cached_free),
+            match n.largest_free_block {
+                Some(b) => format!("the largest free block being {}", q(i, "largest_free_block", Some(b))),
+                None => "enough for the request".to_string(),
+            },
+            q(i, "requested", Some(n.requested))
+        ),
+        "capacity" if n.pool_limit.is_some() => format!(
+            "Verdict: capacity (of the pool). The pool had less than {} free in all: its fixed limit of {} was too \
+             small for this workload.",
+            q(i, "requested", Some(n.requested)),
+            q(i, "pool_limit", n.pool_limit)
+        ),
+        "capacity" => "Verdict: capacity. Even the framework's unused cache and the device's free bytes together were \
+                       less than the request: the workload needs more memory than the GPU had."
+            .to_string(),
+        "other_process" => "Verdict: other process. Other processes held what was missing; with them gone the request \
+                            would have fitted."
+            .to_string(),
+        _ => format!("Verdict: unknown: {}.", i.unknown_reason.as_deref().unwrap_or("no reason recorded")),
+    };
+    if !i.missing.is_empty() {
+        s += &format!(" The log did not say: {}.", i.missing.join(", "));
+    }
+    s
+}
+
+fn framework_label(f: Framework) -> &'static str {
+    match f {
+        Framework::PyTorch => "PyTorch's caching allocator",
+        Framework::XlaBfc => "XLA's BFC allocator",
+        Framework::Ggml => "ggml's CUDA backend",
+        Framework::Vllm => "vLLM",
+    }
+}
+
+fn fix(i: &LogIncident, framework: Framework) -> Option<String> {
+    match (i.verdict_name.as_str(), framework) {
+        ("framework_fragmentation", Framework::PyTorch) => Some(format!(
+            "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments then grow and shrink by pages, so the {} \
+             of free cache can serve the request. Otherwise max_split_size_mb (keep large blocks whole) or \
+             garbage_collection_threshold (give cached blocks back earlier).",
+            q(i, "cached_free", i.numbers.cached_free)
+        )),
+        ("framework_fragmentation", Framework::XlaBfc) => Some(
+            "Set TF_GPU_ALLOCATOR=cuda_malloc_async (XLA's own advice), or XLA_PYTHON_CLIENT_PREALLOCATE=false so the \
+             pool grows instead of splitting one fixed region."
+                .into(),
+        ),
+        ("capacity", Framework::Vllm) => Some(match i.quoted("estimated_max_model_len") {
+            Some(est) => format!(
+                "Raise gpu_memory_utilization, or lower max_model_len to at most {est} (vLLM's own estimate for the \
+                 memory it had)."
+            ),
+            None => "Raise gpu_memory_utilization, lower max_model_len, or free the GPU of other processes: vLLM's KV \
+                     cache gets what is left of its share after the weights."
+                .to_string(),
+        }),
+        ("capacity", Framework::XlaBfc) => Some(
+            "Raise XLA_PYTHON_CLIENT_MEM_FRACTION (the pool's share of the GPU), or make the workload smaller.".into(),
+        ),
+        ("other_process", _) => {
+            Some("Stop or limit the other processes named above, or move them to another GPU.".into())
+        }
+        _ => None,
+    }
+}
+
+/// What one log file held.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LogFileReport {
+    pub path: String,
+    pub gzip: bool,
+    pub lines: u64,
+    pub understood: u64,
+    pub skipped: u64,
+    /// Lines longer than `MAX_LINE`, cut there.
+    pub long_lines: u64,
+    /// Lines that were not UTF-8 (read lossily).
+    pub binary_lines: u64,
+    pub incidents: u64,
+    /// Incidents beyond `MAX_INCIDENTS`, counted only.
+    pub incidents_unlisted: u64,
+    /// Lines understood, by source.
+    pub by_source: std::collections::BTreeMap<String, u64>,
+    /// What else the log said that bears on memory (at most `MAX_NOTES`).
+    pub notes: Vec<String>,
+}
+
+/// Gzip's magic.
+pub fn is_gzip(head: &[u8]) -> bool {
+    head.starts_with(&[0x1f, 0x8b])
+}
+
+/// Whether the first bytes of a file look like text (a log) rather than binary data: no
+/// NUL byte, and at least 90% printable or white space.
+pub fn looks_like_text(head: &[u8]) -> bool {
+    let probe = &head[..head.len().min(4096)];
+    let printable = probe.iter().filter(|b| b.is_ascii_graphic() || b.is_ascii_whitespace() || **b >= 0x80).count();
+    !probe.is_empty() && !probe.contains(&0) && printable * 10 >= probe.len() * 9
+}
+
+/// Reads a log (plain or gzip: `gzip` says which) and returns its report and incidents.
+pub fn read_log(path: &str, input: impl Read, gzip: bool) -> std::io::Result<(LogFileReport, Vec<LogIncident>)> {
+    let mut report = LogFileReport { path: path.to_string(), gzip, ..LogFileReport::default() };
+    let mut incidents = Vec::new();
+    if gzip {
+        let reader = std::io::BufReader::with_capacity(1 << 16, flate2::read::MultiGzDecoder::new(input));
+        read_lines(reader, &mut report, &mut incidents)?;
+    } else {
+        read_lines(std::io::BufReader::with_capacity(1 << 16, input), &mut report, &mut incidents)?;
+    }
+    for i in &mut incidents {
+        i.file = path.to_string();
+    }
+    Ok((report, incidents))
+}
+
+fn parsers() -> Vec<(Framework, Box<dyn Parser>)> {
+    vec![
+        (Framework::PyTorch, Box::new(torch::TorchParser::default())),
+        (Framework::XlaBfc, Box::new(bfc::BfcParser::default())),
+        (Framework::Ggml, Box::new(ggml::GgmlParser::default())),
+        (Framework::Vllm, Box::new(vllm::VllmParser)),
+    ]
+}
+
+fn read_lines(
+    reader: impl BufRead,
+    report: &mut LogFileReport,
+    incidents: &mut Vec<LogIncident>,
+) -> std::io::Result<()> {
+    read_lines_with(reader, report, incidents, parsers())
+}
+
+fn read_lines_with(
+    mut reader: impl BufRead,
+    report: &mut LogFileReport,
+    incidents: &mut Vec<LogIncident>,
+    mut parsers: Vec<(Framework, Box<dyn Parser>)>,
+) -> std::io::Result<()> {
+    let mut driver = nvrm::NvrmParser;
+    let mut buf: Vec<u8> = Vec::with_capacity(1024);
+    // Every message any parser starts on has one of these words: most lines of a busy log
+    // have none and are skipped after a few vectorised scans.
+    let needles: Vec<memchr::memmem::Finder<'static>> =
+        ["memory", "failed", "msg=", "Xid"].iter().map(|n| memchr::memmem::Finder::new(n.as_bytes())).collect();
+    loop {
+        buf.clear();
+        let (ended, long) = read_bounded_line(&mut reader, &mut buf)?;
+        if ended && buf.is_empty() {
+            break;
+        }
+        report.lines += 1;
+        report.long_lines += u64::from(long);
+        if !parsers.iter().any(|(_, p)| p.pending()) && !needles.iter().any(|n| n.find(&buf).is_some()) {
+            if std::str::from_utf8(&buf).is_err() {
+                report.binary_lines += 1;
+            }
+            report.skipped += 1;
+            if ended {
+                break;
+            }
+            continue;
+        }
+        let text = match std::str::from_utf8(&buf) {
+            Ok(t) => std::borrow::Cow::Borrowed(t),
+            Err(_) => {
+                report.binary_lines += 1;
+                String::from_utf8_lossy(&buf)
+            }
+        };
+        let (time, pid, message) = strip_prefix(text.trim_end_matches(['\n', '\r']));
+        let line = LogLine { number: report.lines, text: message, pid, time };
+        let mut understood = false;
+        for (framework, parser) in parsers.iter_mut() {
+            match parser.feed(&line) {
+                Parsed::No => continue,
+                Parsed::Ended(i) => {
+                    push(incidents, report, i.judge(*framework));
+                    continue;
+                }
+                Parsed::Part => {}
+                Parsed::Note(note) => {
+                    if report.notes.len() < MAX_NOTES {
+                        report.notes.push(note);
+                    }
+                }
+                Parsed::Incident(i) => push(incidents, report, i.judge(*framework)),
+            }
+            understood = true;
+            *report.by_source.entry(framework.name().to_string()).or_default() += 1;
+            break;
+        }
+        if !understood {
+            if let Parsed::Incident(i) = driver.feed(&line) {
+                understood = true;
+                *report.by_source.entry("nvrm".to_string()).or_default() += 1;
+                push(incidents, report, i);
+            }
+        }
+        if understood {
+            report.understood += 1;
+        } else {
+            report.skipped += 1;
+        }
+        if ended {
+            break;
+        }
+    }
+    for (framework, parser) in parsers.iter_mut() {
+        if let Some(i) = parser.finish() {
+            push(incidents, report, i.judge(*framework));
+        }
+    }
+    Ok(())
+}
+
+fn push(incidents: &mut Vec<LogIncident>, report: &mut LogFileReport, i: Box<LogIncident>) {
+    report.incidents += 1;
+    if incidents.len() < MAX_INCIDENTS {
+        incidents.push(*i);
+    } else {
+        report.incidents_unlisted += 1;
+    }
+}
+
+/// Reads one line into `buf`, keeping at most `MAX_LINE` bytes of it. Returns (end of input
+/// reached, line was cut).
+fn read_bounded_line(reader: &mut impl BufRead, buf: &mut Vec<u8>) -> std::io::Result<(bool, bool)> {
+    let mut cut = false;
+    loop {
+        let chunk = match reader.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok((true, cut));
+        }
+        let (take, found) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = MAX_LINE.saturating_sub(buf.len());
+        if take > room {
+            cut = true;
+        }
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        reader.consume(take);
+        if found {
+            return Ok((false, cut));
+        }
+    }
+}
+
+const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+/// Removes a `journalctl` prefix: `Dec 01 05:06:42 host ident[pid]: ` (short) or
+/// `2026-12-01T05:06:42+0000 host ident[pid]: ` (short-iso). Returns (time, pid, message).
+fn strip_prefix(line: &str) -> (Option<&str>, Option<u32>, &str) {
+    let time_len = if line.len() > 15 && MONTHS.contains(&line.get(..3).unwrap_or("")) && line.as_bytes()[3] == b' ' {
+        // "Dec 01 05:06:42" or "Dec  1 05:06:42"
+        Some(15)
+    } else if line.len() > 19 && line.as_bytes().get(4) == Some(&b'-') && line.as_bytes().get(10) == Some(&b'T') {
+        line.find(' ')
+    } else {
+        None
+    };
+    let Some(time_len) = time_len else { return (None, None, line) };
+    let Some(time) = line.get(..time_len) else { return (None, None, line) };
+    let rest = line[time_len..].trim_start();
+    // host, then ident[pid]: message
+    let Some((_, after_host)) = rest.split_once(' ') else { return (None, None, line) };
+    let Some((ident, message)) = after_host.split_once(": ") else { return (None, None, line) };
+    if ident.contains(' ') {
+        return (None, None, line);
+    }
+    let pid = ident.split_once('[').and_then(|(_, p)| p.strip_suffix(']')).and_then(|p| p.parse().ok());
+    (Some(time), pid, message)
+}
+
+/// A size as logs write it: `2.00 GiB`, `293.12 MiB`, `0 bytes`, `256B`, `6.99GiB`, `1.2 GB`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let scale: f64 = match unit.trim().trim_end_matches(['.', ',', ';', ')']) {
+        "" | "B" | "bytes" | "byte" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0f64.powi(4),
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        _ => return None,
+    };
+    let bytes = value * scale;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes.round() as u64)
+}
+
+/// The text between `before` and the next occurrence of `after` in `s`.
+fn between<'a>(s: &'a str, before: &str, after: &str) -> Option<&'a str> {
+    let start = s.find(before)? + before.len();
+    let rest = &s[start..];
+    Some(&rest[..rest.find(after)?])
+}
+
+/// Whether two sizes are the same request: logs print sizes rounded (`81.45 GiB`), the
+/// driver sees the exact bytes.
+fn same_size(log: u64, exact: u64) -> bool {
+    log.abs_diff(exact) <= (exact / 200).max(1 << 20)
+}
+
+/// Joins log incidents to capture incidents (`captured`: id, pid, requested bytes): same
+/// pid and size, or, when the log names no pid, the same size. A match must be the only
+/// one; an ambiguous incident stays unjoined. (Captures stamp the monotonic clock and these
+/// logs mostly carry no time, so the 5-second window applies only where both have one.)
+pub fn join(log: &mut [LogIncident], captured: &[(u64, u32, u64)]) {
+    for i in log.iter_mut().filter(|i| i.verdict_name != "not_an_oom") {
+        let mut matches = captured
+            .iter()
+            .filter(|(_, pid, size)| same_size(i.numbers.requested, *size) && i.pid.is_none_or(|p| p == *pid));
+        if let (Some((id, ..)), None) = (matches.next(), matches.next()) {
+            i.capture_incident = Some(*id);
+        }
+    }
+}
+
+/// The logs among `vramhook analyze`'s inputs.
+#[derive(Default)]
+pub struct LogInputs {
+    files: Vec<LogFileReport>,
+    incidents: Vec<LogIncident>,
+}
+
+impl LogInputs {
+    pub fn read(&mut self, path: &str, input: impl Read, gzip: bool) -> std::io::Result<()> {
+        let (report, incidents) = read_log(path, input, gzip)?;
+        let room = MAX_INCIDENTS.saturating_sub(self.incidents.len());
+        self.incidents.extend(incidents.into_iter().take(room));
+        self.files.push(report);
+        Ok(())
+    }
+
+    /// Puts the logs into the report and joins their incidents to the capture's.
+    pub fn attach(self, report: &mut crate::Report) {
+        let captured: Vec<(u64, u32, u64)> = report.ooms.iter().map(|o| (o.id, o.pid, o.requested_bytes)).collect();
+        let mut incidents = self.incidents;
+        join(&mut incidents, &captured);
+        report.logs = self.files;
+        report.log_incidents = incidents;
+    }
+}
+
+/// The logs' part of the text report: what each log held, then each incident with its
+/// verdict, the numbers as the log wrote them, and the fix.
+pub fn render_text(o: &mut String, r: &crate::Report) {
+    use std::fmt::Write;
+    if r.logs.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nFROM LOGS ({} incident(s) in {} file(s))", r.log_incidents.len(), r.logs.len());
+    for f in &r.logs {
+        let sources: Vec<String> = f.by_source.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        let _ = writeln!(
+            o,
+            "  {}{}: {} lines, {} understood ({}), {} skipped{}{}",
+            f.path,
+            if f.gzip { " (gzip)" } else { "" },
+            f.lines,
+            f.understood,
+            if sources.is_empty() { "none".to_string() } else { sources.join(", ") },
+            f.skipped,
+            if f.long_lines > 0 { format!(", {} over-long lines cut", f.long_lines) } else { String::new() },
+            if f.incidents_unlisted > 0 {
+                format!(", {} more incidents not listed", f.incidents_unlisted)
+            } else {
+                String::new()
+            }
+        );
+        for n in &f.notes {
+            let _ = writeln!(o, "    note: {n}");
+        }
+    }
+    for (n, i) in r.log_incidents.iter().enumerate() {
+        let pid = i.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "no pid".into());
+        let _ = writeln!(
+            o,
+            "  L{} {}:{} ({}, {}): {}",
+            n + 1,
+            i.file,
+            i.line,
+            i.source,
+            pid,
+            i.verdict_name.to_uppercase()
+        );
+        let _ = writeln!(o, "     {}", i.explanation);
+        if let Some(fix) = &i.fix {
+            let _ = writeln!(o, "     fix: {fix}");
+        }
+        if let Some(id) = i.capture_incident {
+            let driver = r.ooms.iter().find(|c| c.id == id).map(|c| c.verdict_name.as_str()).unwrap_or("?");
+            let _ = writeln!(o, "     joins capture incident {id} (judged from the driver alone: {driver})");
+        }
+    }
+}
+
+/// Fuzz body (`fuzz/fuzz_targets/log_parsers.rs`): the first byte picks one parser alone
+/// (0..4) or all of them (anything else, as `analyze` reads a log); the rest is the log.
+/// Whatever the bytes, reading ends, every line is counted once, and nothing panics.
+pub fn fuzz_target(data: &[u8]) {
+    let Some((&pick, text)) = data.split_first() else { return };
+    let mut report = LogFileReport::default();
+    let mut incidents = Vec::new();
+    let mut all = parsers();
+    let chosen = if (pick as usize) < all.len() { vec![all.swap_remove(pick as usize)] } else { all };
+    let result = read_lines_with(std::io::BufReader::new(text), &mut report, &mut incidents, chosen);
+    assert!(result.is_ok(), "reading from memory cannot fail");
+    assert_eq!(report.understood + report.skipped, report.lines, "every line counted once");
+    assert!(incidents.len() as u64 <= report.lines + 4, "at most one incident per line, plus those ended at the end");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("2.00 GiB"), Some(2 << 30));
+        assert_eq!(parse_size("0 bytes"), Some(0));
+        assert_eq!(parse_size("256B"), Some(256));
+        assert_eq!(parse_size("256.00MiB"), Some(256 << 20));
+        assert_eq!(parse_size("1.5 GB"), Some(1_500_000_000));
+        // PyTorch prints its "no limit" as 2^64 bytes: more than a u64 holds.
+        assert_eq!(parse_size("17179869184.00 GiB"), None);
+        assert_eq!(parse_size("16777216.00 GiB"), Some(1 << 54));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("1e400 GiB"), None);
+    }
+
+    #[test]
+    fn journal_prefixes() {
+        let (t, p, m) = strip_prefix("Dec 01 05:06:42 gpu1 python3[1234]: torch.OutOfMemoryError: x");
+        assert_eq!((t, p, m), (Some("Dec 01 05:06:42"), Some(1234), "torch.OutOfMemoryError: x"));
+        let (t, p, m) = strip_prefix("2026-12-01T05:06:42+0000 gpu1 ollama[77]: msg");
+        assert_eq!((t, p, m), (Some("2026-12-01T05:06:42+0000"), Some(77), "msg"));
+        let (t, p, m) = strip_prefix("torch.OutOfMemoryError: CUDA out of memory.");
+        assert_eq!((t, p, m), (None, None, "torch.OutOfMemoryError: CUDA out of memory."));
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_the_next_line_still_read() {
+        let mut text = vec![b'x'; MAX_LINE * 3];
+        text.extend_from_slice(b"\nsecond\n");
+        let (report, _) = read_log("t", &text[..], false).expect("read");
+        assert_eq!((report.lines, report.long_lines, report.skipped), (2, 1, 2));
+    }
+
+    #[test]
+    fn binary_junk_is_skipped_and_counted() {
+        let junk: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+        let (report, incidents) = read_log("junk", &junk[..], false).expect("read");
+        assert!(incidents.is_empty());
+        assert_eq!(report.understood, 0);
+        assert!(report.binary_lines > 0);
+    }
+}

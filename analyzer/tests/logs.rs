@@ -1,0 +1,212 @@
+//! "I only have a log": OOM post-mortems from the logs programs wrote. The PyTorch and JAX
+//! logs are real (the H200, `tests/fixtures/h200-oom/`); vLLM's, ggml's and the driver's
+//! are copied from their sources (`tests/fixtures/logs/README.md`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use vramhook_analyzer::{analyze, logs::LogIncident, Options, Report};
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)
+}
+
+fn run(paths: &[PathBuf]) -> Report {
+    analyze(paths, &Options::default()).expect("analyze")
+}
+
+fn only(r: &Report) -> &LogIncident {
+    assert_eq!(r.log_incidents.len(), 1, "{:#?}", r.log_incidents);
+    &r.log_incidents[0]
+}
+
+fn quoted<'a>(i: &'a LogIncident, field: &str) -> &'a str {
+    i.quoted
+        .iter()
+        .find(|(f, _)| f == field)
+        .map(|(_, t)| t.as_str())
+        .unwrap_or_else(|| panic!("no {field} in {:?}", i.quoted))
+}
+
+#[test]
+fn pytorch_fragmented_cache_is_fragmentation_with_pytorchs_own_numbers_and_the_fix() {
+    let r = run(&[fixture("h200-oom/torch_default_fragmented.log")]);
+    let i = only(&r);
+    assert_eq!(i.verdict_name, "framework_fragmentation", "{}", i.explanation);
+    assert_eq!(i.numbers.requested, 2 << 30);
+    assert_eq!(i.device, Some(0));
+    // PyTorch's sentence, quoted to the letter.
+    assert!(
+        i.explanation.contains(
+            "Of the allocated memory 81.45 GiB is allocated by PyTorch, and 57.55 GiB is reserved by PyTorch but unallocated"
+        ),
+        "{}",
+        i.explanation
+    );
+    assert!(i.explanation.contains("293.12 MiB free of 139.80 GiB"), "{}", i.explanation);
+    assert!(i.fix.as_deref().unwrap_or("").contains("expandable_segments:True"));
+    assert!(i.missing.is_empty(), "{:?}", i.missing);
+}
+
+#[test]
+fn the_log_joins_the_capture_of_the_same_run_at_the_fatal_request() {
+    let r = run(&[fixture("h200-oom/torch_default_fragmented.vhc"), fixture("h200-oom/torch_default_fragmented.log")]);
+    let i = only(&r);
+    let joined = i.capture_incident.expect("joined to a capture incident");
+    let c = r.ooms.iter().find(|o| o.id == joined).expect("that incident");
+    assert_eq!(c.requested_bytes, 2 << 30, "the 2 GiB failure that killed the program, not the 1 GiB before it");
+    assert_eq!(r.ooms.len(), 2, "the 1 GiB end of the fill loop and the fatal 2 GiB request are two incidents");
+}
+
+#[test]
+fn true_capacity_in_each_allocator_mode() {
+    for mode in ["default", "expandable", "async"] {
+        let r = run(&[fixture(&format!("h200-oom/torch_{mode}_capacity.log"))]);
+        let i = only(&r);
+        assert_eq!(i.verdict_name, "capacity", "{mode}: {}", i.explanation);
+        assert_eq!(quoted(i, "requested"), "147.80 GiB", "{mode}");
+    }
+}
+
+#[test]
+fn another_process_holding_the_gpu_is_named() {
+    let r = run(&[fixture("h200-oom/torch_default_other_process.log")]);
+    let i = only(&r);
+    assert_eq!(i.verdict_name, "other_process", "{}", i.explanation);
+    assert_eq!(i.numbers.other_processes.len(), 1);
+    assert_eq!(i.numbers.other_processes[0].0, 633, "the holder's pid, as PyTorch named it");
+    // nvidia-smi saw the holder at 126,764 MiB = 123.79 GiB.
+    let gib = i.numbers.other_processes[0].1 as f64 / (1u64 << 30) as f64;
+    assert!((gib - 123.79).abs() < 0.01, "{gib}");
+    assert!(i.fix.is_some());
+}
+
+#[test]
+fn jax_bfc_dump_full_pool_then_fragmented_pool() {
+    let r = run(&[fixture("h200-oom/jax_bfc_fragmented.log")]);
+    assert_eq!(r.log_incidents.len(), 2, "{:#?}", r.log_incidents);
+    let (full, frag) = (&r.log_incidents[0], &r.log_incidents[1]);
+    assert_eq!(full.verdict_name, "capacity", "{}", full.explanation);
+    assert_eq!(quoted(full, "largest_free_block"), "256B");
+    assert_eq!(frag.verdict_name, "framework_fragmentation", "{}", frag.explanation);
+    assert_eq!(frag.numbers.requested, 268_435_456);
+    assert_eq!(quoted(frag, "pool_limit"), "6.99GiB");
+    assert_eq!(quoted(frag, "in_use"), "3.44GiB");
+    assert_eq!(quoted(frag, "largest_free_block"), "118.00MiB");
+    assert!(frag.explanation.contains("118.00MiB"), "{}", frag.explanation);
+    assert!(frag.fix.as_deref().unwrap_or("").contains("TF_GPU_ALLOCATOR=cuda_malloc_async"));
+    let f = &r.logs[0];
+    assert_eq!(f.understood + f.skipped, f.lines);
+    assert!(f.by_source.get("xla_bfc").copied().unwrap_or(0) > 200, "{:?}", f.by_source);
+}
+
+#[test]
+fn vllm_kv_cache_budget_from_its_source() {
+    let r = run(&[fixture("logs/vllm_kv_cache.from-source.log")]);
+    assert_eq!(r.log_incidents.len(), 2, "{:#?}", r.log_incidents);
+    let i = &r.log_incidents[0];
+    assert_eq!(i.verdict_name, "capacity", "{}", i.explanation);
+    assert_eq!(quoted(i, "requested"), "16.00 GiB");
+    assert_eq!(quoted(i, "pool_limit"), "4.85 GiB");
+    assert!(i.fix.as_deref().unwrap_or("").contains("9936"), "{:?}", i.fix);
+    assert_eq!(r.log_incidents[1].verdict_name, "capacity");
+}
+
+#[test]
+fn ggml_failure_without_free_bytes_says_what_is_missing() {
+    let r = run(&[fixture("logs/ggml_cuda_oom.from-source.log")]);
+    let i = only(&r); // ggml-alloc's line for the same buffer joins ggml-cuda's
+    assert_eq!(i.source, "ggml");
+    assert_eq!(i.verdict_name, "unknown");
+    assert_eq!(i.numbers.requested, 28672 << 20);
+    assert!(i.missing.iter().any(|m| m.contains("free")), "{:?}", i.missing);
+    assert!(i.quoted.iter().any(|(f, t)| f == "plan: model weights on CUDA0" && t == "28.0 GiB"), "{:?}", i.quoted);
+    assert!(r.logs[0].notes.iter().any(|n| n.contains("fell back")), "{:?}", r.logs[0].notes);
+    assert_eq!(r.logs[0].skipped, 0);
+}
+
+#[test]
+fn a_driver_xid_is_not_an_oom() {
+    let r = run(&[fixture("logs/nvrm_xid.from-docs.log")]);
+    let i = only(&r);
+    assert_eq!(i.verdict_name, "not_an_oom");
+    assert!(i.explanation.contains("Xid 14"), "{}", i.explanation);
+}
+
+#[test]
+fn journalctl_output_gzipped_reads_the_same_with_the_pid() {
+    let log = std::fs::read_to_string(fixture("h200-oom/torch_default_fragmented.log")).expect("fixture");
+    let journal: String = log.lines().map(|l| format!("Dec 01 05:06:42 gpu-host python3[468]: {l}\n")).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("journal.txt.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(journal.as_bytes()).expect("gzip");
+    std::fs::write(&path, gz.finish().expect("gzip")).expect("write");
+    let r = run(&[path]);
+    let i = only(&r);
+    assert!(r.logs[0].gzip);
+    assert_eq!(i.pid, Some(468));
+    assert_eq!(i.time.as_deref(), Some("Dec 01 05:06:42"));
+    assert_eq!(i.verdict_name, "framework_fragmentation");
+}
+
+#[test]
+fn text_and_json_reports_carry_the_log_incidents() {
+    let r = run(&[fixture("h200-oom/torch_default_fragmented.log")]);
+    let text = vramhook_analyzer::text::render(&r);
+    assert!(text.contains("FROM LOGS (1 incident(s) in 1 file(s))"), "{text}");
+    assert!(text.contains("FRAMEWORK_FRAGMENTATION"), "{text}");
+    let json = serde_json::to_value(&r).expect("json");
+    assert_eq!(json["schema_version"], 2);
+    assert_eq!(json["log_incidents"][0]["verdict_name"], "framework_fragmentation");
+}
+
+/// The fuzz body over every fixture, with each parser alone and all together, and over
+/// cut and corrupted copies.
+#[test]
+fn fuzz_body_over_the_fixtures() {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for dir in ["h200-oom", "logs"] {
+        for e in std::fs::read_dir(fixture(dir)).expect("dir").flatten() {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                files.push(e.path());
+            }
+        }
+    }
+    assert!(files.len() >= 12, "{files:?}");
+    for f in files {
+        let bytes = std::fs::read(&f).expect("read");
+        for pick in 0..=4u8 {
+            let mut data = vec![pick];
+            data.extend_from_slice(&bytes);
+            vramhook_analyzer::logs::fuzz_target(&data);
+            for cut in [data.len() / 3, data.len() / 2, data.len().saturating_sub(7)] {
+                vramhook_analyzer::logs::fuzz_target(&data[..cut.max(1)]);
+            }
+            let mut flipped = data.clone();
+            for k in (1..flipped.len()).step_by(97) {
+                flipped[k] ^= 0x5a;
+            }
+            vramhook_analyzer::logs::fuzz_target(&flipped);
+        }
+    }
+}
+
+#[test]
+fn vllm_names_its_engine_process() {
+    let r = run(&[fixture("logs/vllm_kv_cache.from-source.log")]);
+    assert_eq!(r.log_incidents[0].pid, Some(245));
+    assert!(r.log_incidents[0].explanation.contains("4.85 GiB available"), "{}", r.log_incidents[0].explanation);
+}
+
+#[test]
+fn a_report_with_logs_matches_the_schema() {
+    #[path = "common/mod.rs"]
+    mod common;
+    let r = run(&[
+        fixture("h200-oom/torch_default_fragmented.vhc"),
+        fixture("h200-oom/torch_default_fragmented.log"),
+        fixture("h200-oom/jax_bfc_fragmented.log"),
+        fixture("logs/nvrm_xid.from-docs.log"),
+    ]);
+    common::assert_valid(&r);
+}
