@@ -69,6 +69,9 @@ pub enum CaptureMsg {
         drops: Vec<(RingKey, u64)>,
         rotate: bool,
     },
+    /// Runs once everything queued before it is written and flushed to the file (so that
+    /// it survives this process being killed): removing the ring files of closed rings.
+    Then(Box<dyn FnOnce() + Send>),
     Stop,
 }
 
@@ -171,6 +174,23 @@ impl CaptureHandle {
         }
     }
 
+    /// Queues `f` to run once everything sent before it is in the file. When it cannot be
+    /// queued (the queue is full or the writer gone), it is handed back to run now.
+    pub fn then(&self, f: Box<dyn FnOnce() + Send>) -> Result<(), Box<dyn FnOnce() + Send>> {
+        self.msgs.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(CaptureMsg::Then(f)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(CaptureMsg::Then(f))) | Err(TrySendError::Disconnected(CaptureMsg::Then(f))) => {
+                self.msgs.fetch_sub(1, Ordering::Relaxed);
+                Err(f)
+            }
+            Err(_) => {
+                self.msgs.fetch_sub(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
     /// Blocks until the writer took the stop message (shutdown only).
     pub fn stop(&self) {
         let _ = self.tx.send(CaptureMsg::Stop);
@@ -196,9 +216,9 @@ pub fn spawn(
         stats: stats.clone(),
         rotate_wanted: rotate_wanted.clone(),
     };
-    let join = std::thread::Builder::new()
-        .name("vramhook-capture".into())
-        .spawn(move || CaptureThread { cfg, stats, queued, msgs, rotate_wanted, file: None, seq: 0 }.run(rx))?;
+    let join = std::thread::Builder::new().name("vramhook-capture".into()).spawn(move || {
+        CaptureThread { cfg, stats, queued, msgs, rotate_wanted, file: None, seq: 0, after_flush: Vec::new() }.run(rx)
+    })?;
     Ok((handle, join))
 }
 
@@ -215,6 +235,8 @@ struct CaptureThread {
     rotate_wanted: Arc<AtomicBool>,
     file: Option<OpenFile>,
     seq: u64,
+    /// `Then` messages waiting for the next flush.
+    after_flush: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl CaptureThread {
@@ -223,6 +245,7 @@ impl CaptureThread {
             loop {
                 if matches!(msg, CaptureMsg::Stop) {
                     self.close();
+                    self.run_after_flush();
                     return;
                 }
                 self.handle(msg);
@@ -237,6 +260,7 @@ impl CaptureThread {
                     self.fail(e);
                 }
             }
+            self.run_after_flush();
             if let Some(f) = &self.file {
                 if f.writer.bytes_written() >= self.cfg.max_bytes || f.opened.elapsed() >= self.cfg.max_age {
                     self.rotate_wanted.store(true, Ordering::Relaxed);
@@ -244,6 +268,13 @@ impl CaptureThread {
             }
         }
         self.close();
+        self.run_after_flush();
+    }
+
+    fn run_after_flush(&mut self) {
+        for f in self.after_flush.drain(..) {
+            f();
+        }
     }
 
     fn fail(&mut self, e: std::io::Error) {
@@ -296,6 +327,7 @@ impl CaptureThread {
                 });
                 add(&self.stats.checkpoints, 1);
             }
+            CaptureMsg::Then(f) => self.after_flush.push(f),
             CaptureMsg::Stop => {}
         }
     }
@@ -358,6 +390,10 @@ pub struct Recovered {
     pub next_pos: BTreeMap<RingKey, u64>,
     /// Per ring: writer drops recorded (markers' dropped events that took no slot).
     pub drops: BTreeMap<RingKey, u64>,
+    /// Rings whose process end is recorded: everything they held is in the capture. A
+    /// restarted agent that still finds one (its reader died before removing it) removes it
+    /// without reading it again.
+    pub ended: std::collections::BTreeSet<RingKey>,
     pub events: u64,
     pub file: PathBuf,
 }
@@ -384,6 +420,7 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
     let mut reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file)).map_err(|e| e.to_string())?;
     let mut model: Option<Model> = None;
     let mut next_pos: BTreeMap<RingKey, u64> = BTreeMap::new();
+    let mut ended = std::collections::BTreeSet::new();
     let mut drops: BTreeMap<RingKey, u64> = BTreeMap::new();
     let mut current: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut events = 0u64;
@@ -446,10 +483,11 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                 if let Some(key) = current.remove(&end.pid) {
                     next_pos.remove(&key);
                     drops.remove(&key);
+                    ended.insert(key);
                 }
             }
             Frame::Unknown(_) | Frame::End { .. } => {}
         }
     }
-    Ok(model.map(|model| Recovered { model, next_pos, drops, events, file: path.to_path_buf() }))
+    Ok(model.map(|model| Recovered { model, next_pos, drops, ended, events, file: path.to_path_buf() }))
 }

@@ -108,8 +108,10 @@ impl Watcher {
     }
 }
 
-/// Runs the ingest loop on the calling thread until `links.stop` is set.
-pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) {
+/// Runs the ingest loop on the calling thread until `links.stop` is set. Returns the ring
+/// source, still holding its rings, so that the caller marks them recorded once the
+/// capture has written what was sent ([`RingSource::mark_recorded`]).
+pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) -> RingSource {
     let tsc = TscClock::calibrate(Duration::from_millis(10));
     let stats = links.stats.clone();
     let mut source = RingSource::new(&cfg.ring_dir, RingFilter::default(), tsc);
@@ -121,6 +123,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // destructors may still write after the exit mark.
     source.trust_exit_mark = false;
     source.max_ring_bytes = cfg.max_ring_bytes;
+    // A closed ring's file goes only once the capture holds its events (see below).
+    source.defer_removals = links.capture.is_some();
     // Parent 1777 (sticky), ours 0700; `crate::run` has already refused a bad directory.
     // SAFETY: geteuid has no preconditions.
     let _ = vramhook_protocol::ringdir::make_ring_dir(&cfg.ring_dir, unsafe { libc::geteuid() });
@@ -133,13 +137,13 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         );
     }
 
-    let (mut model, mut next_pos, mut drops) = match recovered {
+    let (mut model, mut next_pos, mut drops, ended) = match recovered {
         Some(r) => {
             add(&stats.events_recovered, r.events);
             add(&stats.dropped_recovered, r.model.snapshot().processes.iter().map(|p| p.dropped_events).sum());
-            (r.model, r.next_pos, r.drops)
+            (r.model, r.next_pos, r.drops, r.ended)
         }
-        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeMap::new()),
+        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeMap::new(), BTreeSet::new()),
     };
     let recovered_rings: BTreeSet<RingKey> = next_pos.keys().copied().collect();
     let mut exported_incident = model.incidents().iter().map(|i| i.id).max();
@@ -175,6 +179,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             scan_due = false;
             for opened in source.discover_now() {
                 let key = (opened.pid, opened.start_time, opened.image);
+                if ended.contains(&key) {
+                    // Recorded to its end by the previous agent, which died before removing it.
+                    source.discard(key);
+                    continue;
+                }
                 add(&stats.rings_opened, 1);
                 pending.insert(key, opened.drops_reported);
                 if let Some(recorded) = next_pos.remove(&key) {
@@ -260,6 +269,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         add(&stats.writer_dropped, summary.dropped);
         add(&stats.dropped_in_ring, crate::stats::dropped_in_ring(marked, &summary));
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
+        remove_when_recorded(&mut source, &capture);
         if let Some(c) = &capture {
             c.mark_missing();
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
@@ -310,6 +320,24 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
             rotate: false,
         });
+    }
+    remove_when_recorded(&mut source, &capture);
+    source
+}
+
+/// Removes the files of the rings closed in the last poll once the capture has written
+/// their events (the capture thread runs the removal after its next flush), so that an
+/// agent killed in between leaves the ring for the next one to count what it lost.
+fn remove_when_recorded(source: &mut RingSource, capture: &Option<CaptureHandle>) {
+    for removal in source.take_removals() {
+        match capture {
+            Some(c) => {
+                if let Err(now) = c.then(Box::new(move || removal.run())) {
+                    now();
+                }
+            }
+            None => removal.run(),
+        }
     }
 }
 

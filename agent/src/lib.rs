@@ -185,12 +185,17 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         .name("vramhook-ingest".into())
         .spawn(move || ingest::run(ingest_cfg, recovered, links))
         .map_err(AgentError::Runtime)?;
-    let _ = ingest.join();
+    let source = ingest.join().ok();
     if let Some(c) = capture {
         c.stop();
     }
     if let Some(j) = capture_join {
         let _ = j.join();
+    }
+    // Only now is everything read in the capture: a ring left behind (its process still
+    // running) may then be removed by a gc once it is gone, with nothing lost.
+    if let Some(source) = source {
+        source.mark_recorded();
     }
     if let Some(o) = otlp {
         // Give the incident task a moment to hand over the last incidents. (The sleep is

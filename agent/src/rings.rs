@@ -111,6 +111,11 @@ pub struct RingSource {
     /// in it is reached relative to this descriptor, never by path, so a directory
     /// swapped for a symlink afterwards cannot redirect the source.
     dir_fd: Option<OwnedFd>,
+    /// Hold back the removal of closed rings' files for the caller to run once the ring's
+    /// events are recorded (the agent: after its capture wrote them). A ring file removed
+    /// before its events are recorded would lose them silently if the reader died.
+    pub defer_removals: bool,
+    removals: Vec<RingRemoval>,
     /// Owner of the ring directory (the uid a root reader expects its rings to have).
     dir_uid: u32,
     /// Rings found but not yet ready at the last scan (header not yet published), and
@@ -157,6 +162,8 @@ impl RingSource {
         RingSource {
             dir: dir.into(),
             dir_fd: None,
+            defer_removals: false,
+            removals: Vec::new(),
             dir_uid: 0,
             waiting: 0,
             not_ready_since: BTreeMap::new(),
@@ -206,6 +213,15 @@ impl RingSource {
     }
 
     /// Position and reported writer drops of every open ring.
+    /// Marks every open ring's events as recorded (a clean stop, once they are in the
+    /// capture): a gc may then remove a ring whose process is gone. Rings of a reader that
+    /// dies are not marked, so their unrecorded events are counted by the next reader.
+    pub fn mark_recorded(&self) {
+        for t in self.rings.values() {
+            t.ring.reader.mark_recorded();
+        }
+    }
+
     pub fn ring_cursors(&self) -> Vec<RingCursor> {
         self.rings
             .iter()
@@ -415,20 +431,41 @@ impl RingSource {
         summary.closed += 1;
     }
 
-    /// Removes a finished ring's file: by name inside the directory descriptor, and only
-    /// if the name still is the file that was drained.
-    fn remove_ring_file(&self, key: RingKey, ident: (u64, u64)) {
+    /// Removes a finished ring's file, or with `defer_removals` hands the removal to the
+    /// caller ([`RingSource::take_removals`]).
+    fn remove_ring_file(&mut self, key: RingKey, ident: (u64, u64)) {
         let Some(dir) = &self.dir_fd else { return };
         let Ok(name) = CString::new(ring_name(key)) else { return };
-        // SAFETY: fstatat into a zeroed struct; a name relative to our directory fd.
-        unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
-                && (st.st_dev, st.st_ino) == ident
-            {
-                libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0);
-            }
+        // SAFETY: duplicating our own descriptor; the duplicate is owned by the removal.
+        let dup = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return;
         }
+        // SAFETY: a fresh descriptor nothing else owns.
+        let removal = RingRemoval { dir: unsafe { OwnedFd::from_raw_fd(dup) }, name, ident };
+        if self.defer_removals {
+            // Not to be opened again meanwhile (it would read as an earlier reader's loss);
+            // forgotten once the file is gone.
+            self.ignored.insert(ring_path(&self.dir, key), ());
+            self.removals.push(removal);
+        } else {
+            removal.run();
+        }
+    }
+
+    /// Closes a ring without reading it and removes its file: one whose events a
+    /// previous reader recorded in full, and which only its removal had not reached.
+    pub fn discard(&mut self, key: RingKey) {
+        if let Some(t) = self.rings.remove(&key) {
+            let ident = t.ident;
+            drop(t.ring);
+            self.remove_ring_file(key, ident);
+        }
+    }
+
+    /// Removals of closed rings' files held back for the caller (see `defer_removals`).
+    pub fn take_removals(&mut self) -> Vec<RingRemoval> {
+        std::mem::take(&mut self.removals)
     }
 
     fn discover(&mut self) -> usize {
@@ -639,6 +676,28 @@ fn ring_name(key: RingKey) -> String {
 
 fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
     dir.join(ring_name(key))
+}
+
+/// A closed ring's file to remove: by name inside the ring directory, and only if the
+/// name still is the file that was drained.
+pub struct RingRemoval {
+    dir: OwnedFd,
+    name: CString,
+    ident: (u64, u64),
+}
+
+impl RingRemoval {
+    pub fn run(self) {
+        // SAFETY: fstatat into a zeroed struct; a name relative to our directory fd.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstatat(self.dir.as_raw_fd(), self.name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
+                && (st.st_dev, st.st_ino) == self.ident
+            {
+                libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0);
+            }
+        }
+    }
 }
 
 /// Opens the ring directory: the one place it is opened by path, once, with the ring

@@ -165,6 +165,17 @@ fn ring() -> Option<&'static RingWriter> {
     ring_slow()
 }
 
+/// How long threads wait for another thread that is making the ring.
+const CREATION_WAIT_MS: u64 = 2000;
+
+/// The coarse monotonic clock in ms (a vDSO read).
+fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: CLOCK_MONOTONIC_COARSE into our timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 #[cold]
 fn ring_slow() -> Option<&'static RingWriter> {
     match RING.state.compare_exchange(UNINIT, CREATING, Ordering::AcqRel, Ordering::Acquire) {
@@ -176,12 +187,19 @@ fn ring_slow() -> Option<&'static RingWriter> {
             }
         }
         Err(_) => {
-            // Another thread is creating it: a bounded wait, once per process.
-            for _ in 0..100_000 {
-                if RING.state.load(Ordering::Acquire) != CREATING {
-                    break;
+            // Another thread is creating it (the directory checks, a gc of rings left by
+            // gone processes, reserving the pages): a wait bounded in time, once per
+            // process, so that a loaded machine does not turn it into lost events.
+            let deadline = coarse_ms().saturating_add(CREATION_WAIT_MS);
+            let mut spins = 0u32;
+            while RING.state.load(Ordering::Acquire) == CREATING && coarse_ms() < deadline {
+                spins = spins.saturating_add(1);
+                if spins < 1000 {
+                    std::thread::yield_now();
+                } else {
+                    // SAFETY: a plain sleep of 100 µs.
+                    unsafe { libc::usleep(100) };
                 }
-                std::thread::yield_now();
             }
             if RING.state.load(Ordering::Acquire) == CREATING {
                 // Still not ready: this event is lost, and counted once the ring exists.
@@ -611,10 +629,7 @@ pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
 #[cold]
 fn sample_clock_due() -> bool {
     let interval = config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed);
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: CLOCK_MONOTONIC_COARSE is a vDSO read of a few ns.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    let now_ms = ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000 + 1;
+    let now_ms = coarse_ms() + 1;
     let last = LAST_MEMINFO_MS.load(Ordering::Relaxed);
     now_ms.saturating_sub(last) >= interval
         && LAST_MEMINFO_MS.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()

@@ -91,7 +91,12 @@ pub struct RingHeader {
     /// another pid namespace cannot look the writer up in its /proc, so it leaves such a
     /// ring alone unless the writer marked it exited.
     pub pid_ns: AtomicU64,
-    _pad4: [u8; 24],
+    /// Slots (summed over lanes) whose events a reader has handed on for good: in its
+    /// capture, or counted. Set by a reader that stops cleanly. A ring whose read cursors
+    /// are past this was read by a reader that died before recording what it took: its
+    /// events may be lost, so it is not "drained" for gc, and the next reader counts them.
+    pub recorded: AtomicU64,
+    _pad4: [u8; 16],
 }
 
 const _: () = assert!(std::mem::size_of::<RingHeader>() == 448);
@@ -100,6 +105,7 @@ const _: () = assert!(std::mem::offset_of!(RingHeader, read_pos) == 320);
 const _: () = assert!(std::mem::offset_of!(RingHeader, dropped) == 384);
 const _: () = assert!(std::mem::offset_of!(RingHeader, gone_since_s) == 408);
 const _: () = assert!(std::mem::offset_of!(RingHeader, pid_ns) == 416);
+const _: () = assert!(std::mem::offset_of!(RingHeader, recorded) == 424);
 
 /// Bytes a one-lane ring of `capacity` slots occupies.
 pub const fn ring_file_size(capacity: u64) -> usize {
@@ -523,6 +529,12 @@ impl RingReader {
             return Err(format!("claims {misses} hook misses, more than the {max_events} it could have issued"));
         }
         Ok(())
+    }
+
+    /// Marks everything read so far as handed on for good (see [`RingHeader::recorded`]).
+    /// A reader calls it when it stops cleanly, once its events are in its capture.
+    pub fn mark_recorded(&self) {
+        self.header().recorded.store(self.position(), Ordering::Release);
     }
 
     /// Writer drops already reported as `Dropped` events (by this reader or earlier ones).

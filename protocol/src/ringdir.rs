@@ -564,8 +564,9 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Reads a ring's cursors from its header bytes. A header never published (version 0) or
-/// a file too small for one has nothing to drain.
+/// Reads a ring's cursors from its header bytes: events not yet read, plus events read by
+/// a reader that did not record them (it died: see `RingHeader::recorded`). A header never
+/// published (version 0) or a file too small for one has nothing to drain.
 pub fn drain_state(header: &[u8]) -> Drain {
     if header.len() < STATE_BYTES {
         return Drain::Drained;
@@ -579,6 +580,7 @@ pub fn drain_state(header: &[u8]) -> Drain {
         u32::from_le_bytes([header[lanes_off], header[lanes_off + 1], header[lanes_off + 2], header[lanes_off + 3]])
             .clamp(1, MAX_LANES);
     let mut pending = 0u64;
+    let mut read = 0u64;
     for lane in 0..lanes as usize {
         let (w, r) = if lane == 0 {
             (
@@ -589,7 +591,11 @@ pub fn drain_state(header: &[u8]) -> Drain {
             (u64_at(header, LANE_CURSORS_OFFSET + (lane - 1) * 64), u64_at(header, LANE_READ_OFFSET + lane * 8))
         };
         pending = pending.saturating_add(w.saturating_sub(r));
+        read = read.saturating_add(r);
     }
+    // Read by a reader that died before recording it: not drained, the next reader counts it.
+    let unrecorded = read.saturating_sub(u64_at(header, core::mem::offset_of!(RingHeader, recorded)));
+    pending = pending.saturating_add(unrecorded);
     if pending == 0 {
         Drain::Drained
     } else {

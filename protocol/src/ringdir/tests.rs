@@ -60,6 +60,9 @@ fn make_ring(path: &Path, lanes: u32, written: u64, read: u64) {
     }
     let bytes = unsafe { std::slice::from_raw_parts_mut(base, len) };
     bytes[320..328].copy_from_slice(&read.to_le_bytes());
+    // A reader that read them and recorded them (see `drain_state_counts_what_a_dead_reader_took`).
+    let recorded = core::mem::offset_of!(RingHeader, recorded);
+    bytes[recorded..recorded + 8].copy_from_slice(&read.to_le_bytes());
     std::fs::write(path, &*bytes).expect("write ring");
 }
 
@@ -211,6 +214,8 @@ fn drain_state_reads_every_lane() {
     h[LANE_CURSORS_OFFSET + 64..LANE_CURSORS_OFFSET + 72].copy_from_slice(&3u64.to_le_bytes());
     assert_eq!(drain_state(&h), Drain::Pending(3));
     h[LANE_READ_OFFSET + 16..LANE_READ_OFFSET + 24].copy_from_slice(&3u64.to_le_bytes());
+    let recorded = core::mem::offset_of!(RingHeader, recorded);
+    h[recorded..recorded + 8].copy_from_slice(&3u64.to_le_bytes());
     assert_eq!(drain_state(&h), Drain::Drained);
     assert_eq!(drain_state(&h[..10]), Drain::Drained);
 }
@@ -397,4 +402,22 @@ fn a_ring_from_another_pid_namespace_is_kept_until_marked_exited() {
     f.write_all_at(&crate::ring::STATE_EXITED.to_le_bytes(), 400).expect("state");
     let sum = gc_dir(dir.as_raw_fd(), uid(), &GcPolicy::default(), now_secs(), false, &mut |_| {});
     assert_eq!(sum.removed, 1, "marked exited: gone, drained, removed");
+}
+
+/// A reader that took events and died before recording them left the cursors caught up:
+/// the ring is not drained (gc keeps it within the budget, the next agent counts the loss).
+#[test]
+fn drain_state_counts_what_a_dead_reader_took() {
+    let mut h = vec![0u8; HEADER_SIZE];
+    h[8] = 1;
+    let write = core::mem::offset_of!(RingHeader, write_pos);
+    let read = core::mem::offset_of!(RingHeader, read_pos);
+    let recorded = core::mem::offset_of!(RingHeader, recorded);
+    h[write..write + 8].copy_from_slice(&7u64.to_le_bytes());
+    h[read..read + 8].copy_from_slice(&7u64.to_le_bytes());
+    assert_eq!(drain_state(&h), Drain::Pending(7), "read, never recorded");
+    h[recorded..recorded + 8].copy_from_slice(&5u64.to_le_bytes());
+    assert_eq!(drain_state(&h), Drain::Pending(2));
+    h[recorded..recorded + 8].copy_from_slice(&7u64.to_le_bytes());
+    assert_eq!(drain_state(&h), Drain::Drained);
 }

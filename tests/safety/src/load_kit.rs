@@ -1,14 +1,9 @@
-//! Helpers for the load tests: a `vramhook agent` on a loopback port, many traced
-//! processes at once, and per-process accounting of captures against the simulated
-//! driver's ground truth.
+//! Helpers for the load tests: many traced processes at once, and per-process accounting
+//! of captures against the simulated driver's ground truth (the agent is `ring_kit::Agent`).
 
-use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::BufReader;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use vramhook_protocol::capture::{CaptureReader, Frame};
 use vramhook_protocol::record::{Event, EventKind};
 
@@ -120,111 +115,6 @@ pub fn assert_exact(truth: &BTreeMap<u32, u64>, got: &BTreeMap<u32, Captured>, w
         wrong.join("\n")
     );
     totals
-}
-
-/// `vramhook agent` on a free loopback port, its stderr kept.
-pub struct Agent {
-    pub child: Child,
-    pub addr: SocketAddr,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Agent {
-    pub fn start(args: &[&str]) -> Agent {
-        let mut child = Command::new(crate::vramhook_bin())
-            .arg("agent")
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start vramhook agent");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("vramhook agent: listening on ") {
-                    let _ = tx.send(a.trim().to_string());
-                }
-                if let Ok(mut l) = log2.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(60)).expect("the agent listens");
-        Agent { child, addr: addr.parse().expect("addr"), log }
-    }
-
-    pub fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    pub fn state(&self) -> Value {
-        let body = http_get(self.addr, "/api/v1/state").expect("GET /api/v1/state");
-        serde_json::from_str(&body).expect("state JSON")
-    }
-
-    /// Polls the state until `pred` holds; panics after `timeout` (a hang, not a measure).
-    pub fn wait_state(&self, timeout: Duration, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let start = Instant::now();
-        loop {
-            let s = self.state();
-            if pred(&s) {
-                return s;
-            }
-            assert!(start.elapsed() < timeout, "timed out waiting for {what}; agent={}", s["agent"]);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, and its exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().expect("agent exit")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
-    if !head.contains(" 200 ") {
-        return Err(head.to_string());
-    }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        let mut out = String::new();
-        let mut rest = body;
-        loop {
-            let (size, after) = rest.split_once("\r\n").ok_or("bad chunk")?;
-            let n = usize::from_str_radix(size.trim(), 16).map_err(|e| e.to_string())?;
-            if n == 0 {
-                return Ok(out);
-            }
-            out.push_str(after.get(..n).ok_or("short chunk")?);
-            rest = after.get(n + 2..).ok_or("short chunk")?;
-        }
-    }
-    Ok(body.to_string())
 }
 
 /// A ring directory of its own on /dev/shm (else the temp dir).

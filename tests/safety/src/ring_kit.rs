@@ -301,6 +301,12 @@ impl Agent {
         }
     }
 
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then waits up to `timeout` for the agent to exit; its status, or `None`
     /// when it ignored the signal (it is then killed).
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {

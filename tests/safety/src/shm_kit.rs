@@ -135,17 +135,21 @@ pub fn rings_below(dir: &Path) -> Vec<PathBuf> {
 const LANE_CURSORS_OFFSET: usize = 1024;
 const LANE_READ_OFFSET: usize = LANE_CURSORS_OFFSET + 15 * 64;
 
-/// Marks every event of a ring read (what a reader does as it drains): each lane's read
-/// cursor set to its write cursor.
+/// Marks every event of a ring read and recorded (what a reader does as it drains and
+/// stops cleanly): each lane's read cursor set to its write cursor, and the header's
+/// `recorded` (offset 424) to their sum.
 pub fn mark_drained(ring: &Path) {
     let mut b = std::fs::read(ring).expect("read ring");
     let lanes = u32::from_le_bytes(b[80..84].try_into().expect("lanes")).clamp(1, 16) as usize;
+    let mut total = 0u64;
     for lane in 0..lanes {
         let (w, r) =
             if lane == 0 { (256, 320) } else { (LANE_CURSORS_OFFSET + (lane - 1) * 64, LANE_READ_OFFSET + lane * 8) };
         let wv: [u8; 8] = b[w..w + 8].try_into().expect("cursor");
+        total += u64::from_le_bytes(wv);
         b[r..r + 8].copy_from_slice(&wv);
     }
+    b[424..432].copy_from_slice(&total.to_le_bytes());
     std::fs::write(ring, &b).expect("write ring");
 }
 

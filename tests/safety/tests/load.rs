@@ -6,7 +6,8 @@
 
 use std::process::Command;
 use std::time::Duration;
-use vramhook_safety_tests::load_kit::{self, Agent};
+use vramhook_safety_tests::load_kit;
+use vramhook_safety_tests::ring_kit::Agent;
 use vramhook_safety_tests::{interposer, vramhook_bin};
 
 const PROCS: usize = 64;
@@ -50,13 +51,7 @@ fn sixty_four_processes_of_sixteen_threads_under_the_agent_account_exactly() {
     let truth = out.path().join("truth");
     let captures = out.path().join("captures");
     std::fs::create_dir(&truth).expect("truth dir");
-    let mut agent = Agent::start(&[
-        "--ring-dir",
-        rings.path().to_str().unwrap(),
-        "--capture-dir",
-        captures.to_str().unwrap(),
-        "--no-recover",
-    ]);
+    let mut agent = Agent::start(rings.path(), &["--capture-dir", captures.to_str().unwrap(), "--no-recover"]);
     let status = Command::new("sh")
         .args(["-c", &load_kit::many_threads16(PROCS, THREADS, ITERS)])
         .env("LD_PRELOAD", interposer())
@@ -70,7 +65,7 @@ fn sixty_four_processes_of_sixteen_threads_under_the_agent_account_exactly() {
     agent.wait_state(Duration::from_secs(300), "every ring drained and closed", |s| {
         s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"].as_u64().unwrap_or(0) >= PROCS as u64
     });
-    let exit = agent.terminate();
+    let exit = agent.terminate(Duration::from_secs(120)).expect("the agent stops on SIGTERM");
     assert_eq!(exit.code(), Some(0), "SIGTERM: a clean stop\n{}", agent.log());
     let truth = load_kit::truth_calls(&truth);
     assert_eq!(truth.len(), PROCS);
@@ -90,15 +85,8 @@ fn agent_sigkill_and_restart_under_load_delivers_once_or_counts_dropped() {
     let truth = out.path().join("truth");
     let captures = out.path().join("captures");
     std::fs::create_dir(&truth).expect("truth dir");
-    let args = [
-        "--ring-dir",
-        rings.path().to_str().unwrap(),
-        "--capture-dir",
-        captures.to_str().unwrap(),
-        "--checkpoint-interval",
-        "0.2",
-    ];
-    let mut first = Agent::start(&args);
+    let args = ["--capture-dir", captures.to_str().unwrap(), "--checkpoint-interval", "0.2"];
+    let mut first = Agent::start(rings.path(), &args);
     let mut load = Command::new("sh")
         .args(["-c", &load_kit::many_threads16(procs, threads, iters)])
         .env("LD_PRELOAD", interposer())
@@ -114,13 +102,14 @@ fn agent_sigkill_and_restart_under_load_delivers_once_or_counts_dropped() {
         s["agent"]["events_ingested"].as_u64().unwrap_or(0) > quarter
     });
     first.kill();
-    let mut second = Agent::start(&args);
+    let mut second = Agent::start(rings.path(), &args);
     assert!(load.wait().expect("load").success());
     second.wait_state(Duration::from_secs(300), "every ring drained and closed", |s| {
         s["agent"]["rings_open"] == 0
             && std::fs::read_dir(rings.path()).map(|mut d| d.next().is_none()).unwrap_or(false)
     });
-    let exit = second.terminate();
+    eprintln!("second agent's stats before stopping: {}", second.state()["agent"]);
+    let exit = second.terminate(Duration::from_secs(120)).expect("the agent stops on SIGTERM");
     assert_eq!(exit.code(), Some(0), "{}", second.log());
     let truth = load_kit::truth_calls(&truth);
     assert_eq!(truth.len(), procs);
