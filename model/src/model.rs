@@ -509,6 +509,16 @@ impl Model {
         self.events
     }
 
+    /// OOM incidents recorded so far.
+    pub fn incident_count(&self) -> usize {
+        self.incidents.len()
+    }
+
+    /// Processes known so far (each image of a process counts once).
+    pub fn process_count(&self) -> usize {
+        self.procs.len()
+    }
+
     /// Number of live allocations held in the address map (all processes).
     pub fn live_allocation_count(&self) -> usize {
         self.allocs.len()
@@ -1242,7 +1252,7 @@ impl Model {
     /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
     fn arenas_of(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
         let mut v: Vec<(u16, ArenaNumbers)> = self
-            .arenas()
+            .arenas_in(pid, pid)
             .into_iter()
             .filter(|a| a.pid == pid && (device < 0 || a.device == device))
             .map(|a| {
@@ -1266,14 +1276,22 @@ impl Model {
         }
         let pid = ev.pid;
         let own_idle = self.idle_of(pid, ev.device);
-        let other_idle: u64 = self
-            .procs
+        // Idle bytes live only in pools and framework segments: summed over those (not over
+        // every process, most of which hold neither: a capture of 50,000 processes with an
+        // OOM each made this quadratic).
+        let g = self.config.granularity;
+        let other = |p: u32| p != pid && self.by_pid.get(&p).is_some_and(|s| self.procs[*s].alive);
+        let dev = ev.device;
+        let pool_idle = self
+            .pools
             .iter()
-            .filter(|p| p.alive && p.pid != pid)
-            .map(|p| p.pid)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .fold(0u64, |acc, op| acc.saturating_add(self.idle_of(op, ev.device)));
+            .filter(|((p, _, _), pool)| (dev < 0 || pool.device == dev) && other(*p))
+            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.reserve(g) - pool.live));
+        let other_idle: u64 = self
+            .segments
+            .iter()
+            .filter(|((p, _), s)| (dev < 0 || s.device == dev) && other(*p))
+            .fold(pool_idle, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
         let arenas = self.arenas_of(pid, ev.device);
         let sample = self.devices.get(&ev.device).cloned();
         let inputs = VerdictInputs {
@@ -1561,9 +1579,15 @@ impl Model {
 
     /// Every arena, sorted by (pid, kind, base).
     pub fn arenas(&self) -> Vec<ArenaView> {
+        self.arenas_in(0, u32::MAX)
+    }
+
+    /// The arenas of processes `lo..=hi` (by pid), sorted by (pid, kind, base): an OOM asks
+    /// for one process's arenas without building every other's.
+    fn arenas_in(&self, lo: u32, hi: u32) -> Vec<ArenaView> {
         let g = self.config.granularity;
         let mut v = Vec::new();
-        for ((pid, base), r) in &self.reservations {
+        for ((pid, base), r) in self.reservations.range((lo, 0)..=(hi, u64::MAX)) {
             let (f, l) = r.numbers();
             v.push(ArenaView {
                 pid: *pid,
@@ -1579,7 +1603,7 @@ impl Model {
                 live_allocations: r.mappings.len() as u64,
             });
         }
-        for ((pid, default, h), p) in &self.pools {
+        for ((pid, default, h), p) in self.pools.range((lo, false, 0)..=(hi, true, u64::MAX)) {
             let (f, l) = p.numbers(g);
             v.push(ArenaView {
                 pid: *pid,
@@ -1595,7 +1619,7 @@ impl Model {
                 live_allocations: p.count,
             });
         }
-        for ((pid, base), s) in &self.segments {
+        for ((pid, base), s) in self.segments.range((lo, 0)..=(hi, u64::MAX)) {
             let (f, l) = s.numbers();
             v.push(ArenaView {
                 pid: *pid,
