@@ -298,17 +298,41 @@ pub struct Measured {
     pub wall: std::time::Duration,
 }
 
-/// Runs `cmd` and measures the child's peak memory with `wait4` (that child only).
+/// The `peak_rss` helper of this crate (built with its integration tests), when built.
+pub fn peak_rss_bin() -> Option<std::path::PathBuf> {
+    let p = crate::profile_dir().join("peak_rss");
+    p.is_file().then_some(p)
+}
+
+/// Runs `cmd` and measures its peak memory: through the small `peak_rss` helper when it is
+/// built (a child forked straight from a large test process would start from that process's
+/// memory), else with `wait4` here.
 pub fn run_measured(cmd: &mut Command) -> Measured {
-    use std::io::Read;
     use std::process::Stdio;
-    // A real fork (a pre_exec hook makes std fork instead of posix_spawn's vfork): a vforked
-    // child shares this process's memory map until exec, and its peak memory would then
-    // start at this process's peak, not its own.
-    use std::os::unix::process::CommandExt;
-    // SAFETY: an empty hook, nothing runs between fork and exec.
-    unsafe { cmd.pre_exec(|| Ok(())) };
     let start = std::time::Instant::now();
+    if let Some(helper) = peak_rss_bin() {
+        let out = tempfile::NamedTempFile::new().expect("temp file");
+        let mut wrapped = Command::new(helper);
+        wrapped.arg(out.path()).arg(cmd.get_program()).args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => wrapped.env(k, v),
+                None => wrapped.env_remove(k),
+            };
+        }
+        let output = wrapped.stdin(Stdio::null()).output().expect("run peak_rss");
+        let wall = start.elapsed();
+        let max_rss_kib =
+            std::fs::read_to_string(out.path()).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(u64::MAX);
+        return Measured { output, max_rss_kib, wall };
+    }
+    run_measured_here(cmd, start)
+}
+
+fn run_measured_here(cmd: &mut Command, start: std::time::Instant) -> Measured {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
     let pid = child.id() as libc::pid_t;
     let mut out = child.stdout.take().expect("stdout");
@@ -327,8 +351,7 @@ pub fn run_measured(cmd: &mut Command) -> Measured {
     let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     assert_eq!(rc, pid, "wait4");
     let wall = start.elapsed();
-    // Child reaped by wait4: build the ExitStatus from the raw status.
-    use std::os::unix::process::ExitStatusExt;
+    // Reaped by wait4: nothing left for Child to wait for.
     std::mem::forget(child);
     Measured {
         output: Output { status: std::process::ExitStatus::from_raw(status), stdout, stderr },
