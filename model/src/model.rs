@@ -509,6 +509,88 @@ impl Model {
         self.events
     }
 
+    /// The live process `pid` (of `start_time`, or any when 0): its index and its view, as in
+    /// [`Model::snapshot`] (histograms included when `full`), at the cost of that process
+    /// alone (plus a pass over the live allocations when `full`): a replay keeps each
+    /// process's view at its exit, and a snapshot of everything per exit was quadratic.
+    pub fn process_view(&self, pid: u32, start_time: u64, full: bool) -> Option<(usize, ProcessView)> {
+        let slot = self.procs.iter().rposition(|p| {
+            p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
+        })?;
+        let g = self.config.granularity;
+        let p = &self.procs[slot];
+        let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
+        let (mut pi, mut pr) = (0u64, 0u64);
+        let mut si = 0u64;
+        if current {
+            for (_, pool) in self.pools.range((pid, false, 0)..=(pid, true, u64::MAX)) {
+                let r = pool.reserve(g);
+                pi = pi.saturating_add(r - pool.live);
+                pr = pr.saturating_add(r);
+            }
+            for (_, seg) in self.segments.range((pid, 0)..=(pid, u64::MAX)) {
+                si = si.saturating_add(seg.size - seg.allocated);
+            }
+        }
+        let mut sizes = Histogram::new(&self.config.size_buckets);
+        let mut ages = Histogram::new(&self.config.age_buckets_ns);
+        if full && current {
+            for (owner, _, a) in self.allocs.iter() {
+                if owner == pid {
+                    sizes.add(a.size);
+                    ages.add(self.now.saturating_sub(a.ts));
+                }
+            }
+            for (k, h) in &self.handles {
+                if k.0 == pid {
+                    sizes.add(h.size);
+                    ages.add(self.now.saturating_sub(h.ts));
+                }
+            }
+        }
+        let mut devices: Vec<DeviceBytes> = p
+            .devices
+            .iter()
+            .filter(|d| d.live > 0)
+            .map(|d| DeviceBytes { device: d.device, live_bytes: d.live })
+            .collect();
+        devices.sort_by_key(|d| d.device);
+        let largest = p.largest_free_span();
+        Some((
+            slot,
+            ProcessView {
+                pid: p.pid,
+                start_time: p.start_time,
+                ppid: p.ppid,
+                command: p.command.clone(),
+                exe: p.exe.clone(),
+                alive: p.alive,
+                exit_status: p.exit_status,
+                exit_ts_ns: p.exit_ts,
+                incomplete: p.dropped_events > 0,
+                live_bytes: p.live_bytes,
+                live_by_class: ClassBytes::from_array(&p.by_class),
+                live_allocations: p.live_allocations,
+                peak_bytes: p.peak_bytes,
+                peak_ts_ns: p.peak_ts,
+                allocations: p.allocations,
+                frees: p.frees,
+                failed_calls: p.failed_calls,
+                oom_count: p.oom_count,
+                dropped_events: p.dropped_events,
+                anomalies: p.anomalies,
+                idle_bytes: pi.saturating_add(si),
+                pool_reserve_bytes: pr,
+                largest_free_span: largest,
+                free_in_arenas: p.free_in_arenas,
+                fragmentation: fragmentation(largest, p.free_in_arenas),
+                devices,
+                size_histogram: sizes,
+                age_histogram: ages,
+            },
+        ))
+    }
+
     /// OOM incidents recorded so far.
     pub fn incident_count(&self) -> usize {
         self.incidents.len()
