@@ -369,6 +369,13 @@ pub fn finish(mut r: Replayer) -> Report {
         notes.push("replay stopped at --to".into());
     }
     notes.extend(folded_notes(&r.folded));
+    if r.exits_summarised > 0 {
+        notes.push(format!(
+            "{} processes exited after the work budget for full views at exit was spent: their size and age \
+             histograms and largest allocations at exit are not listed",
+            r.exits_summarised
+        ));
+    }
     let layout = r.layout.take().map(|mut l| {
         l.entries.retain(|e| r.pid_selected(e.pid));
         l

@@ -28,6 +28,10 @@ const MAX_FORCED_SAMPLES: u32 = 10_000;
 /// forced samples of a model with 10,000 processes would be 10^8 process views (a sample
 /// costs about 0.4 µs per process).
 const FORCED_WORK_BUDGET: u64 = 2_000_000;
+/// Work (processes + live allocations) that full views of processes at their exit may cost
+/// in all (each is a snapshot of the model); exits past it keep a view of the process alone.
+/// 10,000 processes each exiting made 10^8.
+const EXIT_WORK_BUDGET: u64 = 2_000_000;
 /// Kinds that take the slow path (as bits): exits, device samples, starts.
 const SPECIAL_KINDS: u64 =
     1 << EventKind::ProcessExit as u8 | 1 << EventKind::MemInfo as u8 | 1 << EventKind::ProcessStart as u8;
@@ -106,6 +110,9 @@ pub struct Replayer {
     /// The last (pid, device) found admitted: most events repeat it.
     last_ok: Option<(u32, i16)>,
     forced_work: u64,
+    exit_work: u64,
+    /// Exits past the budget of full views (no histograms, no largest allocations).
+    pub(crate) exits_summarised: u64,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
@@ -154,6 +161,8 @@ impl Replayer {
             dev_admitted_count: 0,
             last_ok: None,
             forced_work: 0,
+            exit_work: 0,
+            exits_summarised: 0,
             arenas: BTreeMap::new(),
             exits: FastMap::default(),
             layout: None,
@@ -343,7 +352,7 @@ impl Replayer {
         }
         if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
             self.remember_exit(ev.pid, 0, ev.ts_ns);
-            self.next_sample = self.applied + 1;
+            self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::ProcessStart as u8 {
             // A new process (or a new image after exec): learn its index after this event.
@@ -404,6 +413,18 @@ impl Replayer {
 
     /// Keeps what the process held just before the model releases it.
     fn remember_exit(&mut self, pid: u32, start_time: u64, ts: u64) {
+        let cost = (self.model.process_count() + self.model.live_allocation_count()) as u64 + 1;
+        if self.exit_work.saturating_add(cost) > EXIT_WORK_BUDGET {
+            // Past the budget: this process's own view (no histograms, no largest
+            // allocations) and the timelines flushed, at the cost of this process alone.
+            if let Some((slot, view)) = self.model.process_view(pid, start_time, false) {
+                self.flush(ts);
+                self.exits_summarised += 1;
+                self.exits.insert(slot, ExitInfo { view, top: Vec::new() });
+            }
+            return;
+        }
+        self.exit_work += cost;
         let snap = self.model.snapshot();
         let Some(slot) = snap.processes.iter().rposition(|p| {
             p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
