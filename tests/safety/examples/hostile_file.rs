@@ -11,6 +11,7 @@ fn main() {
         Some("ooms") => many_ooms(out, n),
         Some("processes") => many_processes(out, n),
         Some("process-ooms") => many_processes_with_an_oom(out, n),
+        Some("process-exits") => many_processes_exiting(out, n),
         Some("devices") => many_devices(out, n),
         Some("segments-ooms") => segments_and_shared_ooms(out, n, n),
         Some("big-pickle") => big_snapshot(out, n),

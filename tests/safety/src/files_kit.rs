@@ -97,6 +97,18 @@ pub fn many_processes(path: &Path, n: u64) -> u64 {
     write_capture(path, n, |i| alloc(1000 + i as u32, 1_000 + i * 1_000, 0, 0x7000_0000_0000 + i * 4096, 4096))
 }
 
+/// `n` processes, each allocating once and exiting: 128 bytes per process.
+pub fn many_processes_exiting(path: &Path, n: u64) -> u64 {
+    write_capture(path, 2 * n, |i| {
+        let (pid, ts) = (1000 + (i / 2) as u32, 1_000 + i * 1_000);
+        if i % 2 == 0 {
+            alloc(pid, ts, 0, 0x7000_0000_0000 + i * 4096, 4096)
+        } else {
+            Event { kind: EventKind::ProcessExit.code(), api: Api::Interposer.code(), ..alloc(pid, ts, 0, 0, 0) }
+        }
+    })
+}
+
 /// `n` processes, each failing one allocation with out-of-memory: 64 bytes per process.
 pub fn many_processes_with_an_oom(path: &Path, n: u64) -> u64 {
     write_capture(path, n, |i| oom(1000 + i as u32, 1_000 + i * 1_000, 0, 200 * GIB))

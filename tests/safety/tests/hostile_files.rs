@@ -101,6 +101,23 @@ fn fifty_thousand_processes_with_an_oom_each() {
     assert_eq!(folded(&r, "process_events"), 40_000);
 }
 
+/// 20,000 processes that each allocate and exit (2.6 MB; quadratic before: every exit took a
+/// snapshot of every process, and sampled them all again at the next event).
+#[test]
+fn twenty_thousand_processes_exiting() {
+    let d = dir();
+    let f = d.path().join("exits.vhc");
+    many_processes_exiting(&f, 20_000);
+    let r = analyze_bounded(&f, &[]);
+    assert_eq!(count(&r, "processes") as u64, LIMIT);
+    assert_eq!(folded(&r, "processes"), 10_000);
+    assert_eq!(folded(&r, "process_events"), 20_000);
+    // Every kept process is reported as exited, with what it held at exit.
+    let procs = r["processes"].as_array().expect("processes");
+    assert!(procs.iter().all(|p| p["exited"] == true && p["final_live_bytes"] == 4096), "{}", procs[0]);
+    assert!(notes(&r).contains("work budget for full views at exit"), "{}", notes(&r));
+}
+
 /// 50,000 distinct device numbers (3.2 MB; >10 s before: devices were found by a linear
 /// search at every flush). `--max-items` sets the limit.
 #[test]
