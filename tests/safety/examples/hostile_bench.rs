@@ -2,9 +2,11 @@
 //! (`tests/hostile_files.rs` asserts the bounds; times are only measured here).
 //!
 //!     cargo build --release -p vramhook && \
+//!     cargo build --release -p vramhook-safety-tests --bins && \
 //!     cargo run --release -p vramhook-safety-tests --example hostile_bench [-- VRAMHOOK_BIN]
 //!
-//! (`scripts/bench.sh hostile` runs it.)
+//! (The `peak_rss` helper, built with `--bins`, measures each run apart from this process;
+//! `HOSTILE_LIMIT_S` (default 120) stops a run that takes longer.)
 
 use vramhook_safety_tests::files_kit::*;
 
@@ -23,6 +25,7 @@ fn main() {
         ("capture with 25k processes with an OOM each", Box::new(|p| many_processes_with_an_oom(p, 25_000))),
         ("capture with 50k processes with an OOM each", Box::new(|p| many_processes_with_an_oom(p, 50_000))),
         ("capture with 100k processes with an OOM each", Box::new(|p| many_processes_with_an_oom(p, 100_000))),
+        ("capture with 20k processes that each exit", Box::new(|p| many_processes_exiting(p, 20_000))),
         ("capture with 50k distinct device numbers", Box::new(|p| many_devices(p, 50_000))),
         (
             "pickle with 10k segments x 10k shared OOM entries",
