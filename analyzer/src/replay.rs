@@ -408,7 +408,13 @@ impl Replayer {
         let ts = end.ts_ns.min(self.last_ts);
         self.remember_exit(end.pid, end.start_time, ts);
         self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
-        self.sample(ts);
+        // A sample per process-end frame was O(processes) each: within the budget of samples
+        // out of turn; past it, the timelines are flushed (O(tracked)).
+        if self.may_force() {
+            self.sample(ts);
+        } else {
+            self.flush(ts);
+        }
     }
 
     /// Keeps what the process held just before the model releases it.
