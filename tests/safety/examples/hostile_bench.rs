@@ -26,6 +26,7 @@ fn main() {
         ("capture with 50k processes with an OOM each", Box::new(|p| many_processes_with_an_oom(p, 50_000))),
         ("capture with 100k processes with an OOM each", Box::new(|p| many_processes_with_an_oom(p, 100_000))),
         ("capture with 20k processes that each exit", Box::new(|p| many_processes_exiting(p, 20_000))),
+        ("capture with 20k processes with process-end frames", Box::new(|p| many_process_ends(p, 20_000))),
         ("capture with 50k distinct device numbers", Box::new(|p| many_devices(p, 50_000))),
         (
             "pickle with 10k segments x 10k shared OOM entries",

@@ -12,6 +12,7 @@ fn main() {
         Some("processes") => many_processes(out, n),
         Some("process-ooms") => many_processes_with_an_oom(out, n),
         Some("process-exits") => many_processes_exiting(out, n),
+        Some("process-ends") => many_process_ends(out, n),
         Some("devices") => many_devices(out, n),
         Some("segments-ooms") => segments_and_shared_ooms(out, n, n),
         Some("big-pickle") => big_snapshot(out, n),

@@ -109,6 +109,24 @@ pub fn many_processes_exiting(path: &Path, n: u64) -> u64 {
     })
 }
 
+/// `n` processes as `vramhook run` records them: a process frame, one allocation, a
+/// process-end frame each (about 240 bytes per process).
+pub fn many_process_ends(path: &Path, n: u64) -> u64 {
+    let mut w = CaptureWriter::new(BufWriter::new(File::create(path).expect("create")), &header()).expect("header");
+    for i in 0..n {
+        let pid = 1000 + i as u32;
+        let info = ProcessInfo { pid, exe: "/bin/worker".into(), cmdline: vec!["worker".into()], ..Default::default() };
+        w.write_process(&info).expect("process");
+        w.write_events(&[alloc(pid, 1_000 + i * 1_000, 0, 0x7000_0000_0000 + i * 4096, 4096)]).expect("events");
+        let end =
+            ProcessEnd { pid, exit_status: Some(0), ts_ns: 1_500 + i * 1_000, delivered: 1, ..Default::default() };
+        w.write_process_end(&end).expect("end");
+    }
+    let size = w.bytes_written();
+    w.finish().expect("finish").flush().expect("flush");
+    size + 32
+}
+
 /// `n` processes, each failing one allocation with out-of-memory: 64 bytes per process.
 pub fn many_processes_with_an_oom(path: &Path, n: u64) -> u64 {
     write_capture(path, n, |i| oom(1000 + i as u32, 1_000 + i * 1_000, 0, 200 * GIB))

@@ -118,6 +118,20 @@ fn twenty_thousand_processes_exiting() {
     assert!(notes(&r).contains("work budget for full views at exit"), "{}", notes(&r));
 }
 
+/// 20,000 processes as `vramhook run` records them, each with a process-end frame (4.8 MB;
+/// over two minutes before: every end frame sampled every process).
+#[test]
+fn twenty_thousand_process_end_frames() {
+    let d = dir();
+    let f = d.path().join("ends.vhc");
+    many_process_ends(&f, 20_000);
+    let r = analyze_bounded(&f, &[]);
+    assert_eq!(count(&r, "processes") as u64, LIMIT);
+    assert_eq!(folded(&r, "processes"), 10_000);
+    let procs = r["processes"].as_array().expect("processes");
+    assert!(procs.iter().all(|p| p["exited"] == true && p["exit_status"] == 0), "{}", procs[0]);
+}
+
 /// 50,000 distinct device numbers (3.2 MB; >10 s before: devices were found by a linear
 /// search at every flush). `--max-items` sets the limit.
 #[test]
