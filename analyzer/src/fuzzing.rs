@@ -3,7 +3,7 @@
 
 use crate::{analyze_bytes, Options};
 use std::io::Cursor;
-use vramhook_protocol::capture::{Bytes, CaptureError, CaptureReader, Frame, SeekSource};
+use vramhook_protocol::capture::{Bytes, CaptureError, CaptureReader, Frame, Piped, SeekSource};
 
 /// The capture reader alone: read every frame, resync after corruption, never loop forever;
 /// and the two ways of reading (a stream through a buffer, bytes lent in place as from a
@@ -12,6 +12,9 @@ pub fn capture_reader(data: &[u8]) {
     let streamed = CaptureReader::new(Cursor::new(data)).map(|r| read_all(r, data.len()));
     let in_place = CaptureReader::from_source(Bytes::new(data)).map(|r| read_all(r, data.len()));
     assert_eq!(streamed, in_place, "streamed and in-place reading disagree");
+    // A pipe (no seeking: resync seeks back only into the frame just read).
+    let piped = CaptureReader::from_source(Piped::new(Cursor::new(data))).map(|r| read_all(r, data.len()));
+    assert_eq!(streamed, piped, "streamed and piped reading disagree");
 }
 
 /// What a reader saw: per frame, its offset and a digest of its content or error.
@@ -56,16 +59,35 @@ pub fn pytorch_snapshot(data: &[u8]) {
         bytes.push(0x80);
     }
     bytes.extend_from_slice(data);
-    if let Ok(report) = analyze_bytes("fuzz.pickle", &bytes, &Options::default()) {
-        let _ = crate::text::render(&report);
+    for max_items in [crate::DEFAULT_MAX_ITEMS, 3] {
+        if let Ok(report) = analyze_bytes("fuzz.pickle", &bytes, &Options { max_items, ..Options::default() }) {
+            check_bounds(&report, max_items);
+            let _ = crate::text::render(&report);
+        }
+    }
+}
+
+/// What `max_items` promises: at most that many processes, incidents and devices (plus the
+/// "unknown" device -1), and the count of the rest.
+fn check_bounds(r: &crate::Report, max_items: usize) {
+    assert!(r.processes.len() <= max_items, "{} processes kept", r.processes.len());
+    assert!(r.ooms.len() <= max_items, "{} incidents kept", r.ooms.len());
+    assert!(r.devices.iter().filter(|d| d.device != -1).count() <= max_items, "{} devices kept", r.devices.len());
+    assert_eq!(r.folded.max_items, max_items as u64);
+    for i in &r.inputs {
+        // A gap is only ever reported with what is missing.
+        if i.status == "gap" {
+            assert!(i.missing_frames.is_some() && i.missing_events.is_some(), "a gap without its size");
+        }
     }
 }
 
 /// Whole analysis of arbitrary bytes, with every renderer.
 pub fn analyze_bytes_target(data: &[u8]) {
-    for strict in [false, true] {
-        let opts = Options { strict, max_points: 64, ..Options::default() };
+    for (strict, max_items) in [(false, crate::DEFAULT_MAX_ITEMS), (true, crate::DEFAULT_MAX_ITEMS), (false, 2)] {
+        let opts = Options { strict, max_points: 64, max_items, ..Options::default() };
         if let Ok(report) = analyze_bytes("fuzz.vhc", data, &opts) {
+            check_bounds(&report, max_items);
             let _ = crate::text::render(&report);
             let _ = crate::html::render(&report);
             let _ = crate::perfetto::render(&report);

@@ -223,7 +223,7 @@ pub fn render(r: &Report) -> String {
                 p.allocations.to_string(),
                 p.frees.to_string(),
                 p.failed_calls.to_string(),
-                (p.dropped_events + p.lost_in_flight).to_string(),
+                p.dropped_events.to_string(),
                 match (p.exited, p.exit_status) {
                     (true, Some(s)) => format!("status {s}"),
                     (true, None) => "exited".into(),

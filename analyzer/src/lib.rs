@@ -22,10 +22,11 @@ pub use replay::Replayer;
 pub use report::*;
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use vramhook_model::{fmt_bytes, ModelConfig};
-use vramhook_protocol::capture::{Bytes, Streamed};
+use vramhook_protocol::capture::{Bytes, Piped, Streamed};
 use vramhook_protocol::mapped::Mapped;
 use vramhook_protocol::record::{Api, EventKind};
 
@@ -44,8 +45,15 @@ pub struct Options {
     pub pids: Vec<u32>,
     /// Points per timeline.
     pub max_points: usize,
+    /// Items kept per category (processes, OOM incidents, devices, PyTorch segments): the
+    /// rest are folded into counts (see [`Folded`]), so that a small hostile file cannot
+    /// cost memory or time out of proportion to its size.
+    pub max_items: usize,
     pub model: ModelConfig,
 }
+
+/// Items kept per category by default.
+pub const DEFAULT_MAX_ITEMS: usize = 10_000;
 
 impl Default for Options {
     fn default() -> Self {
@@ -56,6 +64,7 @@ impl Default for Options {
             at_ns: None,
             pids: Vec::new(),
             max_points: series::DEFAULT_POINTS,
+            max_items: DEFAULT_MAX_ITEMS,
             model: ModelConfig::default(),
         }
     }
@@ -84,33 +93,57 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
     for path in paths {
         let path = path.as_ref();
         let name = path.display().to_string();
-        let mut file =
-            File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
-        let mut head = [0u8; 4096];
-        let n = read_head(&mut file, &mut head)
-            .map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
-        let head = &head[..n];
-        if !head.starts_with(&vramhook_protocol::capture::CAPTURE_MAGIC)
-            && (logs::is_gzip(head) || logs::looks_like_text(head))
-        {
-            // The bytes already read, then the rest: a pipe cannot be read twice.
-            logs.read(&name, head.chain(file), logs::is_gzip(head))
-                .map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
-            continue;
-        }
-        drop(file);
-        if is_pickle(head) {
-            let bytes = read_bounded(path, torch::MAX_SNAPSHOT_BYTES)
-                .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
-            torch::import(&mut r, &name, &bytes)?;
-        } else {
-            let file =
-                File::open(path).map_err(|e| AnalyzeError::Open { path: name.clone(), message: e.to_string() })?;
+        let open_err = |e: std::io::Error| AnalyzeError::Open { path: name.clone(), message: e.to_string() };
+        // Opened once: a pipe or FIFO cannot be opened again (`<(cat x.vhc)` would lose what
+        // was read; a FIFO whose writer has gone would wait for a new writer forever).
+        let file = File::open(path).map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        if meta.is_file() {
+            let mut head = [0u8; 4096];
+            let n = file.read_at(&mut head, 0).map_err(open_err)?;
+            let head = &head[..n];
+            if logs::is_log(head) {
+                if !logs.read(&name, &file, logs::is_gzip(head)).map_err(open_err)? {
+                    r.inputs.push(logs::unrecognised(&name, meta.len()));
+                }
+                continue;
+            }
+            if is_pickle(head) {
+                let bytes = read_bounded(&file, meta.len(), torch::MAX_SNAPSHOT_BYTES)
+                    .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
+                torch::import(&mut r, &name, &bytes)?;
+                continue;
+            }
             // Mapped: frames come straight from the page cache. What cannot be mapped
-            // (a pipe, an empty file) is streamed.
+            // (an empty file) is streamed.
             match Mapped::new(&file) {
                 Ok(mapped) => r.capture(&name, mapped)?,
                 Err(_) => r.capture(&name, Streamed::new(BufReader::with_capacity(1 << 20, file)))?,
+            }
+        } else {
+            // A pipe, FIFO, character device or socket: streamed, and it ends at EOF.
+            let mut input = BufReader::with_capacity(1 << 20, file);
+            let head = input.fill_buf().map_err(open_err)?;
+            if logs::is_log(head) {
+                let gzip = logs::is_gzip(head);
+                if !logs.read(&name, input, gzip).map_err(open_err)? {
+                    r.inputs.push(logs::unrecognised(&name, 0));
+                }
+                continue;
+            }
+            let first = head.first().copied();
+            if first.is_some_and(|b| is_pickle(&[b])) {
+                let mut bytes = Vec::new();
+                input.take(torch::MAX_SNAPSHOT_BYTES + 1).read_to_end(&mut bytes).map_err(open_err)?;
+                if bytes.len() as u64 > torch::MAX_SNAPSHOT_BYTES {
+                    return Err(AnalyzeError::Open {
+                        path: name.clone(),
+                        message: format!("more than the {} bytes a snapshot may have", torch::MAX_SNAPSHOT_BYTES),
+                    });
+                }
+                torch::import(&mut r, &name, &bytes)?;
+            } else {
+                r.capture(&name, Piped::new(input))?;
             }
         }
     }
@@ -119,23 +152,7 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
     Ok(report)
 }
 
-/// Reads up to `head.len()` bytes (fewer only at the end of the file).
-fn read_head(file: &mut File, head: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < head.len() {
-        match file.read(&mut head[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let file = File::open(path).map_err(|e| e.to_string())?;
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+fn read_bounded(file: &File, len: u64, max: u64) -> Result<Vec<u8>, String> {
     if len > max {
         return Err(format!("{} bytes is more than the {} a snapshot may have", len, max));
     }
@@ -209,7 +226,14 @@ pub fn finish(mut r: Replayer) -> Report {
         }
         let (device, devices) = r.proc_main_device(slot);
         let (ring_dropped, lost) = r.ends.get(&view.pid).copied().unwrap_or((0, 0));
-        let dropped = view.dropped_events.max(ring_dropped);
+        // Every loss is in the stream as a `Dropped` marker (the model's count: writer drops,
+        // slots lost in flight, slots an agent restart skipped), and the process-end frame
+        // counts the same losses again as writer drops + lost in flight. Adding the two
+        // counted restart losses twice: the total is whichever says more (the markers, when
+        // a rotated file holds the end of a process whose start is elsewhere; the end frame,
+        // when a marker did not reach the capture), and lost in flight is part of it.
+        let dropped = view.dropped_events.max(ring_dropped.saturating_add(lost));
+        let lost = lost.min(dropped);
         let command = if view.command.is_empty() { view.exe.clone() } else { view.command.clone() };
         processes.push(ProcessReport {
             pid: view.pid,
@@ -354,7 +378,7 @@ pub fn finish(mut r: Replayer) -> Report {
             notes.push(format!("{}: {e}", i.path));
         }
     }
-    let dropped: u64 = processes.iter().map(|p| p.dropped_events + p.lost_in_flight).sum();
+    let dropped: u64 = processes.iter().map(|p| p.dropped_events).sum();
     if dropped > 0 {
         notes.push(format!("{dropped} events were lost (ring full or writer died): processes marked incomplete"));
     }
@@ -363,6 +387,14 @@ pub fn finish(mut r: Replayer) -> Report {
     }
     if r.stopped {
         notes.push("replay stopped at --to".into());
+    }
+    notes.extend(folded_notes(&r.folded));
+    if r.exits_summarised > 0 {
+        notes.push(format!(
+            "{} processes exited after the work budget for full views at exit was spent: their size and age \
+             histograms and largest allocations at exit are not listed",
+            r.exits_summarised
+        ));
     }
     let layout = r.layout.take().map(|mut l| {
         l.entries.retain(|e| r.pid_selected(e.pid));
@@ -386,7 +418,52 @@ pub fn finish(mut r: Replayer) -> Report {
         notes,
         logs: Vec::new(),
         log_incidents: Vec::new(),
+        folded: r.folded.clone(),
     }
+}
+
+/// Plain statements of what was past the per-category limit.
+fn folded_notes(f: &Folded) -> Vec<String> {
+    let mut out = Vec::new();
+    let limit = f.max_items;
+    if f.processes > 0 {
+        out.push(format!(
+            "{} more processes past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+            f.processes,
+            f.process_events,
+            fmt_bytes(f.process_bytes)
+        ));
+    }
+    if f.devices > 0 {
+        out.push(format!(
+            "{} more device numbers past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+            f.devices,
+            f.device_events,
+            fmt_bytes(f.device_bytes)
+        ));
+    }
+    if f.ooms > 0 {
+        out.push(format!(
+            "{} more out-of-memory failures after {limit} incidents (--max-items) were counted, not analysed: {} requested",
+            f.ooms,
+            fmt_bytes(f.oom_bytes)
+        ));
+    }
+    if f.segments > 0 {
+        out.push(format!(
+            "{} more PyTorch segments past the limit of {limit} (--max-items) were counted, not imported: {}",
+            f.segments,
+            fmt_bytes(f.segment_bytes)
+        ));
+    }
+    if f.pickle_values > 0 {
+        out.push(format!(
+            "{} pickle values past the reader's budget of {} were counted, not kept",
+            f.pickle_values,
+            pickle::MAX_KEPT
+        ));
+    }
+    out
 }
 
 /// Growing without bound: each quarter of the series starts higher than the previous one

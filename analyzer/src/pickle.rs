@@ -4,15 +4,84 @@
 //! for protocols 2–5, and represents class references and object construction (`GLOBAL`,
 //! `STACK_GLOBAL`, `REDUCE`, `NEWOBJ`, `BUILD`) as inert [`Value::Object`]s: nothing is ever
 //! imported or executed. Limits bound work and memory; any violation is an error, never a
-//! panic.
+//! panic:
+//!
+//! - nesting deeper than [`MAX_DEPTH`] is refused (a 200 KB file can nest 200,000 tuples);
+//!   values are also dropped without recursion ([`Seq`], [`Pairs`]), so no input can make
+//!   the reader's stack grow with its nesting;
+//! - the stack holds at most [`MAX_STACK`] items and the memo [`MAX_KEPT`] entries;
+//! - containers keep at most [`MAX_KEPT`] elements in all: elements past that are counted
+//!   ([`Parsed::folded`]) and not kept, so memory stays bounded whatever the file's size.
 
 use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 
 /// Values created (each opcode creates at most one).
 pub const MAX_VALUES: usize = 16_000_000;
 /// Entries of a dict searched by [`Value::get`].
 pub const MAX_DICT_SCAN: usize = 64;
+/// Deepest nesting of containers accepted (a PyTorch snapshot nests about 8 deep).
+pub const MAX_DEPTH: u32 = 1_000;
+/// Items on the pickle machine's stack at once (`pickle` writes batches of 1,000).
+pub const MAX_STACK: usize = 1_000_000;
+/// Container elements (list and tuple items, dict pairs) and memo entries kept in all:
+/// about 24 bytes each, so at most about 100 MB. Container elements past it are counted,
+/// not kept; memo entries past it are an error.
+pub const MAX_KEPT: usize = 4_000_000;
+/// Elements kept per container: one huge list (a trace) cannot take the whole budget and
+/// starve the small containers that give a snapshot its structure.
+pub const MAX_CONTAINER: usize = 1_000_000;
+
+/// The elements of a list or tuple. Dropping one never recurses into its elements.
+#[derive(Clone, Debug, Default)]
+pub struct Seq(pub Vec<Value>);
+
+/// The pairs of a dict. Dropping one never recurses into its keys and values.
+#[derive(Clone, Debug, Default)]
+pub struct Pairs(pub Vec<(Value, Value)>);
+
+impl Deref for Seq {
+    type Target = Vec<Value>;
+    fn deref(&self) -> &Vec<Value> {
+        &self.0
+    }
+}
+impl DerefMut for Seq {
+    fn deref_mut(&mut self) -> &mut Vec<Value> {
+        &mut self.0
+    }
+}
+impl Deref for Pairs {
+    type Target = Vec<(Value, Value)>;
+    fn deref(&self) -> &Vec<(Value, Value)> {
+        &self.0
+    }
+}
+impl DerefMut for Pairs {
+    fn deref_mut(&mut self) -> &mut Vec<(Value, Value)> {
+        &mut self.0
+    }
+}
+impl Drop for Seq {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            teardown(std::mem::take(&mut self.0));
+        }
+    }
+}
+impl Drop for Pairs {
+    fn drop(&mut self) {
+        if !self.0.is_empty() {
+            let mut work = Vec::with_capacity(self.0.len() * 2);
+            for (k, v) in std::mem::take(&mut self.0) {
+                work.push(k);
+                work.push(v);
+            }
+            teardown(work);
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -24,9 +93,9 @@ pub enum Value {
     Float(f64),
     Str(Rc<str>),
     Bytes(usize),
-    List(Rc<RefCell<Vec<Value>>>),
-    Tuple(Rc<Vec<Value>>),
-    Dict(Rc<RefCell<Vec<(Value, Value)>>>),
+    List(Rc<RefCell<Seq>>),
+    Tuple(Rc<Seq>),
+    Dict(Rc<RefCell<Pairs>>),
     /// A class reference or an object built from one (never executed).
     Object(Rc<str>),
 }
@@ -40,15 +109,20 @@ pub struct PickleError {
 
 enum Item {
     Mark,
-    V(Value),
+    /// A value and its nesting depth (0 for scalars).
+    V(Value, u32),
 }
 
 struct Vm<'a> {
     data: &'a [u8],
     pos: usize,
     stack: Vec<Item>,
-    memo: Vec<Option<Value>>,
+    memo: Vec<Option<(Value, u32)>>,
     created: usize,
+    /// Container elements and memo entries kept so far.
+    kept: usize,
+    /// Container elements not kept (past [`MAX_KEPT`]).
+    folded: u64,
 }
 
 impl<'a> Vm<'a> {
@@ -83,66 +157,131 @@ impl<'a> Vm<'a> {
         Ok(v as usize)
     }
     fn push(&mut self, v: Value) -> Result<(), PickleError> {
+        self.push_d(v, 0)
+    }
+    /// Pushes a value of nesting depth `depth`.
+    fn push_d(&mut self, v: Value, depth: u32) -> Result<(), PickleError> {
         self.created += 1;
         if self.created > MAX_VALUES {
             return self.err("too many values");
         }
-        self.stack.push(Item::V(v));
+        self.depth_ok(depth)?;
+        self.stack_room()?;
+        self.stack.push(Item::V(v, depth));
         Ok(())
     }
+    fn depth_ok(&self, depth: u32) -> Result<(), PickleError> {
+        if depth > MAX_DEPTH {
+            return self.err(format!("containers nested more than {MAX_DEPTH} deep"));
+        }
+        Ok(())
+    }
+    fn stack_room(&self) -> Result<(), PickleError> {
+        if self.stack.len() >= MAX_STACK {
+            return self.err(format!("more than {MAX_STACK} items on the pickle stack"));
+        }
+        Ok(())
+    }
+    /// Elements of a new or grown container that holds `len` already: those past the
+    /// budget are counted, not kept.
+    fn keep(&mut self, len: usize, mut items: Vec<Value>) -> Vec<Value> {
+        let room = MAX_KEPT.saturating_sub(self.kept).min(MAX_CONTAINER.saturating_sub(len));
+        if items.len() > room {
+            self.folded += (items.len() - room) as u64;
+            let rest = items.split_off(room);
+            drop_items(rest);
+        }
+        self.kept += items.len();
+        items
+    }
     fn pop(&mut self) -> Result<Value, PickleError> {
+        self.pop_d().map(|(v, _)| v)
+    }
+    fn pop_d(&mut self) -> Result<(Value, u32), PickleError> {
         match self.stack.pop() {
-            Some(Item::V(v)) => Ok(v),
+            Some(Item::V(v, d)) => Ok((v, d)),
             Some(Item::Mark) => self.err("unexpected mark"),
             None => self.err("stack underflow"),
         }
     }
     fn top(&mut self) -> Result<&mut Value, PickleError> {
         match self.stack.last_mut() {
-            Some(Item::V(v)) => Ok(v),
+            Some(Item::V(v, _)) => Ok(v),
             _ => Err(PickleError { offset: self.pos, reason: "no value on the stack".into() }),
         }
     }
-    /// Pops everything down to the last mark.
-    fn pop_mark(&mut self) -> Result<Vec<Value>, PickleError> {
+    /// The top value (a handle) and its depth.
+    fn top_d(&self) -> Result<(Value, u32), PickleError> {
+        match self.stack.last() {
+            Some(Item::V(v, d)) => Ok((v.clone(), *d)),
+            _ => Err(PickleError { offset: self.pos, reason: "no value on the stack".into() }),
+        }
+    }
+    /// The top value's depth grows to hold elements of depth `inner`.
+    fn deepen_top(&mut self, inner: u32) -> Result<(), PickleError> {
+        let d = inner.saturating_add(1);
+        self.depth_ok(d)?;
+        if let Some(Item::V(_, top)) = self.stack.last_mut() {
+            *top = (*top).max(d);
+        }
+        Ok(())
+    }
+    /// Pops everything down to the last mark, with the deepest item's depth.
+    fn pop_mark(&mut self) -> Result<(Vec<Value>, u32), PickleError> {
         let Some(m) = self.stack.iter().rposition(|i| matches!(i, Item::Mark)) else {
             return self.err("no mark on the stack");
         };
+        let mut depth = 0;
         let items: Vec<Value> = self
             .stack
             .drain(m + 1..)
             .filter_map(|i| match i {
-                Item::V(v) => Some(v),
+                Item::V(v, d) => {
+                    depth = depth.max(d);
+                    Some(v)
+                }
                 Item::Mark => None,
             })
             .collect();
         self.stack.pop();
-        Ok(items)
+        Ok((items, depth))
     }
     fn string(&mut self, n: usize) -> Result<Value, PickleError> {
         let b = self.take(n)?;
         Ok(Value::Str(Rc::from(String::from_utf8_lossy(b).as_ref())))
     }
     fn memo_put(&mut self, idx: usize) -> Result<(), PickleError> {
-        let v = self.top()?.clone();
-        if idx > self.data.len() + 16 {
+        let v = self.top_d()?;
+        // Picklers number the memo in order: an index far past its end is hostile (and
+        // would make a huge memo out of a few bytes).
+        if idx > self.memo.len() + 1024 || idx > self.data.len() + 16 {
             return self.err("memo index out of range");
         }
         if self.memo.len() <= idx {
+            if self.kept + (idx + 1 - self.memo.len()) > MAX_KEPT {
+                return self.err(format!("more than {MAX_KEPT} values kept"));
+            }
+            self.kept += idx + 1 - self.memo.len();
             self.memo.resize(idx + 1, None);
         }
-        self.memo[idx] = Some(v);
+        if let Some(old) = self.memo[idx].replace(v) {
+            drop_items(vec![old.0]);
+        }
         Ok(())
     }
     fn memo_get(&mut self, idx: usize) -> Result<(), PickleError> {
         match self.memo.get(idx).cloned().flatten() {
-            Some(v) => self.push(v),
+            Some((v, d)) => self.push_d(v, d),
             None => self.err(format!("memo {idx} is empty")),
         }
     }
     fn set_items(&mut self, target: &Value, items: Vec<Value>) -> Result<(), PickleError> {
         let Value::Dict(d) = target else { return self.err("SETITEMS on a non-dict") };
         let mut d = d.try_borrow_mut().map_err(|_| PickleError { offset: self.pos, reason: "dict in use".into() })?;
+        let mut items = self.keep(d.len() * 2, items);
+        if items.len() % 2 == 1 {
+            drop_items(vec![items.pop().unwrap_or(Value::None)]);
+        }
         let mut it = items.into_iter();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {
             d.push((k, v));
@@ -154,13 +293,21 @@ impl<'a> Vm<'a> {
             Value::List(l) => {
                 let mut l =
                     l.try_borrow_mut().map_err(|_| PickleError { offset: self.pos, reason: "list in use".into() })?;
+                let items = self.keep(l.len(), items);
                 l.extend(items);
                 Ok(())
             }
-            Value::Object(_) => Ok(()),
+            Value::Object(_) => {
+                drop_items(items);
+                Ok(())
+            }
             _ => self.err("APPENDS on a non-list"),
         }
     }
+}
+
+fn drop_items(items: Vec<Value>) {
+    teardown(items)
 }
 
 /// Drops values without recursion (a hostile pickle can nest a million lists deep, and
@@ -171,20 +318,20 @@ pub fn teardown(vals: Vec<Value>) {
         match v {
             Value::List(l) => {
                 if let Ok(mut b) = l.try_borrow_mut() {
-                    work.extend(std::mem::take(&mut *b));
+                    work.append(&mut b.0);
                 }
             }
             Value::Dict(d) => {
                 if let Ok(mut b) = d.try_borrow_mut() {
-                    for (k, v) in std::mem::take(&mut *b) {
+                    for (k, v) in std::mem::take(&mut b.0) {
                         work.push(k);
                         work.push(v);
                     }
                 }
             }
             Value::Tuple(t) => {
-                if let Ok(items) = Rc::try_unwrap(t) {
-                    work.extend(items);
+                if let Ok(mut items) = Rc::try_unwrap(t) {
+                    work.append(&mut items.0);
                 }
             }
             _ => {}
@@ -195,6 +342,8 @@ pub fn teardown(vals: Vec<Value>) {
 /// A parsed pickle; dropping it tears the values down without recursion.
 pub struct Parsed {
     pub root: Value,
+    /// Container elements that were not kept (past [`MAX_KEPT`] in all).
+    pub folded: u64,
     keep: Vec<Value>,
 }
 
@@ -208,9 +357,9 @@ impl Drop for Parsed {
 
 impl Drop for Vm<'_> {
     fn drop(&mut self) {
-        let mut all: Vec<Value> = self.memo.drain(..).flatten().collect();
+        let mut all: Vec<Value> = self.memo.drain(..).flatten().map(|(v, _)| v).collect();
         all.extend(self.stack.drain(..).filter_map(|i| match i {
-            Item::V(v) => Some(v),
+            Item::V(v, _) => Some(v),
             Item::Mark => None,
         }));
         teardown(all);
@@ -219,16 +368,15 @@ impl Drop for Vm<'_> {
 
 /// Parses one pickle. Only the first pickle in `data` is read (up to STOP).
 pub fn parse(data: &[u8]) -> Result<Parsed, PickleError> {
-    let mut vm = Vm { data, pos: 0, stack: Vec::new(), memo: Vec::new(), created: 0 };
+    let mut vm = Vm { data, pos: 0, stack: Vec::new(), memo: Vec::new(), created: 0, kept: 0, folded: 0 };
     let root = run(&mut vm)?;
-    let mut keep: Vec<Value> = vm.memo.drain(..).flatten().collect();
+    let mut keep: Vec<Value> = vm.memo.drain(..).flatten().map(|(v, _)| v).collect();
     keep.extend(vm.stack.drain(..).filter_map(|i| match i {
-        Item::V(v) => Some(v),
+        Item::V(v, _) => Some(v),
         Item::Mark => None,
     }));
-    Ok(Parsed { root, keep })
+    Ok(Parsed { root, folded: vm.folded, keep })
 }
-
 fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
     loop {
         let op = vm.u8()?;
@@ -312,64 +460,70 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 vm.take(n)?;
                 vm.push(Value::Bytes(n))?
             }
-            b']' => vm.push(Value::List(Rc::new(RefCell::new(Vec::new()))))?,
-            b'}' => vm.push(Value::Dict(Rc::new(RefCell::new(Vec::new()))))?,
-            b')' => vm.push(Value::Tuple(Rc::new(Vec::new())))?,
-            0x8f => vm.push(Value::List(Rc::new(RefCell::new(Vec::new()))))?,
+            b']' | 0x8f => vm.push_d(Value::List(Rc::new(RefCell::new(Seq::default()))), 1)?,
+            b'}' => vm.push_d(Value::Dict(Rc::new(RefCell::new(Pairs::default()))), 1)?,
+            b')' => vm.push_d(Value::Tuple(Rc::new(Seq::default())), 1)?,
             b'(' => {
                 vm.created += 1;
                 if vm.created > MAX_VALUES {
                     return vm.err("too many values");
                 }
+                vm.stack_room()?;
                 vm.stack.push(Item::Mark)
             }
             b'a' => {
-                let v = vm.pop()?;
-                let t = vm.top()?.clone();
+                let (v, d) = vm.pop_d()?;
+                let (t, _) = vm.top_d()?;
+                vm.deepen_top(d)?;
                 vm.append(&t, vec![v])?
             }
             b'e' | 0x90 => {
-                let items = vm.pop_mark()?;
-                let t = vm.top()?.clone();
+                let (items, d) = vm.pop_mark()?;
+                let (t, _) = vm.top_d()?;
+                vm.deepen_top(d)?;
                 vm.append(&t, items)?
             }
             b's' => {
-                let v = vm.pop()?;
-                let k = vm.pop()?;
-                let t = vm.top()?.clone();
+                let (v, dv) = vm.pop_d()?;
+                let (k, dk) = vm.pop_d()?;
+                let (t, _) = vm.top_d()?;
+                vm.deepen_top(dv.max(dk))?;
                 vm.set_items(&t, vec![k, v])?
             }
             b'u' => {
-                let items = vm.pop_mark()?;
-                let t = vm.top()?.clone();
+                let (items, d) = vm.pop_mark()?;
+                let (t, _) = vm.top_d()?;
+                vm.deepen_top(d)?;
                 vm.set_items(&t, items)?
             }
-            b'l' => {
-                let items = vm.pop_mark()?;
-                vm.push(Value::List(Rc::new(RefCell::new(items))))?
-            }
-            0x91 => {
-                let items = vm.pop_mark()?;
-                vm.push(Value::List(Rc::new(RefCell::new(items))))?
+            b'l' | 0x91 => {
+                let (items, d) = vm.pop_mark()?;
+                let items = vm.keep(0, items);
+                vm.push_d(Value::List(Rc::new(RefCell::new(Seq(items)))), d.saturating_add(1))?
             }
             b't' => {
-                let items = vm.pop_mark()?;
-                vm.push(Value::Tuple(Rc::new(items)))?
+                let (items, d) = vm.pop_mark()?;
+                let items = vm.keep(0, items);
+                vm.push_d(Value::Tuple(Rc::new(Seq(items))), d.saturating_add(1))?
             }
             b'd' => {
-                let items = vm.pop_mark()?;
-                let d = Value::Dict(Rc::new(RefCell::new(Vec::new())));
+                let (items, depth) = vm.pop_mark()?;
+                let d = Value::Dict(Rc::new(RefCell::new(Pairs::default())));
                 vm.set_items(&d, items)?;
-                vm.push(d)?
+                vm.push_d(d, depth.saturating_add(1))?
             }
             0x85..=0x87 => {
                 let n = (op - 0x84) as usize;
                 let mut items = Vec::with_capacity(n);
+                let mut depth = 0;
                 for _ in 0..n {
-                    items.push(vm.pop()?);
+                    let (v, d) = vm.pop_d()?;
+                    depth = depth.max(d);
+                    items.push(v);
                 }
                 items.reverse();
-                vm.push(Value::Tuple(Rc::new(items)))?
+                let items = vm.keep(0, items);
+                vm.push_d(Value::Tuple(Rc::new(Seq(items))), depth.saturating_add(1))?
             }
             b'q' => {
                 let i = vm.le(1)? as usize;
@@ -392,14 +546,16 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 vm.memo_get(i)?
             }
             b'0' => {
-                vm.pop()?;
+                let v = vm.pop()?;
+                drop_items(vec![v]);
             }
             b'1' => {
-                vm.pop_mark()?;
+                let (items, _) = vm.pop_mark()?;
+                drop_items(items);
             }
             b'2' => {
-                let v = vm.top()?.clone();
-                vm.push(v)?
+                let (v, d) = vm.top_d()?;
+                vm.push_d(v, d)?
             }
             b'c' => {
                 let mut name = String::new();
@@ -426,7 +582,8 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 vm.push(Value::Object(Rc::from(name.as_str())))?
             }
             b'R' | 0x81 => {
-                let _args = vm.pop()?;
+                let args = vm.pop()?;
+                drop_items(vec![args]);
                 let cls = vm.pop()?;
                 let name = match cls {
                     Value::Object(n) => n,
@@ -435,8 +592,9 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 vm.push(Value::Object(name))?
             }
             0x92 => {
-                let _kw = vm.pop()?;
-                let _args = vm.pop()?;
+                let kw = vm.pop()?;
+                let args = vm.pop()?;
+                drop_items(vec![kw, args]);
                 let cls = vm.pop()?;
                 let name = match cls {
                     Value::Object(n) => n,
@@ -445,7 +603,8 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 vm.push(Value::Object(name))?
             }
             b'b' => {
-                let _state = vm.pop()?;
+                let state = vm.pop()?;
+                drop_items(vec![state]);
                 vm.top()?;
             }
             other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
@@ -506,8 +665,8 @@ impl Value {
     /// The elements of a list or tuple (a copy of the handles, not of the contents).
     pub fn items(&self) -> Vec<Value> {
         match self {
-            Value::List(l) => l.try_borrow().map(|l| l.clone()).unwrap_or_default(),
-            Value::Tuple(t) => t.as_ref().clone(),
+            Value::List(l) => l.try_borrow().map(|l| l.0.clone()).unwrap_or_default(),
+            Value::Tuple(t) => t.0.clone(),
             _ => Vec::new(),
         }
     }
@@ -535,13 +694,67 @@ mod tests {
         // A list holding itself: EMPTY_LIST, MEMOIZE, BINGET 0, APPEND.
         p.extend_from_slice(&[b'0', b']', 0x94, b'h', 0, b'a', b'.']);
         let _ = parse(&p);
+        // Lists nested a million deep: refused at the depth bound, not by the stack.
         let mut q = vec![0x80, 4];
         q.extend(std::iter::repeat_n(b']', 1_000_000));
         q.extend(std::iter::repeat_n(b'a', 999_999));
         q.push(b'.');
-        assert!(parse(&q).is_ok());
-        q.pop();
-        assert!(parse(&q).is_err());
+        let e = parse(&q).err().expect("too deep");
+        assert!(e.reason.contains("nested more than"), "{e}");
+        // As deep as allowed still parses.
+        let mut ok = vec![0x80, 4];
+        ok.extend(std::iter::repeat_n(b']', MAX_DEPTH as usize));
+        ok.extend(std::iter::repeat_n(b'a', MAX_DEPTH as usize - 1));
+        ok.push(b'.');
+        assert!(parse(&ok).is_ok());
+    }
+
+    /// Tuples nested 200,000 deep in a 200 KB file (issue 9): a clear error, and neither
+    /// parsing nor dropping what was built recurses.
+    #[test]
+    fn nested_tuples_and_dicts_are_refused_at_the_depth_bound() {
+        let mut t = vec![0x80, 2, b')'];
+        t.extend(std::iter::repeat_n(0x85u8, 200_000));
+        t.push(b'.');
+        let e = parse(&t).err().expect("too deep");
+        assert!(e.reason.contains("nested more than 1000 deep"), "{e}");
+        // Dicts: {'k': {'k': ...}} through SETITEM.
+        let mut d = vec![0x80, 2];
+        for _ in 0..100_000 {
+            d.extend_from_slice(b"}X\x01\x00\x00\x00k");
+        }
+        d.extend_from_slice(b"N");
+        d.extend(std::iter::repeat_n(b's', 100_000));
+        d.push(b'.');
+        let e = parse(&d).err().expect("too deep");
+        assert!(e.reason.contains("nested more than"), "{e}");
+        // A deep value built without the depth check (by hand) still drops iteratively.
+        let mut v = Value::Tuple(Rc::new(Seq::default()));
+        for _ in 0..1_000_000 {
+            v = Value::Tuple(Rc::new(Seq(vec![v])));
+        }
+        drop(v);
+    }
+
+    /// Elements past the kept budget are counted, not kept; the stack is bounded too.
+    #[test]
+    fn huge_lists_are_folded_and_the_stack_is_bounded() {
+        let mut p = vec![0x80, 2, b']', b'('];
+        let n = MAX_CONTAINER + 5_000;
+        for i in 0..n {
+            p.extend_from_slice(b"N");
+            if i % 1000 == 999 {
+                p.extend_from_slice(b"e(");
+            }
+        }
+        p.extend_from_slice(b"e.");
+        let parsed = parse(&p).expect("parse");
+        assert_eq!(parsed.root.items().len(), MAX_CONTAINER);
+        assert_eq!(parsed.folded, (n - MAX_CONTAINER) as u64);
+        let mut s = vec![0x80, 2, b'('];
+        s.extend(std::iter::repeat_n(b'N', MAX_STACK + 1));
+        let e = parse(&s).err().expect("stack");
+        assert!(e.reason.contains("pickle stack"), "{e}");
     }
 
     #[test]

@@ -24,6 +24,14 @@ const MAX_LAYOUT_ARENAS: usize = 500;
 /// Samples taken out of turn (new processes, OOMs): bounded, so that hostile input made of
 /// such events cannot make the replay O(events × state).
 const MAX_FORCED_SAMPLES: u32 = 10_000;
+/// Work (processes + devices visited) that samples taken out of turn may cost in all: 10,000
+/// forced samples of a model with 10,000 processes would be 10^8 process views (a sample
+/// costs about 0.4 µs per process).
+const FORCED_WORK_BUDGET: u64 = 2_000_000;
+/// Work (processes + live allocations) that full views of processes at their exit may cost
+/// in all (each is a snapshot of the model); exits past it keep a view of the process alone.
+/// 10,000 processes each exiting made 10^8.
+const EXIT_WORK_BUDGET: u64 = 2_000_000;
 /// Kinds that take the slow path (as bits): exits, device samples, starts.
 const SPECIAL_KINDS: u64 =
     1 << EventKind::ProcessExit as u8 | 1 << EventKind::MemInfo as u8 | 1 << EventKind::ProcessStart as u8;
@@ -88,6 +96,23 @@ pub struct Replayer {
     grid: Grid,
     /// In order of first appearance (indices stay valid); reports sort them.
     devs: Vec<DevTrack>,
+    /// Index of each device's track in `devs`.
+    dev_index: FastMap<i16, usize>,
+    /// What was past the per-category limits.
+    pub(crate) folded: Folded,
+    /// Pids replayed (at most `max_items`), and pids folded.
+    admitted: FastMap<u32, ()>,
+    folded_pids: FastMap<u32, ()>,
+    /// Device numbers replayed and folded (bit per ordinal + 32,768).
+    dev_admitted: Vec<u64>,
+    dev_folded: Vec<u64>,
+    dev_admitted_count: usize,
+    /// The last (pid, device) found admitted: most events repeat it.
+    last_ok: Option<(u32, i16)>,
+    forced_work: u64,
+    exit_work: u64,
+    /// Exits past the budget of full views (no histograms, no largest allocations).
+    pub(crate) exits_summarised: u64,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
@@ -112,6 +137,7 @@ impl Replayer {
     pub fn new(opts: Options) -> Replayer {
         Replayer {
             model: Model::new(opts.model.clone()),
+            folded: Folded { max_items: opts.max_items as u64, ..Folded::default() },
             opts,
             applied: 0,
             next_sample: 1,
@@ -127,6 +153,16 @@ impl Replayer {
             tracked_slots: Vec::new(),
             grid: Grid::default(),
             devs: Vec::new(),
+            dev_index: FastMap::default(),
+            admitted: FastMap::default(),
+            folded_pids: FastMap::default(),
+            dev_admitted: vec![0; 1024],
+            dev_folded: vec![0; 1024],
+            dev_admitted_count: 0,
+            last_ok: None,
+            forced_work: 0,
+            exit_work: 0,
+            exits_summarised: 0,
             arenas: BTreeMap::new(),
             exits: FastMap::default(),
             layout: None,
@@ -158,6 +194,9 @@ impl Replayer {
         if self.stopped {
             return;
         }
+        if self.last_ok != Some((ev.pid, ev.device)) && !self.admit(ev) {
+            return;
+        }
         if self.first_ts.is_none() {
             self.start_clock(ev.ts_ns);
         }
@@ -184,10 +223,67 @@ impl Replayer {
     }
 
     fn force_sample(&mut self, at: u64) {
-        if self.forced < MAX_FORCED_SAMPLES {
-            self.forced += 1;
+        if self.may_force() {
             self.next_sample = self.next_sample.min(at);
         }
+    }
+
+    /// Whether a sample out of turn is still within its bounds (count and work).
+    fn may_force(&mut self) -> bool {
+        if self.forced >= MAX_FORCED_SAMPLES || self.forced_work >= FORCED_WORK_BUDGET {
+            return false;
+        }
+        self.forced += 1;
+        self.forced_work += (self.model.process_count() + self.devs.len()) as u64 + 1;
+        true
+    }
+
+    /// Whether the process exists within the limit of processes (admitting it if there is
+    /// room); a pid past the limit is counted as folded.
+    fn admit_pid(&mut self, pid: u32) -> bool {
+        if self.admitted.contains_key(&pid) {
+            return true;
+        }
+        if self.admitted.len() < self.opts.max_items {
+            self.admitted.insert(pid, ());
+            return true;
+        }
+        if self.folded_pids.insert(pid, ()).is_none() {
+            self.folded.processes += 1;
+        }
+        false
+    }
+
+    /// Whether the event's process and device are within the limits (admitting them if
+    /// there is room); an event past them is counted and not replayed.
+    #[cold]
+    fn admit(&mut self, ev: &Event) -> bool {
+        let bytes = if ev.result == 0 && ev.kind == EventKind::Alloc as u8 { ev.size } else { 0 };
+        if !self.admit_pid(ev.pid) {
+            self.folded.process_events += 1;
+            self.folded.process_bytes = self.folded.process_bytes.saturating_add(bytes);
+            return false;
+        }
+        if ev.device != -1 {
+            let bit = (i32::from(ev.device) + 32_768) as usize;
+            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+            if self.dev_admitted[word] & mask == 0 {
+                if self.dev_admitted_count < self.opts.max_items {
+                    self.dev_admitted[word] |= mask;
+                    self.dev_admitted_count += 1;
+                } else {
+                    if self.dev_folded[word] & mask == 0 {
+                        self.dev_folded[word] |= mask;
+                        self.folded.devices += 1;
+                    }
+                    self.folded.device_events += 1;
+                    self.folded.device_bytes = self.folded.device_bytes.saturating_add(bytes);
+                    return false;
+                }
+            }
+        }
+        self.last_ok = Some((ev.pid, ev.device));
+        true
     }
 
     /// Moves how the model's totals (tracked processes, devices) moved since the last call
@@ -208,7 +304,7 @@ impl Replayer {
             }
         }
         for w in self.model.take_device_windows() {
-            let i = dev_track(&mut self.devs, w.device);
+            let i = dev_track(&mut self.devs, &mut self.dev_index, w.device);
             let dt = &mut self.devs[i];
             if let Some(window) = w.window {
                 if dt.live.is_empty() {
@@ -237,10 +333,15 @@ impl Replayer {
             }
         }
         if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
+            if self.model.incident_count() >= self.opts.max_items {
+                // Past the limit of incidents: counted, not analysed.
+                self.folded.ooms += 1;
+                self.folded.oom_bytes = self.folded.oom_bytes.saturating_add(ev.size);
+                return false;
+            }
             // The state the failing call met, then the failure itself (per-event timelines
             // already hold the bytes; this adds the arenas).
-            if self.forced < MAX_FORCED_SAMPLES {
-                self.forced += 1;
+            if self.may_force() {
                 self.sample(ev.ts_ns);
             }
             if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
@@ -251,14 +352,14 @@ impl Replayer {
         }
         if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
             self.remember_exit(ev.pid, 0, ev.ts_ns);
-            self.next_sample = self.applied + 1;
+            self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::ProcessStart as u8 {
             // A new process (or a new image after exec): learn its index after this event.
             self.force_sample(self.applied + 1);
         }
         if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
-            let i = dev_track(&mut self.devs, ev.device);
+            let i = dev_track(&mut self.devs, &mut self.dev_index, ev.device);
             let d = &mut self.devs[i];
             d.total = Some(ev.size);
             d.free_latest = Some(ev.addr);
@@ -273,7 +374,7 @@ impl Replayer {
     }
 
     pub fn process_info(&mut self, info: &ProcessInfo) {
-        if !self.stopped {
+        if !self.stopped && self.admit_pid(info.pid) {
             self.model.process_info(info);
             // It may name a new process: learn its index at the next event.
             self.force_sample(self.applied);
@@ -297,7 +398,7 @@ impl Replayer {
     }
 
     pub fn process_end(&mut self, end: &ProcessEnd) {
-        if self.stopped {
+        if self.stopped || !self.admit_pid(end.pid) {
             return;
         }
         let e = self.ends.entry(end.pid).or_default();
@@ -307,11 +408,29 @@ impl Replayer {
         let ts = end.ts_ns.min(self.last_ts);
         self.remember_exit(end.pid, end.start_time, ts);
         self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
-        self.sample(ts);
+        // A sample per process-end frame was O(processes) each: within the budget of samples
+        // out of turn; past it, the timelines are flushed (O(tracked)).
+        if self.may_force() {
+            self.sample(ts);
+        } else {
+            self.flush(ts);
+        }
     }
 
     /// Keeps what the process held just before the model releases it.
     fn remember_exit(&mut self, pid: u32, start_time: u64, ts: u64) {
+        let cost = (self.model.process_count() + self.model.live_allocation_count()) as u64 + 1;
+        if self.exit_work.saturating_add(cost) > EXIT_WORK_BUDGET {
+            // Past the budget: this process's own view (no histograms, no largest
+            // allocations) and the timelines flushed, at the cost of this process alone.
+            if let Some((slot, view)) = self.model.process_view(pid, start_time, false) {
+                self.flush(ts);
+                self.exits_summarised += 1;
+                self.exits.insert(slot, ExitInfo { view, top: Vec::new() });
+            }
+            return;
+        }
+        self.exit_work += cost;
         let snap = self.model.snapshot();
         let Some(slot) = snap.processes.iter().rposition(|p| {
             p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
@@ -409,7 +528,7 @@ impl Replayer {
             t.last = p.live_bytes;
         }
         for d in &snap.devices {
-            let i = dev_track(&mut self.devs, d.ordinal);
+            let i = dev_track(&mut self.devs, &mut self.dev_index, d.ordinal);
             let t = &mut self.devs[i];
             if d.total.is_some() {
                 t.total = d.total;
@@ -481,6 +600,8 @@ impl Replayer {
             unknown_frames: 0,
             error: None,
             pytorch: None,
+            missing_frames: None,
+            missing_events: None,
         };
         let mut reader = match CaptureReader::from_source(input) {
             Ok(r) => r,
@@ -534,7 +655,24 @@ impl Replayer {
                         }
                         Frame::Note(_) => {}
                         Frame::Unknown(_) => rep.unknown_frames += 1,
-                        Frame::End { .. } => {}
+                        Frame::End { events, frames } => {
+                            // The writer's own counts: a frame deleted whole (checksums all
+                            // right) shows up only here.
+                            let (read_events, read_frames) = (rep.events, rep.frames);
+                            if events != read_events || frames != read_frames {
+                                rep.missing_events = Some(events.saturating_sub(read_events));
+                                rep.missing_frames = Some(frames.saturating_sub(read_frames));
+                                if rep.status == "complete" {
+                                    rep.status = "gap".into();
+                                }
+                                self.notes.push(format!(
+                                    "{path}: the end frame counts {frames} frames and {events} events, but {read_frames} \
+                                     frames and {read_events} events were read: {} frames and {} events are missing",
+                                    frames.saturating_sub(read_frames),
+                                    events.saturating_sub(read_events)
+                                ));
+                            }
+                        }
                     }
                 }
                 Err(CaptureError::Truncated(n)) => {
@@ -615,7 +753,7 @@ impl Replayer {
     /// The device where the process held the most (its peak), and all devices it used.
     pub(crate) fn proc_main_device(&self, slot: usize) -> (i16, Vec<i16>) {
         let peaks: Vec<(i16, u64)> = self.model.device_peaks_at(slot).filter(|d| d.1 > 0).collect();
-        let main = peaks.iter().max_by_key(|d| (d.1, -d.0)).map_or(-1, |d| d.0);
+        let main = peaks.iter().max_by_key(|d| (d.1, std::cmp::Reverse(d.0))).map_or(-1, |d| d.0);
         let mut devs: Vec<i16> = peaks.iter().map(|d| d.0).collect();
         devs.sort_unstable();
         (main, devs)
@@ -694,14 +832,11 @@ fn push_window(series: &mut Series, w: vramhook_model::Window, live: u64) {
 }
 
 /// Index of the device's track, created on first use.
-fn dev_track(devs: &mut Vec<DevTrack>, device: i16) -> usize {
-    match devs.iter().position(|d| d.device == device) {
-        Some(i) => i,
-        None => {
-            devs.push(DevTrack { device, ..DevTrack::default() });
-            devs.len() - 1
-        }
-    }
+fn dev_track(devs: &mut Vec<DevTrack>, index: &mut FastMap<i16, usize>, device: i16) -> usize {
+    *index.entry(device).or_insert_with(|| {
+        devs.push(DevTrack { device, ..DevTrack::default() });
+        devs.len() - 1
+    })
 }
 
 pub(crate) fn layout_item(e: &LayoutEntry) -> LayoutItem {

@@ -35,6 +35,40 @@ pub struct Report {
     pub logs: Vec<crate::logs::LogFileReport>,
     /// OOMs (and driver faults) read from logs, judged (schema 2).
     pub log_incidents: Vec<crate::logs::LogIncident>,
+    /// What was past the per-category limit (`--max-items`) and only counted.
+    pub folded: Folded,
+}
+
+/// Items past the per-category limit (`max_items`): counted here instead of analysed.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Folded {
+    /// The limit that applied.
+    pub max_items: u64,
+    /// Processes past the limit, their events (not replayed), and the bytes their
+    /// successful allocations asked for.
+    pub processes: u64,
+    pub process_events: u64,
+    pub process_bytes: u64,
+    /// Device numbers past the limit, their events, and the bytes allocated on them.
+    pub devices: u64,
+    pub device_events: u64,
+    pub device_bytes: u64,
+    /// Out-of-memory failures after the limit of incidents was reached (not analysed),
+    /// and the bytes they requested.
+    pub ooms: u64,
+    pub oom_bytes: u64,
+    /// PyTorch snapshot segments past the limit (not imported), and their bytes.
+    pub segments: u64,
+    pub segment_bytes: u64,
+    /// Pickle container elements past the reader's budget (not kept).
+    pub pickle_values: u64,
+}
+
+impl Folded {
+    /// Anything folded at all.
+    pub fn any(&self) -> bool {
+        self.processes + self.devices + self.ooms + self.segments + self.pickle_values > 0
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -42,7 +76,8 @@ pub struct InputReport {
     pub path: String,
     /// "capture" or "pytorch_snapshot".
     pub kind: String,
-    /// "complete", "truncated", "corrupt" (frames were skipped), "unreadable".
+    /// "complete", "truncated", "corrupt" (frames were skipped), "gap" (checksums were right but
+    /// the end frame counts more frames or events than were read), "unreadable".
     pub status: String,
     pub host: Option<String>,
     pub format_version: Option<u16>,
@@ -62,6 +97,11 @@ pub struct InputReport {
     pub error: Option<String>,
     /// PyTorch snapshots: the importer's totals (bytes reserved in segments, allocated in blocks).
     pub pytorch: Option<PytorchTotals>,
+    /// Frames and events the end frame says the writer wrote but that were not read (whole
+    /// frames deleted from the file): the status is then "gap". `None` when nothing is missing
+    /// or there is no end frame.
+    pub missing_frames: Option<u64>,
+    pub missing_events: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -128,7 +168,10 @@ pub struct ProcessReport {
     pub frees: u64,
     pub failed_calls: u64,
     pub oom_count: u64,
+    /// Events lost, all kinds together: ring full, slots lost in flight, slots an agent
+    /// restart skipped (each counted once).
     pub dropped_events: u64,
+    /// Of `dropped_events`, those lost in flight or skipped by a restarted reader.
     pub lost_in_flight: u64,
     /// Events were lost: its numbers may be wrong.
     pub incomplete: bool,

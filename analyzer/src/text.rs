@@ -179,7 +179,7 @@ pub fn render(r: &Report) -> String {
             p.allocations,
             p.frees,
             p.failed_calls,
-            p.dropped_events + p.lost_in_flight,
+            p.dropped_events,
             exit,
             if p.incomplete { " (INCOMPLETE: events lost)" } else { "" }
         );
@@ -328,7 +328,7 @@ pub fn render(r: &Report) -> String {
     for (k, v) in &r.anomalies {
         let _ = writeln!(o, "  {k}: {v}");
     }
-    let lost: u64 = r.processes.iter().map(|p| p.dropped_events + p.lost_in_flight).sum();
+    let lost: u64 = r.processes.iter().map(|p| p.dropped_events).sum();
     let _ = writeln!(o, "  dropped events: {lost}");
     o
 }

@@ -59,6 +59,16 @@ struct Importer<'r> {
     pid: u32,
     seq: u64,
     live: BTreeMap<u64, Seg>,
+    /// Segments at most (`max_items`); the rest are folded.
+    max: usize,
+    /// Segments whose blocks changed since they were last handed to the model: an `oom`
+    /// entry hands over only these (handing over every segment at every OOM made 10,000
+    /// segments × 10,000 OOM entries cost 10^8).
+    dirty: BTreeSet<u64>,
+    /// Bytes of live segments per device, kept as they come and go.
+    reserved: BTreeMap<i16, u64>,
+    /// Folded segment bases (each counted once).
+    folded: BTreeSet<u64>,
 }
 
 impl Importer<'_> {
@@ -83,25 +93,53 @@ impl Importer<'_> {
         self.r.event(&ev);
     }
 
+    /// The segment holding `addr`, marked changed.
     fn seg_of(&mut self, addr: u64) -> Option<&mut Seg> {
         let (base, seg) = self.live.range_mut(..=addr).next_back()?;
-        (addr < base.saturating_add(seg.size)).then_some(seg)
+        if addr < base.saturating_add(seg.size) {
+            self.dirty.insert(*base);
+            Some(seg)
+        } else {
+            None
+        }
     }
 
+    /// Adds a live segment, unless the limit of segments is reached (then it is folded:
+    /// counted with its bytes). Returns whether it was added.
+    fn add_seg(&mut self, base: u64, device: i16, size: u64) -> bool {
+        if self.live.contains_key(&base) {
+            return true;
+        }
+        if self.live.len() >= self.max {
+            if self.folded.insert(base) {
+                self.r.folded.segments += 1;
+                self.r.folded.segment_bytes = self.r.folded.segment_bytes.saturating_add(size);
+            }
+            return false;
+        }
+        self.live.insert(base, Seg { device, size, blocks: BTreeMap::new() });
+        let r = self.reserved.entry(device).or_default();
+        *r = r.saturating_add(size);
+        self.dirty.insert(base);
+        true
+    }
+
+    fn remove_seg(&mut self, base: u64) -> Option<Seg> {
+        let seg = self.live.remove(&base)?;
+        if let Some(r) = self.reserved.get_mut(&seg.device) {
+            *r = r.saturating_sub(seg.size);
+        }
+        self.dirty.remove(&base);
+        Some(seg)
+    }
+
+    /// Hands the segments that changed since the last call to the model.
     fn push_segments(&mut self, ts: u64) {
-        let segs: Vec<(u64, i16, u64, Vec<Block>)> = self
-            .live
-            .iter()
-            .map(|(b, s)| {
-                (
-                    *b,
-                    s.device,
-                    s.size,
-                    s.blocks.iter().map(|(a, z)| Block { addr: *a, size: *z, allocated: true }).collect(),
-                )
-            })
-            .collect();
-        for (base, device, size, blocks) in segs {
+        for base in std::mem::take(&mut self.dirty) {
+            let Some(s) = self.live.get(&base) else { continue };
+            let blocks: Vec<Block> =
+                s.blocks.iter().map(|(a, z)| Block { addr: *a, size: *z, allocated: true }).collect();
+            let (device, size) = (s.device, s.size);
             self.r.framework_segment(self.pid, device, base, size, &blocks, ts);
         }
     }
@@ -170,7 +208,18 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         exe: "pytorch".into(),
         cmdline: vec!["pytorch-snapshot".into(), name],
     });
-    let mut imp = Importer { r, pid, seq: 0, live: BTreeMap::new() };
+    let max = r.opts.max_items;
+    r.folded.pickle_values += parsed.folded;
+    let mut imp = Importer {
+        r,
+        pid,
+        seq: 0,
+        live: BTreeMap::new(),
+        max,
+        dirty: BTreeSet::new(),
+        reserved: BTreeMap::new(),
+        folded: BTreeSet::new(),
+    };
 
     // Segments that existed before the trace: the final ones never allocated in it, and
     // any the trace frees (or unmaps) before allocating.
@@ -197,11 +246,10 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     }
     // Blocks of those early segments that the trace frees were allocated before it too.
     for (base, (d, size)) in &early {
-        if *size == 0 {
+        if *size == 0 || !imp.add_seg(*base, *d, *size) {
             continue;
         }
         imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, *base, *size, 0, t_start);
-        imp.live.insert(*base, Seg { device: *d, size: *size, blocks: BTreeMap::new() });
     }
     let mut allocated_seen: BTreeSet<u64> = BTreeSet::new();
     for (_, _, e) in &trace {
@@ -230,12 +278,14 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         let size = u(e, "size");
         let action = e.get("action").and_then(|a| a.as_str()).unwrap_or_else(|| "".into());
         match &*action {
-            "segment_alloc" | "segment_map" if size > 0 && !imp.live.contains_key(&addr) => {
+            "segment_alloc" | "segment_map"
+                if size > 0 && !imp.live.contains_key(&addr) && imp.add_seg(addr, *d, size) =>
+            {
+                imp.dirty.remove(&addr);
                 imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, addr, size, 0, ts);
-                imp.live.insert(addr, Seg { device: *d, size, blocks: BTreeMap::new() });
                 imp.r.framework_segment(pid, *d, addr, size, &[], ts);
             }
-            "segment_free" | "segment_unmap" if imp.live.remove(&addr).is_some() => {
+            "segment_free" | "segment_unmap" if imp.remove_seg(addr).is_some() => {
                 imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
                 imp.emit(EventKind::Free, Api::cuMemFree_v2, *d, addr, 0, 0, ts);
             }
@@ -252,7 +302,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             "oom" => {
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
-                let reserved: u64 = imp.live.values().filter(|s| s.device == *d).map(|s| s.size).sum();
+                let reserved = imp.reserved.get(d).copied().unwrap_or(0);
                 imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, 0, size, CUDA_ERROR_OUT_OF_MEMORY, ts);
                 // The sample PyTorch took: free bytes; the total is not in the snapshot.
                 imp.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, *d, free, free.saturating_add(reserved), 0, ts);
@@ -267,7 +317,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     let gone: Vec<(u64, i16)> =
         imp.live.iter().filter(|(b, _)| !final_bases.contains(b)).map(|(b, s)| (*b, s.device)).collect();
     for (b, d) in gone {
-        imp.live.remove(&b);
+        imp.remove_seg(b);
         imp.r.framework_segment(pid, d, b, 0, &[], t_end);
         imp.emit(EventKind::Free, Api::cuMemFree_v2, d, b, 0, 0, t_end);
     }
@@ -279,8 +329,13 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         totals.segments += 1;
         totals.reserved_bytes = totals.reserved_bytes.saturating_add(size);
         if !imp.live.contains_key(&base) && size > 0 {
+            if !imp.add_seg(base, d, size) {
+                continue; // folded
+            }
             imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, d, base, size, 0, t_end);
-            imp.live.insert(base, Seg { device: d, size, blocks: BTreeMap::new() });
+        }
+        if !imp.live.contains_key(&base) {
+            continue;
         }
         let mut blocks = Vec::new();
         let blist = match s.get("blocks") {
@@ -319,6 +374,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         unknown_frames: 0,
         error: None,
         pytorch: Some(totals),
+        missing_frames: None,
+        missing_events: None,
     });
     drop(parsed);
     Ok(())

@@ -216,3 +216,28 @@ fn a_file_truncated_while_mapped_reads_as_cut() {
     assert!(i.error.as_deref().is_some_and(|e| e.contains("shrank")), "{:?}", i.error);
     assert!(rep.events > 10_000 && rep.events < 200_000, "kept what came before the cut: {}", rep.events);
 }
+
+/// The seeds for issue 9's checks say what they are about: the depth bound, the gap of a
+/// frame deleted whole, six bytes that are not a capture, and the per-category limit.
+#[test]
+fn issue_9_seeds_hit_their_checks() {
+    let seed = |name: &str| std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/").to_string() + name);
+    let opts = Options::default();
+    let e = analyze_bytes("n.pickle", &seed("nested_tuples_2000.pickle").expect("seed"), &opts).expect_err("too deep");
+    assert!(e.to_string().contains("nested more than 1000 deep"), "{e}");
+    let r = analyze_bytes("g.vhc", &seed("gap_frame_deleted.vhc").expect("seed"), &opts).expect("gap");
+    assert_eq!(r.inputs[0].status, "gap");
+    assert_eq!(r.inputs[0].missing_frames, Some(1));
+    let r = analyze_bytes("j", &seed("not_a_capture_6_bytes").expect("seed"), &opts).expect("junk");
+    assert_eq!(r.inputs[0].status, "unreadable");
+    assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("not a capture"));
+    let r = analyze_bytes("c.vhc", &seed("capture_cut_in_header.vhc").expect("seed"), &opts).expect("cut");
+    assert_eq!(r.inputs[0].status, "truncated");
+    let small = Options { max_items: 4, ..Options::default() };
+    let r = analyze_bytes("d.vhc", &seed("many_devices.vhc").expect("seed"), &small).expect("devices");
+    assert_eq!((r.devices.len(), r.folded.devices), (4, 36));
+    let r = analyze_bytes("p.vhc", &seed("processes_with_an_oom.vhc").expect("seed"), &small).expect("procs");
+    assert_eq!((r.processes.len(), r.folded.processes, r.ooms.len()), (4, 26, 4));
+    let r = analyze_bytes("s.pickle", &seed("segments_shared_ooms.pickle").expect("seed"), &small).expect("segs");
+    assert_eq!(r.folded.segments, 16);
+}

@@ -41,6 +41,11 @@ pub struct AnalyzeArgs {
     /// Points kept per timeline (min and max are preserved when downsampling).
     #[arg(long, default_value_t = 2000)]
     pub points: usize,
+    /// Items kept per category (processes, OOM incidents, device numbers, PyTorch segments);
+    /// the rest are counted and summarised, so a hostile file cannot cost memory or time
+    /// out of proportion to its size.
+    #[arg(long, value_name = "N", default_value_t = vramhook_analyzer::DEFAULT_MAX_ITEMS)]
+    pub max_items: usize,
 }
 
 /// "1.5s", "200ms", "30us", "100ns", "2min", or a plain number of seconds → ns.
@@ -73,6 +78,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         at_ns: args.at,
         pids: args.pids.clone(),
         max_points: args.points.clamp(16, 100_000),
+        max_items: args.max_items.max(1),
         ..Options::default()
     };
     let report = match run_analysis(&args.files, &opts) {
@@ -100,12 +106,15 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         std::fs::write(out, perfetto::render(&report)).with_context(|| format!("cannot write {}", out.display()))?;
         eprintln!("vramhook analyze: wrote {} (open it at ui.perfetto.dev)", out.display());
     }
-    let mut stdout = std::io::stdout().lock();
+    // Buffered: a report of 10,000 incidents is tens of MB of JSON, and stdout alone
+    // writes it a line (a system call) at a time.
+    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     if args.json {
         serde_json::to_writer_pretty(&mut stdout, &report).context("cannot write JSON")?;
         writeln!(stdout)?;
     } else {
         stdout.write_all(text::render(&report).as_bytes())?;
     }
+    stdout.flush()?;
     Ok(ExitCode::SUCCESS)
 }

@@ -509,6 +509,98 @@ impl Model {
         self.events
     }
 
+    /// The live process `pid` (of `start_time`, or any when 0): its index and its view, as in
+    /// [`Model::snapshot`] (histograms included when `full`), at the cost of that process
+    /// alone (plus a pass over the live allocations when `full`): a replay keeps each
+    /// process's view at its exit, and a snapshot of everything per exit was quadratic.
+    pub fn process_view(&self, pid: u32, start_time: u64, full: bool) -> Option<(usize, ProcessView)> {
+        let slot = self.procs.iter().rposition(|p| {
+            p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
+        })?;
+        let g = self.config.granularity;
+        let p = &self.procs[slot];
+        let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
+        let (mut pi, mut pr) = (0u64, 0u64);
+        let mut si = 0u64;
+        if current {
+            for (_, pool) in self.pools.range((pid, false, 0)..=(pid, true, u64::MAX)) {
+                let r = pool.reserve(g);
+                pi = pi.saturating_add(r - pool.live);
+                pr = pr.saturating_add(r);
+            }
+            for (_, seg) in self.segments.range((pid, 0)..=(pid, u64::MAX)) {
+                si = si.saturating_add(seg.size - seg.allocated);
+            }
+        }
+        let mut sizes = Histogram::new(&self.config.size_buckets);
+        let mut ages = Histogram::new(&self.config.age_buckets_ns);
+        if full && current {
+            for (owner, _, a) in self.allocs.iter() {
+                if owner == pid {
+                    sizes.add(a.size);
+                    ages.add(self.now.saturating_sub(a.ts));
+                }
+            }
+            for (k, h) in &self.handles {
+                if k.0 == pid {
+                    sizes.add(h.size);
+                    ages.add(self.now.saturating_sub(h.ts));
+                }
+            }
+        }
+        let mut devices: Vec<DeviceBytes> = p
+            .devices
+            .iter()
+            .filter(|d| d.live > 0)
+            .map(|d| DeviceBytes { device: d.device, live_bytes: d.live })
+            .collect();
+        devices.sort_by_key(|d| d.device);
+        let largest = p.largest_free_span();
+        Some((
+            slot,
+            ProcessView {
+                pid: p.pid,
+                start_time: p.start_time,
+                ppid: p.ppid,
+                command: p.command.clone(),
+                exe: p.exe.clone(),
+                alive: p.alive,
+                exit_status: p.exit_status,
+                exit_ts_ns: p.exit_ts,
+                incomplete: p.dropped_events > 0,
+                live_bytes: p.live_bytes,
+                live_by_class: ClassBytes::from_array(&p.by_class),
+                live_allocations: p.live_allocations,
+                peak_bytes: p.peak_bytes,
+                peak_ts_ns: p.peak_ts,
+                allocations: p.allocations,
+                frees: p.frees,
+                failed_calls: p.failed_calls,
+                oom_count: p.oom_count,
+                dropped_events: p.dropped_events,
+                anomalies: p.anomalies,
+                idle_bytes: pi.saturating_add(si),
+                pool_reserve_bytes: pr,
+                largest_free_span: largest,
+                free_in_arenas: p.free_in_arenas,
+                fragmentation: fragmentation(largest, p.free_in_arenas),
+                devices,
+                size_histogram: sizes,
+                age_histogram: ages,
+            },
+        ))
+    }
+
+    /// OOM incidents recorded so far.
+    pub fn incident_count(&self) -> usize {
+        self.incidents.len()
+    }
+
+    /// Processes known so far (each image of a process counts once).
+    pub fn process_count(&self) -> usize {
+        self.procs.len()
+    }
+
     /// Number of live allocations held in the address map (all processes).
     pub fn live_allocation_count(&self) -> usize {
         self.allocs.len()
@@ -1246,7 +1338,7 @@ impl Model {
     /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
     fn arenas_of(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
         let mut v: Vec<(u16, ArenaNumbers)> = self
-            .arenas()
+            .arenas_in(pid, pid)
             .into_iter()
             .filter(|a| a.pid == pid && (device < 0 || a.device == device))
             .map(|a| {
@@ -1270,14 +1362,22 @@ impl Model {
         }
         let pid = ev.pid;
         let own_idle = self.idle_of(pid, ev.device);
-        let other_idle: u64 = self
-            .procs
+        // Idle bytes live only in pools and framework segments: summed over those (not over
+        // every process, most of which hold neither: a capture of 50,000 processes with an
+        // OOM each made this quadratic).
+        let g = self.config.granularity;
+        let other = |p: u32| p != pid && self.by_pid.get(&p).is_some_and(|s| self.procs[*s].alive);
+        let dev = ev.device;
+        let pool_idle = self
+            .pools
             .iter()
-            .filter(|p| p.alive && p.pid != pid)
-            .map(|p| p.pid)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .fold(0u64, |acc, op| acc.saturating_add(self.idle_of(op, ev.device)));
+            .filter(|((p, _, _), pool)| (dev < 0 || pool.device == dev) && other(*p))
+            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.reserve(g) - pool.live));
+        let other_idle: u64 = self
+            .segments
+            .iter()
+            .filter(|((p, _), s)| (dev < 0 || s.device == dev) && other(*p))
+            .fold(pool_idle, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
         let arenas = self.arenas_of(pid, ev.device);
         let sample = self.devices.get(&ev.device).cloned();
         let inputs = VerdictInputs {
@@ -1565,9 +1665,15 @@ impl Model {
 
     /// Every arena, sorted by (pid, kind, base).
     pub fn arenas(&self) -> Vec<ArenaView> {
+        self.arenas_in(0, u32::MAX)
+    }
+
+    /// The arenas of processes `lo..=hi` (by pid), sorted by (pid, kind, base): an OOM asks
+    /// for one process's arenas without building every other's.
+    fn arenas_in(&self, lo: u32, hi: u32) -> Vec<ArenaView> {
         let g = self.config.granularity;
         let mut v = Vec::new();
-        for ((pid, base), r) in &self.reservations {
+        for ((pid, base), r) in self.reservations.range((lo, 0)..=(hi, u64::MAX)) {
             let (f, l) = r.numbers();
             v.push(ArenaView {
                 pid: *pid,
@@ -1583,7 +1689,7 @@ impl Model {
                 live_allocations: r.mappings.len() as u64,
             });
         }
-        for ((pid, default, h), p) in &self.pools {
+        for ((pid, default, h), p) in self.pools.range((lo, false, 0)..=(hi, true, u64::MAX)) {
             let (f, l) = p.numbers(g);
             v.push(ArenaView {
                 pid: *pid,
@@ -1599,7 +1705,7 @@ impl Model {
                 live_allocations: p.count,
             });
         }
-        for ((pid, base), s) in &self.segments {
+        for ((pid, base), s) in self.segments.range((lo, 0)..=(hi, u64::MAX)) {
             let (f, l) = s.numbers();
             v.push(ArenaView {
                 pid: *pid,

@@ -330,7 +330,7 @@ impl<W: Write> CaptureWriter<W> {
 /// Why reading stopped or what was skipped.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CaptureError {
-    #[error("not a vramhook capture (bad magic)")]
+    #[error("not a capture (bad magic: a vramhook capture starts with VRHKCAPT)")]
     BadMagic,
     #[error("capture format version {0} is newer than this reader understands ({CAPTURE_VERSION}); upgrade vramhook")]
     NewerVersion(u16),
@@ -407,6 +407,81 @@ impl<R: Read + io::Seek> SeekSource for Streamed<R> {
     }
 }
 
+/// A stream that cannot seek (a pipe, a FIFO, a socket), read through one buffer that keeps
+/// the bytes of the last two `take`s: enough to resynchronise after a corrupt frame (the
+/// reader seeks back into the frame it just read, then forward), so a pipe reads exactly
+/// as the same bytes in a file. Memory stays bounded by the two largest frames.
+pub struct Piped<R> {
+    input: R,
+    buf: Vec<u8>,
+    /// Offset in the stream of `buf[0]`.
+    base: u64,
+    pos: u64,
+    /// Where the last two `take`s started (the older first).
+    marks: [u64; 2],
+    eof: bool,
+}
+
+impl<R: Read> Piped<R> {
+    pub fn new(input: R) -> Piped<R> {
+        Piped { input, buf: Vec::new(), base: 0, pos: 0, marks: [0, 0], eof: false }
+    }
+
+    /// Reads until the buffer reaches stream offset `end` or the input ends.
+    fn fill_to(&mut self, end: u64) -> io::Result<()> {
+        let have = self.base + self.buf.len() as u64;
+        if end <= have || self.eof {
+            return Ok(());
+        }
+        let old = self.buf.len();
+        let want = usize::try_from(end - have).map_err(|_| io::Error::other("offset too large"))?;
+        self.buf.resize(old + want, 0);
+        let got = read_full(&mut self.input, &mut self.buf[old..])?;
+        self.buf.truncate(old + got);
+        if got < want {
+            self.eof = true;
+        }
+        Ok(())
+    }
+}
+
+impl<R: Read> Source for Piped<R> {
+    fn take(&mut self, n: usize) -> io::Result<&[u8]> {
+        self.marks = [self.marks[1], self.pos];
+        let keep_from = self.marks[0].min(self.pos);
+        if keep_from > self.base {
+            let drop = usize::try_from(keep_from - self.base).unwrap_or(usize::MAX).min(self.buf.len());
+            self.buf.drain(..drop);
+            self.base += drop as u64;
+        }
+        // A seek forward past what was read: read and forget up to it.
+        while self.base + (self.buf.len() as u64) < self.pos && !self.eof {
+            let have = self.base + self.buf.len() as u64;
+            let step = (self.pos - have).min(1 << 20);
+            self.buf.clear();
+            self.base = have;
+            self.fill_to(have + step)?;
+            self.base += self.buf.len() as u64;
+            self.buf.clear();
+        }
+        self.fill_to(self.pos.saturating_add(n as u64))?;
+        let start = usize::try_from(self.pos.saturating_sub(self.base)).unwrap_or(usize::MAX).min(self.buf.len());
+        let end = start.saturating_add(n).min(self.buf.len());
+        self.pos = self.base + end as u64;
+        Ok(&self.buf[start..end])
+    }
+}
+
+impl<R: Read> SeekSource for Piped<R> {
+    fn seek_to(&mut self, pos: u64) -> io::Result<()> {
+        if pos < self.base {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "cannot seek back this far in a pipe"));
+        }
+        self.pos = pos;
+        Ok(())
+    }
+}
+
 /// Bytes in memory, lent out frame by frame without a copy.
 pub struct Bytes<'a> {
     data: &'a [u8],
@@ -464,7 +539,11 @@ impl<S: Source> CaptureReader<S> {
         let head = source.take(FIXED_HEADER_SIZE).map_err(|e| io_err(0, e))?;
         let got = head.len();
         fixed[..got].copy_from_slice(head);
-        if got >= 8 && fixed[..8] != CAPTURE_MAGIC {
+        // Decided by the magic bytes there are: a real capture cut inside its header
+        // starts with (part of) the magic and is "truncated"; six bytes of anything else
+        // are not a capture at all.
+        let magic = got.min(CAPTURE_MAGIC.len());
+        if fixed[..magic] != CAPTURE_MAGIC[..magic] {
             return Err(CaptureError::BadMagic);
         }
         if got < FIXED_HEADER_SIZE {

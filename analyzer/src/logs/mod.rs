@@ -281,6 +281,40 @@ pub struct LogFileReport {
     pub notes: Vec<String>,
 }
 
+/// Whether an input that starts with `head` is read as a log: gzip, or text that is not a
+/// capture.
+pub fn is_log(head: &[u8]) -> bool {
+    !head.starts_with(&vramhook_protocol::capture::CAPTURE_MAGIC) && (is_gzip(head) || looks_like_text(head))
+}
+
+/// The report of an input that is neither a capture, a snapshot, nor a log with a line any
+/// parser understood.
+pub fn unrecognised(path: &str, bytes: u64) -> crate::InputReport {
+    crate::InputReport {
+        path: path.to_string(),
+        kind: "log".into(),
+        status: "unreadable".into(),
+        host: None,
+        format_version: None,
+        wall_start_ns: None,
+        bytes_read: bytes,
+        frames: 0,
+        events: 0,
+        truncated_at: None,
+        corrupt_frames: Vec::new(),
+        corrupt_frames_unlisted: 0,
+        unknown_frames: 0,
+        error: Some(
+            "not a capture (bad magic: a vramhook capture starts with VRHKCAPT), nor a PyTorch snapshot, nor a log \
+             with a line vramhook reads (OOM messages of PyTorch, XLA, ggml, vLLM or the NVIDIA driver)"
+                .into(),
+        ),
+        pytorch: None,
+        missing_frames: None,
+        missing_events: None,
+    }
+}
+
 /// Gzip's magic.
 pub fn is_gzip(head: &[u8]) -> bool {
     head.starts_with(&[0x1f, 0x8b])
@@ -532,12 +566,17 @@ pub struct LogInputs {
 }
 
 impl LogInputs {
-    pub fn read(&mut self, path: &str, input: impl Read, gzip: bool) -> std::io::Result<()> {
+    /// Reads one log. `false` when no line of it was understood: then it is no log of
+    /// ours either, and the caller reports it as an unreadable input.
+    pub fn read(&mut self, path: &str, input: impl Read, gzip: bool) -> std::io::Result<bool> {
         let (report, incidents) = read_log(path, input, gzip)?;
+        if report.understood == 0 {
+            return Ok(false);
+        }
         let room = MAX_INCIDENTS.saturating_sub(self.incidents.len());
         self.incidents.extend(incidents.into_iter().take(room));
         self.files.push(report);
-        Ok(())
+        Ok(true)
     }
 
     /// Puts the logs into the report and joins their incidents to the capture's.

@@ -5,6 +5,7 @@
 //! `not run: <reason>` and appends that line to `$VRAMHOOK_NOT_RUN_LOG` (scripts/test.sh
 //! counts them). Under CI (`CI=true`, which runs as root) a test that cannot run fails.
 
+pub mod files_kit;
 pub mod load_kit;
 pub mod ring_kit;
 
