@@ -284,7 +284,11 @@ pub struct LogFileReport {
 /// Whether an input that starts with `head` is read as a log: gzip, or text that is not a
 /// capture.
 pub fn is_log(head: &[u8]) -> bool {
-    !head.starts_with(&vramhook_protocol::capture::CAPTURE_MAGIC) && (is_gzip(head) || looks_like_text(head))
+    let magic = &vramhook_protocol::capture::CAPTURE_MAGIC;
+    // A capture, or one cut inside its magic (that reads as "truncated"), and a pickle
+    // (PROTO, 0x80, which no UTF-8 text starts with) are not logs.
+    let capture = head.starts_with(magic) || (head.len() < magic.len() && magic.starts_with(head));
+    !capture && head.first() != Some(&0x80) && (is_gzip(head) || looks_like_text(head))
 }
 
 /// The report of an input that is neither a capture, a snapshot, nor a log with a line any
@@ -673,6 +677,17 @@ mod tests {
         assert_eq!(parse_size("16777216.00 GiB"), Some(1 << 54));
         assert_eq!(parse_size("lots"), None);
         assert_eq!(parse_size("1e400 GiB"), None);
+    }
+
+    #[test]
+    fn what_is_read_as_a_log() {
+        assert!(is_log(b"torch.OutOfMemoryError: CUDA out of memory.\n"));
+        assert!(is_log(&[0x1f, 0x8b, 8, 0]));
+        assert!(!is_log(b"VRHKCAPT\x01\x00"), "a capture");
+        assert!(!is_log(b"VRH"), "a capture cut inside its magic reads as truncated");
+        assert!(!is_log(b"\x80\x04((((((((("), "a pickle");
+        assert!(!is_log(&[0u8; 64]), "binary");
+        assert!(!is_log(b""));
     }
 
     #[test]
