@@ -548,47 +548,7 @@ impl Model {
                 }
             }
         }
-        let mut devices: Vec<DeviceBytes> = p
-            .devices
-            .iter()
-            .filter(|d| d.live > 0)
-            .map(|d| DeviceBytes { device: d.device, live_bytes: d.live })
-            .collect();
-        devices.sort_by_key(|d| d.device);
-        let largest = p.largest_free_span();
-        Some((
-            slot,
-            ProcessView {
-                pid: p.pid,
-                start_time: p.start_time,
-                ppid: p.ppid,
-                command: p.command.clone(),
-                exe: p.exe.clone(),
-                alive: p.alive,
-                exit_status: p.exit_status,
-                exit_ts_ns: p.exit_ts,
-                incomplete: p.dropped_events > 0,
-                live_bytes: p.live_bytes,
-                live_by_class: ClassBytes::from_array(&p.by_class),
-                live_allocations: p.live_allocations,
-                peak_bytes: p.peak_bytes,
-                peak_ts_ns: p.peak_ts,
-                allocations: p.allocations,
-                frees: p.frees,
-                failed_calls: p.failed_calls,
-                oom_count: p.oom_count,
-                dropped_events: p.dropped_events,
-                anomalies: p.anomalies,
-                idle_bytes: pi.saturating_add(si),
-                pool_reserve_bytes: pr,
-                largest_free_span: largest,
-                free_in_arenas: p.free_in_arenas,
-                fragmentation: fragmentation(largest, p.free_in_arenas),
-                devices,
-                size_histogram: sizes,
-                age_histogram: ages,
-            },
-        ))
+        Some((slot, process_view_of(p, pi.saturating_add(si), pr, sizes, ages)))
     }
 
     /// OOM incidents recorded so far.
@@ -1558,13 +1518,6 @@ impl Model {
             let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
             let (pi, pr) = if current { pool_idle.get(&p.pid).copied().unwrap_or((0, 0)) } else { (0, 0) };
             let si = if current { seg_idle.get(&p.pid).copied().unwrap_or(0) } else { 0 };
-            let mut devices: Vec<DeviceBytes> = p
-                .devices
-                .iter()
-                .filter(|d| d.live > 0)
-                .map(|d| DeviceBytes { device: d.device, live_bytes: d.live })
-                .collect();
-            devices.sort_by_key(|d| d.device);
             if p.alive {
                 for d in &p.devices {
                     if d.resident > 0 {
@@ -1573,45 +1526,17 @@ impl Model {
                     }
                 }
             }
-            let largest = p.largest_free_span();
-            processes.push(ProcessView {
-                pid: p.pid,
-                start_time: p.start_time,
-                ppid: p.ppid,
-                command: p.command.clone(),
-                exe: p.exe.clone(),
-                alive: p.alive,
-                exit_status: p.exit_status,
-                exit_ts_ns: p.exit_ts,
-                incomplete: p.dropped_events > 0,
-                live_bytes: p.live_bytes,
-                live_by_class: ClassBytes::from_array(&p.by_class),
-                live_allocations: p.live_allocations,
-                peak_bytes: p.peak_bytes,
-                peak_ts_ns: p.peak_ts,
-                allocations: p.allocations,
-                frees: p.frees,
-                failed_calls: p.failed_calls,
-                oom_count: p.oom_count,
-                dropped_events: p.dropped_events,
-                anomalies: p.anomalies,
-                idle_bytes: pi.saturating_add(si),
-                pool_reserve_bytes: pr,
-                largest_free_span: largest,
-                free_in_arenas: p.free_in_arenas,
-                fragmentation: fragmentation(largest, p.free_in_arenas),
-                devices,
-                size_histogram: if current {
-                    sizes.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.size_buckets))
-                } else {
-                    Histogram::new(&self.config.size_buckets)
-                },
-                age_histogram: if current {
-                    ages.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.age_buckets_ns))
-                } else {
-                    Histogram::new(&self.config.age_buckets_ns)
-                },
-            });
+            let size_histogram = if current {
+                sizes.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.size_buckets))
+            } else {
+                Histogram::new(&self.config.size_buckets)
+            };
+            let age_histogram = if current {
+                ages.get(&p.pid).cloned().unwrap_or_else(|| Histogram::new(&self.config.age_buckets_ns))
+            } else {
+                Histogram::new(&self.config.age_buckets_ns)
+            };
+            processes.push(process_view_of(p, pi.saturating_add(si), pr, size_histogram, age_histogram));
         }
         let mut ordinals: Vec<i16> = self.devices.keys().copied().collect();
         ordinals.extend(dev_resident.keys().copied());
@@ -1876,5 +1801,44 @@ fn device_index(totals: &mut Vec<DeviceLive>, device: i16) -> usize {
             totals.push(DeviceLive { device, live: 0, peak: 0, extremes: Extremes::UNCHANGED });
             totals.len() - 1
         }
+    }
+}
+
+/// A process's view, as `Model::snapshot` and `Model::process_view` both report it, given
+/// its idle bytes (pool reserve and framework cache), its pools' reserve and histograms.
+fn process_view_of(p: &Process, idle: u64, pool_reserve: u64, sizes: Histogram, ages: Histogram) -> ProcessView {
+    let mut devices: Vec<DeviceBytes> =
+        p.devices.iter().filter(|d| d.live > 0).map(|d| DeviceBytes { device: d.device, live_bytes: d.live }).collect();
+    devices.sort_by_key(|d| d.device);
+    let largest = p.largest_free_span();
+    ProcessView {
+        pid: p.pid,
+        start_time: p.start_time,
+        ppid: p.ppid,
+        command: p.command.clone(),
+        exe: p.exe.clone(),
+        alive: p.alive,
+        exit_status: p.exit_status,
+        exit_ts_ns: p.exit_ts,
+        incomplete: p.dropped_events > 0,
+        live_bytes: p.live_bytes,
+        live_by_class: ClassBytes::from_array(&p.by_class),
+        live_allocations: p.live_allocations,
+        peak_bytes: p.peak_bytes,
+        peak_ts_ns: p.peak_ts,
+        allocations: p.allocations,
+        frees: p.frees,
+        failed_calls: p.failed_calls,
+        oom_count: p.oom_count,
+        dropped_events: p.dropped_events,
+        anomalies: p.anomalies,
+        idle_bytes: idle,
+        pool_reserve_bytes: pool_reserve,
+        largest_free_span: largest,
+        free_in_arenas: p.free_in_arenas,
+        fragmentation: fragmentation(largest, p.free_in_arenas),
+        devices,
+        size_histogram: sizes,
+        age_histogram: ages,
     }
 }
