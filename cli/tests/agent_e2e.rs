@@ -593,9 +593,13 @@ fn otlp_export_failures_are_said_once_per_kind_naming_the_endpoint() {
     assert_eq!(status.code(), Some(0), "{log}");
     assert_eq!(log.matches(&logs_failed).count(), 1, "said once:\n{log}");
     assert_eq!(log.matches(&traces_failed).count(), 1, "said once:\n{log}");
-    // The span batch is retried once a second: the retry failed too, and is summarised.
-    let summary = log.lines().find(|l| l.contains("more failed OTLP exports since")).unwrap_or("");
-    assert!(summary.contains("traces"), "later failures summarised:\n{log}");
+    // Later failures are summarised (at intervals and at exit), never repeated line by line.
+    // Whether a retry of the span batch fell before the SIGTERM depends on timing, so the
+    // summary's wording is checked by otlp.rs's unit test; here only that any summary
+    // names what failed.
+    for summary in log.lines().filter(|l| l.contains("more failed OTLP exports since")) {
+        assert!(summary.contains("traces") || summary.contains("logs"), "a summary names the signals:\n{log}");
+    }
 }
 
 /// `top` showed "dropped 20 (writer 0, restart 0, capture 0)" after a cleanly stopped
