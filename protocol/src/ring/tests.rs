@@ -1,0 +1,311 @@
+use super::*;
+use crate::record::{Api, Event, EventKind, RawRecord};
+use std::sync::atomic::Ordering;
+
+struct TestRing {
+    mem: Vec<u64>,
+}
+
+impl TestRing {
+    fn new(capacity: u64) -> Self {
+        TestRing { mem: vec![0u64; ring_file_size(capacity) / 8] }
+    }
+    fn base(&mut self) -> *mut u8 {
+        self.mem.as_mut_ptr() as *mut u8
+    }
+}
+
+fn ev(i: u64) -> RawRecord {
+    Event {
+        kind: EventKind::Alloc.code(),
+        api: Api::cuMemAlloc_v2.code(),
+        addr: 0x1000 + i,
+        size: i,
+        pid: 7,
+        ..Event::default()
+    }
+    .to_raw()
+}
+
+fn setup(capacity: u64) -> (TestRing, RingWriter, RingReader) {
+    let mut ring = TestRing::new(capacity);
+    let base = ring.base();
+    let init = RingInit { capacity, pid: 7, ..RingInit::default() };
+    let meta_bytes = {
+        let mut buf = [0u8; 64];
+        let n = encode_meta(b"/bin/prog", b"prog\0--x\0", &mut buf);
+        buf[..n].to_vec()
+    };
+    let writer = unsafe { RingWriter::init(base, &init, &meta_bytes) };
+    let len = ring_file_size(capacity);
+    let reader = unsafe { RingReader::new(base, len, None) }.expect("valid ring");
+    (ring, writer, reader)
+}
+
+/// A ring with `lanes` lanes and timestamps from `clock_source`.
+fn setup_lanes(capacity: u64, lanes: u32, clock_source: u32) -> (TestRing, RingWriter, RingReader) {
+    let mut ring = TestRing { mem: vec![0u64; ring_file_size_lanes(capacity, lanes) / 8] };
+    let base = ring.base();
+    let init = RingInit { capacity, pid: 7, clock_source, ..RingInit::default() };
+    let writer = unsafe { RingWriter::init_lanes(base, &init, lanes, b"") };
+    let reader = unsafe { RingReader::new(base, ring_file_size_lanes(capacity, lanes), None) }.expect("valid");
+    (ring, writer, reader)
+}
+
+fn stamped(kind: EventKind, tid: u32, addr: u64) -> RawRecord {
+    Event {
+        ts_ns: crate::clock::monotonic_ns(),
+        kind: kind.code(),
+        api: Api::cuMemAlloc_v2.code(),
+        pid: 7,
+        tid,
+        addr,
+        size: 1,
+        ..Event::default()
+    }
+    .to_raw()
+}
+
+#[test]
+fn lanes_deliver_everything_once_with_unique_seqs_in_thread_order() {
+    let (_ring, writer, mut reader) = setup_lanes(64, 4, 0);
+    assert_eq!(reader.lanes(), 4);
+    let mut got = Vec::new();
+    for round in 0..20u64 {
+        for tid in 0..8u32 {
+            assert!(writer.push(&stamped(EventKind::Alloc, tid, round)));
+        }
+        reader.poll(usize::MAX, round % 3 == 0, |e| got.push(e));
+    }
+    reader.poll(usize::MAX, true, |e| got.push(e));
+    assert_eq!(got.len(), 160);
+    let seqs: std::collections::BTreeSet<u64> = got.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs.len(), 160, "seq is unique across lanes");
+    for tid in 0..8u32 {
+        let rounds: Vec<u64> = got.iter().filter(|e| e.tid == tid).map(|e| e.addr).collect();
+        assert_eq!(rounds, (0..20).collect::<Vec<_>>(), "thread {tid}'s events stay in order");
+    }
+}
+
+#[test]
+fn lanes_keep_causal_order_across_threads() {
+    // Thread A allocates and hands the address to thread B, which frees it: the free
+    // must never come out of the reader before the alloc, although they travel in
+    // different lanes and the reader runs concurrently.
+    let (_ring, writer, mut reader) = setup_lanes(1 << 12, 4, 0);
+    let writer = std::sync::Arc::new(writer);
+    let n = 20_000u64;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(64);
+    let wa = writer.clone();
+    let a = std::thread::spawn(move || {
+        for x in 1..=n {
+            while !wa.push(&stamped(EventKind::Alloc, 1, x)) {
+                std::thread::yield_now();
+            }
+            if tx.send(x).is_err() {
+                return;
+            }
+        }
+    });
+    let wb = writer.clone();
+    let b = std::thread::spawn(move || {
+        for x in rx {
+            while !wb.push(&stamped(EventKind::Free, 2, x)) {
+                std::thread::yield_now();
+            }
+        }
+    });
+    let mut seen_alloc = std::collections::HashSet::new();
+    let mut violations = 0u64;
+    let mut frees = 0u64;
+    let mut check = |e: Event| {
+        if e.kind == EventKind::Alloc.code() {
+            seen_alloc.insert(e.addr);
+        } else if e.kind == EventKind::Free.code() {
+            frees += 1;
+            if !seen_alloc.contains(&e.addr) {
+                violations += 1;
+            }
+        }
+    };
+    while !(a.is_finished() && b.is_finished()) {
+        reader.poll(usize::MAX, false, &mut check);
+    }
+    a.join().expect("a");
+    b.join().expect("b");
+    reader.poll(usize::MAX, true, &mut check);
+    assert_eq!(frees, n);
+    assert_eq!(violations, 0, "a free came out before its alloc");
+}
+
+#[test]
+fn round_trip_and_wrap() {
+    let (_ring, writer, mut reader) = setup(16);
+    assert_eq!(reader.info().exe, "/bin/prog");
+    assert_eq!(reader.info().cmdline, vec!["prog", "--x"]);
+    let mut got = Vec::new();
+    for round in 0..5u64 {
+        for i in 0..10 {
+            assert!(writer.push(&ev(round * 10 + i)));
+        }
+        reader.poll(usize::MAX, false, |e| got.push(e));
+    }
+    assert_eq!(got.len(), 50);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e.seq, i as u64);
+        assert_eq!(e.size, i as u64);
+    }
+}
+
+#[test]
+fn full_ring_drops_and_counts_exactly() {
+    let (_ring, writer, mut reader) = setup(16);
+    let mut accepted = 0;
+    for i in 0..100 {
+        if writer.push(&ev(i)) {
+            accepted += 1;
+        }
+    }
+    assert_eq!(accepted, 16);
+    let mut got = Vec::new();
+    let stats = reader.poll(usize::MAX, false, |e| got.push(e));
+    assert_eq!(stats.delivered, 16);
+    assert_eq!(stats.dropped, 84);
+    let dropped_event = got.last().expect("a drop marker");
+    assert_eq!(dropped_event.kind, EventKind::Dropped.code());
+    assert_eq!(dropped_event.size, 84);
+    // Reported once only.
+    let stats = reader.poll(usize::MAX, false, |_| {});
+    assert_eq!(stats.dropped, 0);
+}
+
+#[test]
+fn dead_writer_mid_write_is_skipped_and_counted() {
+    let (_ring, writer, mut reader) = setup(16);
+    assert!(writer.push(&ev(0)));
+    // Reserve a slot without publishing it, as a writer killed mid-write would.
+    let header = writer.header();
+    header.write_pos.fetch_add(1, Ordering::Relaxed);
+    assert!(writer.push(&ev(2)));
+    let mut got = Vec::new();
+    let stats = reader.poll(usize::MAX, false, |e| got.push(e));
+    assert_eq!(stats.delivered, 2, "reads around the slot still being written");
+    assert_eq!(reader.position(), 1, "the saved cursor stays at the unpublished slot");
+    // A reader restarted now must not deliver event 2 again.
+    let len = ring_file_size(16);
+    let mut restarted = unsafe { RingReader::new(writer.base, len, None) }.expect("valid");
+    let stats = restarted.poll(usize::MAX, false, |e| got.push(e));
+    assert_eq!(stats.delivered, 0);
+    let stats = restarted.poll(usize::MAX, true, |e| got.push(e));
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.lost_in_flight, 1);
+    assert_eq!(got.iter().filter(|e| e.kind == EventKind::Alloc.code()).count(), 2);
+    assert_eq!(restarted.position(), 3);
+}
+
+#[test]
+fn restarted_reader_resumes_from_cursor() {
+    let (mut ring, writer, mut reader) = setup(16);
+    for i in 0..5 {
+        writer.push(&ev(i));
+    }
+    let mut first = Vec::new();
+    reader.poll(3, false, |e| first.push(e));
+    drop(reader);
+    let len = ring_file_size(16);
+    let mut reader = unsafe { RingReader::new(ring.base(), len, None) }.expect("valid");
+    let mut rest = Vec::new();
+    reader.poll(usize::MAX, false, |e| rest.push(e));
+    assert_eq!(first.len(), 3);
+    assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![3, 4]);
+}
+
+#[test]
+fn hostile_headers_are_refused() {
+    let mut ring = TestRing::new(16);
+    let base = ring.base();
+    let len = ring_file_size(16);
+    assert!(matches!(unsafe { RingReader::new(base, len, None) }, Err(RingError::NotReady)));
+    let init = RingInit { capacity: 16, ..RingInit::default() };
+    unsafe { RingWriter::init(base, &init, b"") };
+    let header = unsafe { &mut *(base as *mut RingHeader) };
+    header.capacity = 1 << 40;
+    assert!(matches!(unsafe { RingReader::new(base, len, None) }, Err(RingError::BadCapacity(_))));
+    header.capacity = 32;
+    assert!(matches!(unsafe { RingReader::new(base, len, None) }, Err(RingError::SizeMismatch { .. })));
+    header.capacity = 16;
+    header.version.store(99, Ordering::Relaxed);
+    assert!(matches!(unsafe { RingReader::new(base, len, None) }, Err(RingError::NewerVersion(99))));
+    header.version.store(1, Ordering::Relaxed);
+    header.magic = *b"garbage!";
+    assert!(matches!(unsafe { RingReader::new(base, len, None) }, Err(RingError::BadMagic)));
+}
+
+#[test]
+fn garbage_slots_never_panic_or_overrun() {
+    let (mut ring, _writer, mut reader) = setup(16);
+    let base = ring.base();
+    // Scribble over every slot and claim an absurd write cursor.
+    unsafe {
+        for i in 0..(16 * RECORD_SIZE) {
+            *base.add(HEADER_SIZE + i) = (i as u8).wrapping_mul(37);
+        }
+        (*(base as *const RingHeader)).write_pos.store(u64::MAX, Ordering::Relaxed);
+    }
+    let mut n = 0;
+    let stats = reader.poll(usize::MAX, true, |_| n += 1);
+    assert!(stats.delivered + stats.lost_in_flight + stats.malformed <= 16);
+}
+
+#[test]
+fn concurrent_writers_lose_nothing_without_drops() {
+    let capacity = 1 << 12;
+    let (_ring, writer, mut reader) = setup(capacity);
+    let writer = std::sync::Arc::new(writer);
+    let threads = 8;
+    let per = 5000u64;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let w = writer.clone();
+            std::thread::spawn(move || {
+                let mut dropped = 0u64;
+                for i in 0..per {
+                    let mut r = ev(i);
+                    r.tid = zerocopy::little_endian::U32::new(t);
+                    if !w.push(&r) {
+                        dropped += 1;
+                    }
+                }
+                dropped
+            })
+        })
+        .collect();
+    let mut got = 0u64;
+    let mut reported_drops = 0u64;
+    let mut per_thread_last = vec![None::<u64>; threads as usize];
+    let reader_done = done.clone();
+    let mut check = |e: Event| {
+        if e.kind == EventKind::Dropped.code() {
+            reported_drops += e.size;
+            return;
+        }
+        got += 1;
+        let last = &mut per_thread_last[e.tid as usize];
+        if let Some(prev) = *last {
+            assert!(e.size > prev, "per-thread order kept");
+        }
+        *last = Some(e.size);
+    };
+    let mut writer_drops = 0;
+    for h in handles {
+        while !h.is_finished() {
+            reader.poll(usize::MAX, false, &mut check);
+        }
+        writer_drops += h.join().expect("writer thread");
+    }
+    reader_done.store(true, Ordering::Relaxed);
+    reader.poll(usize::MAX, false, &mut check);
+    assert_eq!(reported_drops, writer_drops);
+    assert_eq!(got + writer_drops, threads as u64 * per);
+}
