@@ -6,6 +6,10 @@
 //! gets a `Note` naming it before its `Process` frame. Frames are written whole and
 //! flushed whenever the queue runs empty, so `vramhook dump` reads a file while it grows
 //! (it reports it "truncated" until the end frame is written at rotation).
+//!
+//! The ingest loop commits what it read from the rings only once this thread has flushed
+//! it (a `Then` acknowledgement after each poll's events); the checkpoint notes name what
+//! was read but perhaps not committed, so that a restarted agent skips it in the rings.
 
 use crate::stats::{add, AgentStats};
 use serde::{Deserialize, Serialize};
@@ -22,6 +26,12 @@ use vramhook_protocol::capture::{
     CaptureHeader, CaptureReader, CaptureWriter, Frame, FrameType, ProcessEnd, ProcessInfo,
 };
 use vramhook_protocol::record::{Event, EventKind};
+use vramhook_protocol::seqset::SeqSet;
+
+pub use crate::rings::RingCursor;
+
+/// `[start, end)` ranges of event `seq`s.
+type SeqRanges = Vec<(u64, u64)>;
 
 /// (pid, start time, image) of a ring.
 pub type RingKey = (u32, u64, u64);
@@ -60,13 +70,14 @@ pub enum CaptureMsg {
     Process(ProcessInfo),
     Events(Vec<Event>),
     End(ProcessEnd),
-    /// A model checkpoint with the ring cursors it corresponds to; `rotate` starts a new
-    /// file with it.
+    /// A model checkpoint with the ring cursors it corresponds to (everything their
+    /// readers handed on was sent before it); `rotate` starts a new file with it.
+    /// `ended`: rings recorded to their end whose files may still be there (their removal
+    /// had not run), so that a restart from this file does not read them again.
     Checkpoint {
         model: Vec<u8>,
-        rings: Vec<(RingKey, u64)>,
-        /// Writer drops each ring's reader has reported (all sent to the capture before).
-        drops: Vec<(RingKey, u64)>,
+        rings: Vec<RingCursor>,
+        ended: Vec<RingKey>,
         rotate: bool,
     },
     /// Runs once everything queued before it is written and flushed to the file (so that
@@ -84,6 +95,13 @@ struct NoteJson {
     /// Writer drops each ring's reader had reported (and the capture recorded) by then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     drops: Option<Vec<(RingKey, u64)>>,
+    /// Per ring, the `seq` ranges of the events recorded but perhaps still in the ring
+    /// (not yet committed): a restarted agent skips them there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unconfirmed: Option<Vec<(RingKey, SeqRanges)>>,
+    /// Rings recorded to their end (in this file or an earlier one) whose files may remain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended: Option<Vec<RingKey>>,
 }
 
 /// The ingest side of the queue: never blocks.
@@ -103,6 +121,8 @@ pub struct CaptureHandle {
 }
 
 const QUEUE_MSGS: usize = 16_384;
+/// Longest a poll's acknowledgement waits for a flush while the queue stays busy.
+const ACK_FLUSH_EVERY: Duration = Duration::from_millis(5);
 const QUEUE_MSGS_FOR_BATCHES: u64 = 12_288;
 
 /// Ring slots a batch stands for, per pid (a `Dropped` marker: the slots it says were lost).
@@ -241,6 +261,7 @@ struct CaptureThread {
 
 impl CaptureThread {
     fn run(mut self, rx: Receiver<CaptureMsg>) {
+        let mut last_flush = Instant::now();
         while let Ok(mut msg) = rx.recv() {
             loop {
                 if matches!(msg, CaptureMsg::Stop) {
@@ -249,18 +270,20 @@ impl CaptureThread {
                     return;
                 }
                 self.handle(msg);
+                // Under a steady stream the queue may never run empty: flush anyway when
+                // acknowledgements wait, or the rings' slots are not freed.
+                if !self.after_flush.is_empty() && last_flush.elapsed() >= ACK_FLUSH_EVERY {
+                    self.flush();
+                    last_flush = Instant::now();
+                }
                 match rx.try_recv() {
                     Ok(next) => msg = next,
                     Err(_) => break,
                 }
             }
             // The queue ran empty: make every whole frame visible to readers.
-            if let Some(f) = self.file.as_mut() {
-                if let Err(e) = f.writer.flush() {
-                    self.fail(e);
-                }
-            }
-            self.run_after_flush();
+            self.flush();
+            last_flush = Instant::now();
             if let Some(f) = &self.file {
                 if f.writer.bytes_written() >= self.cfg.max_bytes || f.opened.elapsed() >= self.cfg.max_age {
                     self.rotate_wanted.store(true, Ordering::Relaxed);
@@ -268,6 +291,16 @@ impl CaptureThread {
             }
         }
         self.close();
+        self.run_after_flush();
+    }
+
+    /// Writes out what is buffered, then runs what waited for it.
+    fn flush(&mut self) {
+        if let Some(f) = self.file.as_mut() {
+            if let Err(e) = f.writer.flush() {
+                self.fail(e);
+            }
+        }
         self.run_after_flush();
     }
 
@@ -299,8 +332,7 @@ impl CaptureThread {
         self.msgs.fetch_sub(1, Ordering::Relaxed);
         match msg {
             CaptureMsg::Ring(key) => {
-                let note =
-                    serde_json::to_vec(&NoteJson { ring: Some(key), rings: None, drops: None }).unwrap_or_default();
+                let note = serde_json::to_vec(&NoteJson { ring: Some(key), ..NoteJson::default() }).unwrap_or_default();
                 self.write(|w| w.write_frame(FrameType::Note, &note));
             }
             CaptureMsg::Process(info) => self.write(|w| w.write_process(&info)),
@@ -309,7 +341,7 @@ impl CaptureThread {
                 self.write(|w| w.write_events(&events));
             }
             CaptureMsg::End(end) => self.write(|w| w.write_process_end(&end)),
-            CaptureMsg::Checkpoint { model, rings, drops, rotate } => {
+            CaptureMsg::Checkpoint { model, rings, ended, rotate } => {
                 self.queued.fetch_sub(model.len() as u64, Ordering::Relaxed);
                 if rotate || self.file.is_none() {
                     self.close();
@@ -319,8 +351,14 @@ impl CaptureThread {
                         return;
                     }
                 }
-                let note = serde_json::to_vec(&NoteJson { ring: None, rings: Some(rings), drops: Some(drops) })
-                    .unwrap_or_default();
+                let note = serde_json::to_vec(&NoteJson {
+                    ring: None,
+                    rings: Some(rings.iter().map(|c| (c.key, c.slots)).collect()),
+                    drops: Some(rings.iter().map(|c| (c.key, c.drops_reported)).collect()),
+                    unconfirmed: Some(rings.iter().map(|c| (c.key, c.unconfirmed.ranges().collect())).collect()),
+                    ended: Some(ended),
+                })
+                .unwrap_or_default();
                 self.write(|w| {
                     w.write_frame(FrameType::Checkpoint, &model)?;
                     w.write_frame(FrameType::Note, &note)
@@ -385,11 +423,11 @@ pub fn capture_files(dir: &Path) -> Vec<PathBuf> {
 /// What a restarted agent recovers from its captures.
 pub struct Recovered {
     pub model: Model,
-    /// Per ring: the ring slots accounted for by what was recorded (events, and slots
-    /// that `Dropped` markers say were lost); compared with the ring's cursor on reopening.
-    pub next_pos: BTreeMap<RingKey, u64>,
-    /// Per ring: writer drops recorded (markers' dropped events that took no slot).
-    pub drops: BTreeMap<RingKey, u64>,
+    /// Per ring: what was recorded of it. `slots`: the ring slots accounted for (events,
+    /// and slots that `Dropped` markers say were lost), compared with the ring's cursor on
+    /// reopening; `drops_reported`: writer drops recorded (markers' dropped events that
+    /// took no slot); `unconfirmed`: the events recorded that may still be in the ring.
+    pub rings: BTreeMap<RingKey, RingCursor>,
     /// Rings whose process end is recorded: everything they held is in the capture. A
     /// restarted agent that still finds one (its reader died before removing it) removes it
     /// without reading it again.
@@ -419,9 +457,8 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
     let mut reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file)).map_err(|e| e.to_string())?;
     let mut model: Option<Model> = None;
-    let mut next_pos: BTreeMap<RingKey, u64> = BTreeMap::new();
+    let mut rings: BTreeMap<RingKey, RingCursor> = BTreeMap::new();
     let mut ended = std::collections::BTreeSet::new();
-    let mut drops: BTreeMap<RingKey, u64> = BTreeMap::new();
     let mut current: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut events = 0u64;
     loop {
@@ -440,16 +477,23 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
             },
             Frame::Note(bytes) => {
                 let Ok(note) = serde_json::from_slice::<NoteJson>(bytes) else { continue };
-                if let Some(rings) = note.rings {
+                if let Some(slots) = note.rings {
                     if model.is_some() {
-                        next_pos = rings.iter().copied().collect();
-                        drops = note.drops.clone().unwrap_or_default().into_iter().collect();
-                        current = rings.iter().map(|(k, _)| (k.0, *k)).collect();
+                        rings = slots.iter().map(|(k, slots)| (*k, RingCursor::recorded(*k, *slots))).collect();
+                        for (key, n) in note.drops.unwrap_or_default() {
+                            rings.entry(key).or_insert_with(|| RingCursor::recorded(key, 0)).drops_reported = n;
+                        }
+                        for (key, ranges) in note.unconfirmed.unwrap_or_default() {
+                            rings.entry(key).or_insert_with(|| RingCursor::recorded(key, 0)).unconfirmed =
+                                SeqSet::from_ranges(ranges);
+                        }
+                        current = rings.keys().map(|k| (k.0, *k)).collect();
                     }
                 }
+                ended.extend(note.ended.unwrap_or_default());
                 if let Some(key) = note.ring {
                     current.insert(key.0, key);
-                    next_pos.entry(key).or_insert(0);
+                    rings.entry(key).or_insert_with(|| RingCursor::recorded(key, 0));
                 }
             }
             Frame::Process(info) => {
@@ -467,11 +511,14 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                     // the slots it says were lost (aux). Lane-agnostic: a ring's cursor is
                     // the sum of its lanes' positions, i.e. the slots consumed.
                     if let Some(key) = current.get(&e.pid) {
-                        let dropped = e.kind() == Some(EventKind::Dropped);
-                        let slots = if dropped { e.aux } else { 1 };
-                        *next_pos.entry(*key).or_insert(0) += slots;
-                        if dropped {
-                            *drops.entry(*key).or_insert(0) += e.size.saturating_sub(e.aux);
+                        let ring = rings.entry(*key).or_insert_with(|| RingCursor::recorded(*key, 0));
+                        if e.kind() == Some(EventKind::Dropped) {
+                            ring.slots += e.aux;
+                            ring.drops_reported += e.size.saturating_sub(e.aux);
+                        } else {
+                            // Read from the ring: it may still be there, uncommitted.
+                            ring.slots += 1;
+                            ring.unconfirmed.insert(e.seq);
                         }
                     }
                 }
@@ -481,13 +528,12 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                     m.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
                 }
                 if let Some(key) = current.remove(&end.pid) {
-                    next_pos.remove(&key);
-                    drops.remove(&key);
+                    rings.remove(&key);
                     ended.insert(key);
                 }
             }
             Frame::Unknown(_) | Frame::End { .. } => {}
         }
     }
-    Ok(model.map(|model| Recovered { model, next_pos, drops, ended, events, file: path.to_path_buf() }))
+    Ok(model.map(|model| Recovered { model, rings, ended, events, file: path.to_path_buf() }))
 }

@@ -8,7 +8,7 @@ use crate::rings::{process_alive, RingFilter, RingSource, SourceItem};
 use crate::stats::{add, AgentStats};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vramhook_model::{Model, ModelConfig, ModelSnapshot, OomIncident};
@@ -137,22 +137,29 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         );
     }
 
-    let (mut model, mut next_pos, mut drops, ended) = match recovered {
+    let (mut model, mut recorded, mut ended) = match recovered {
         Some(r) => {
             add(&stats.events_recovered, r.events);
             add(&stats.dropped_recovered, r.model.snapshot().processes.iter().map(|p| p.dropped_events).sum());
-            (r.model, r.next_pos, r.drops, r.ended)
+            (r.model, r.rings, r.ended)
         }
-        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeMap::new(), BTreeSet::new()),
+        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeSet::new()),
     };
-    let recovered_rings: BTreeSet<RingKey> = next_pos.keys().copied().collect();
+    let recovered_rings: BTreeSet<RingKey> = recorded.keys().copied().collect();
+    // Writer drops recorded per ring (compared with what the ring says was reported).
+    let mut drops: BTreeMap<RingKey, u64> = recorded.iter().map(|(k, c)| (*k, c.drops_reported)).collect();
     let mut exported_incident = model.incidents().iter().map(|i| i.id).max();
     let capture = links.capture.clone();
+    // Commits: a poll's events leave the rings only once the capture has flushed them
+    // (the capture thread acknowledges each poll's generation after its flush), so that
+    // an agent killed meanwhile loses nothing; the next one skips what was recorded.
+    source.deferred_commit = capture.is_some();
+    let flushed = Arc::new(AtomicU64::new(0));
     if let Some(c) = &capture {
         c.send(CaptureMsg::Checkpoint {
             model: model.checkpoint(),
-            rings: next_pos.iter().map(|(k, v)| (*k, *v)).collect(),
-            drops: drops.iter().map(|(k, v)| (*k, *v)).collect(),
+            rings: recorded.values().cloned().collect(),
+            ended: ended.iter().copied().collect(),
             rotate: true,
         });
     }
@@ -167,6 +174,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     let mut first = true;
     // Rings opened but not yet announced, with their cursor at open.
     let mut pending: BTreeMap<RingKey, u64> = BTreeMap::new();
+    // Per pid, the ring last announced to the capture.
+    let mut announced: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut idle = Duration::from_millis(1);
     while !links.stop.load(Ordering::Relaxed) {
         scan_due |= watcher.as_mut().is_some_and(Watcher::changed);
@@ -186,8 +195,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
                 add(&stats.rings_opened, 1);
                 pending.insert(key, opened.drops_reported);
-                if let Some(recorded) = next_pos.remove(&key) {
-                    source.set_recorded(key, recorded);
+                if let Some(r) = recorded.remove(&key) {
+                    source.set_recorded(key, r.slots, r.unconfirmed);
                 }
             }
             report_refusals(&mut source, &stats);
@@ -203,6 +212,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 }
             }
         }
+        if source.deferred_commit {
+            source.commit(flushed.load(Ordering::Acquire));
+        }
         let mut marked = 0;
         let summary = {
             let marked = &mut marked;
@@ -211,6 +223,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let stats = &stats;
             let pending = &mut pending;
             let drops = &mut drops;
+            let (ended, announced) = (&mut ended, &mut announced);
             source.poll(&mut |item| match item {
                 SourceItem::Process(info) => {
                     // The ring announced now is the lowest pending image of this process;
@@ -225,6 +238,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                         if let Some(c) = capture {
                             c.send(CaptureMsg::Ring(key));
                         }
+                        announced.insert(key.0, key);
                         // Writer drops an earlier reader reported but never recorded (its
                         // `Dropped` marker died with it). They took no slot (aux 0).
                         let unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
@@ -254,6 +268,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                     }
                 }
                 SourceItem::End(end) => {
+                    // The ring a process's end closes is its last one announced (as a
+                    // replay of the capture reads it).
+                    if let Some(key) = announced.remove(&end.pid) {
+                        ended.insert(key);
+                    }
                     add(&stats.records_malformed, end.malformed);
                     model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
                     add(&stats.rings_closed, 1);
@@ -264,7 +283,17 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             })
         };
         report_refusals(&mut source, &stats);
+        if let (Some(c), true) = (&capture, summary.delivered > 0) {
+            let (flushed, generation) = (flushed.clone(), source.generation());
+            let ack: Box<dyn FnOnce() + Send> = Box::new(move || {
+                flushed.fetch_max(generation, Ordering::Release);
+            });
+            if let Err(now) = c.then(ack) {
+                now(); // the queue is full: what did not fit is counted as capture loss
+            }
+        }
         add(&stats.events_refused, summary.foreign);
+        add(&stats.duplicates_skipped, summary.duplicates);
         add(&stats.restart_lost, summary.skipped);
         add(&stats.writer_dropped, summary.dropped);
         add(&stats.dropped_in_ring, crate::stats::dropped_in_ring(marked, &summary));
@@ -275,11 +304,12 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
             if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
                 last_checkpoint = Instant::now();
-                let cursors = source.ring_cursors();
+                // Rings recorded to their end are named until their files are gone.
+                ended.retain(|key| source.ring_file_exists(*key));
                 c.send(CaptureMsg::Checkpoint {
                     model: model.checkpoint(),
-                    rings: cursors.iter().map(|c| (c.key, c.slots)).collect(),
-                    drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
+                    rings: source.ring_cursors(),
+                    ended: ended.iter().copied().collect(),
                     rotate,
                 });
             }
@@ -313,11 +343,11 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // Drain what is left, publish a last snapshot and checkpoint.
     publish(&model, &links, &mut exported_incident);
     if let Some(c) = &capture {
-        let cursors = source.ring_cursors();
+        ended.retain(|key| source.ring_file_exists(*key));
         c.send(CaptureMsg::Checkpoint {
             model: model.checkpoint(),
-            rings: cursors.iter().map(|c| (c.key, c.slots)).collect(),
-            drops: cursors.iter().map(|c| (c.key, c.drops_reported)).collect(),
+            rings: source.ring_cursors(),
+            ended: ended.iter().copied().collect(),
             rotate: false,
         });
     }

@@ -194,7 +194,8 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     }
     // Only now is everything read in the capture: a ring left behind (its process still
     // running) may then be removed by a gc once it is gone, with nothing lost.
-    if let Some(source) = source {
+    if let Some(mut source) = source {
+        source.commit(u64::MAX);
         source.mark_recorded();
     }
     if let Some(o) = otlp {

@@ -13,6 +13,7 @@ use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
 use vramhook_protocol::ring::{MappedRing, RingError, DEFAULT_MAX_RING_BYTES};
+use vramhook_protocol::seqset::SeqSet;
 
 /// What a poll hands on, in order: a process before its events, its end after them.
 #[derive(Debug)]
@@ -55,6 +56,9 @@ pub struct PollSummary {
     /// Events refused in this poll because they named another process than the ring's
     /// verified writer (counted in `malformed` too).
     pub foreign: u64,
+    /// Events found again after a restart that the previous reader had recorded (see
+    /// [`RingSource::set_recorded`]): consumed, not delivered twice.
+    pub duplicates: u64,
 }
 
 /// A ring opened by discovery, and where its cursor stood when it was opened (a
@@ -71,11 +75,21 @@ pub struct OpenedRing {
 
 /// What a ring's reader has handed on: slots accounted for (each delivered event one,
 /// each `Dropped` marker its `aux`) and writer drops reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingCursor {
     pub key: (u32, u64, u64),
     pub slots: u64,
     pub drops_reported: u64,
+    /// Events handed on but not yet committed (or recorded by an earlier reader and not
+    /// yet met): a reader restarted from the record skips these if it finds them.
+    pub unconfirmed: SeqSet,
+}
+
+impl RingCursor {
+    /// A ring of which `slots` slots were recorded, nothing else known yet.
+    pub fn recorded(key: (u32, u64, u64), slots: u64) -> RingCursor {
+        RingCursor { key, slots, drops_reported: 0, unconfirmed: SeqSet::new() }
+    }
 }
 
 /// The writer drops the ring's readers have reported so far.
@@ -155,6 +169,12 @@ pub struct RingSource {
     pub trust_exit_mark: bool,
     /// Largest ring file accepted (checked with `fstat` before mapping).
     pub max_ring_bytes: u64,
+    /// Leave delivered events in their slots until [`RingSource::commit`] (the agent: once
+    /// its capture holds them), so that a reader killed meanwhile loses nothing. Off by
+    /// default: what is delivered is consumed.
+    pub deferred_commit: bool,
+    /// Generation of the last poll (deliveries are tagged with it).
+    generation: u64,
 }
 
 impl RingSource {
@@ -184,6 +204,8 @@ impl RingSource {
             skip_run_rings: false,
             trust_exit_mark: true,
             max_ring_bytes: DEFAULT_MAX_RING_BYTES,
+            deferred_commit: false,
+            generation: 0,
         }
     }
 
@@ -229,16 +251,33 @@ impl RingSource {
                 key: *k,
                 slots: t.accounted + t.lost_reported,
                 drops_reported: drops_reported(&t.ring),
+                unconfirmed: t.ring.reader.unconfirmed_seqs(),
             })
             .collect()
     }
 
-    /// Tells the source how many slots of a just-opened ring earlier readers handed on
-    /// and were recorded (events, and `Dropped` markers' aux): the rest behind the
-    /// cursor is reported lost. Without it, everything an earlier reader took is.
-    pub fn set_recorded(&mut self, key: (u32, u64, u64), slots: u64) {
+    /// Tells the source what earlier readers of a just-opened ring handed on and were
+    /// recorded: how many slots (events, and `Dropped` markers' aux), and which events
+    /// may still be in the ring (they are skipped, not delivered twice). The rest behind
+    /// the cursor is reported lost. Without it, everything an earlier reader took is.
+    pub fn set_recorded(&mut self, key: (u32, u64, u64), slots: u64, seqs: SeqSet) {
         if let Some(t) = self.rings.get_mut(&key) {
             t.accounted = slots;
+            t.ring.reader.skip_recorded(seqs);
+        }
+    }
+
+    /// Generation of the last poll: pass it to [`RingSource::commit`] once what that poll
+    /// delivered is kept for good.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Frees the ring slots of what the polls up to generation `upto` delivered (with
+    /// `deferred_commit`; without it, polls commit as they go).
+    pub fn commit(&mut self, upto: u64) {
+        for t in self.rings.values_mut() {
+            t.ring.reader.commit(upto);
         }
     }
 
@@ -270,6 +309,8 @@ impl RingSource {
     /// whose events are all read.
     pub fn poll(&mut self, sink: &mut dyn FnMut(SourceItem<'_>)) -> PollSummary {
         let mut summary = PollSummary::default();
+        self.generation += 1;
+        let (generation, deferred) = (self.generation, self.deferred_commit);
         if self.auto_discover {
             summary.opened = self.discover();
         }
@@ -321,6 +362,8 @@ impl RingSource {
                 let batch = &mut self.batch;
                 let (pid, start) = (key.0, key.1);
                 let mut foreign = 0u64;
+                t.ring.reader.auto_commit = !deferred;
+                t.ring.reader.set_generation(generation);
                 let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
                     // An event is the ring's verified writer's, whatever pid it names: one that
                     // names another process (or another start of this pid) is refused.
@@ -380,6 +423,7 @@ impl RingSource {
                 summary.delivered = summary.delivered.saturating_add(delivered);
                 summary.malformed = summary.malformed.saturating_add(malformed);
                 summary.foreign = summary.foreign.saturating_add(foreign);
+                summary.duplicates = summary.duplicates.saturating_add(stats.duplicates);
                 summary.dropped = summary.dropped.saturating_add(stats.dropped);
                 if !self.batch.is_empty() {
                     sink(SourceItem::Events(&self.batch));
@@ -460,6 +504,16 @@ impl RingSource {
             let ident = t.ident;
             drop(t.ring);
             self.remove_ring_file(key, ident);
+        }
+    }
+
+    /// Whether the ring file of `key` is still in the ring directory.
+    pub fn ring_file_exists(&self, key: RingKey) -> bool {
+        let (Some(dir), Ok(name)) = (&self.dir_fd, CString::new(ring_name(key))) else { return false };
+        // SAFETY: an fstatat on our own directory descriptor into a zeroed stat buffer.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
         }
     }
 

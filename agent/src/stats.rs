@@ -22,9 +22,14 @@ pub struct AgentStats {
     pub events_refused: AtomicU64,
     /// Events the writers dropped (ring full) or lost in flight (writer died mid-write).
     pub writer_dropped: AtomicU64,
-    /// Events a previous agent instance consumed from a ring but never recorded (it was
-    /// killed in between): counted, never silently lost.
+    /// Events a previous reader consumed from a ring but never recorded (it was killed in
+    /// between, and did not defer its commits: an agent without a capture, `vramhook run`,
+    /// an older agent): counted, never silently lost.
     pub restart_lost: AtomicU64,
+    /// Events found again in a ring after a restart that the previous agent instance had
+    /// already recorded (it was killed before it committed them): skipped, not delivered
+    /// twice. Not a loss.
+    pub duplicates_skipped: AtomicU64,
     /// Dropped events an earlier agent instance counted, found in the model it left in
     /// the capture (recovered at start): this instance's other counters start at zero.
     pub dropped_recovered: AtomicU64,
@@ -71,6 +76,8 @@ pub struct StatsView {
     pub events_refused: u64,
     pub writer_dropped: u64,
     pub restart_lost: u64,
+    #[serde(default)]
+    pub duplicates_skipped: u64,
     #[serde(default)]
     pub dropped_recovered: u64,
     #[serde(default)]
@@ -145,6 +152,7 @@ impl AgentStats {
             events_refused: g(&self.events_refused),
             writer_dropped: g(&self.writer_dropped),
             restart_lost: g(&self.restart_lost),
+            duplicates_skipped: g(&self.duplicates_skipped),
             dropped_recovered: g(&self.dropped_recovered),
             dropped_in_ring: g(&self.dropped_in_ring),
             events_recovered: g(&self.events_recovered),

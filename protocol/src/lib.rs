@@ -3,7 +3,8 @@
 //! - [`ring`]: the per-process shared-memory ring (bounded multi-producer queue);
 //! - [`capture`]: the capture-file format (header, checksummed frames, end marker);
 //! - [`mapped`]: a capture file read through a memory map;
-//! - [`clock`]: timestamps and their conversion.
+//! - [`clock`]: timestamps and their conversion;
+//! - [`seqset`]: sets of event sequence numbers kept as ranges (what a capture holds).
 
 pub mod capture;
 pub mod clock;
@@ -11,6 +12,7 @@ pub mod mapped;
 pub mod record;
 pub mod ring;
 pub mod ringdir;
+pub mod seqset;
 
 pub use capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};
 pub use record::{Api, Caller, Event, EventKind, MemClass, RawRecord, RECORD_SIZE};

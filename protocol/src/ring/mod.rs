@@ -22,7 +22,14 @@
 //! from each lane only the prefix of events stamped at or before `t0`. A writer stamps an
 //! event before reserving its slot and publishes it before the program sees the call's
 //! result, so any event that causally precedes one stamped before `t0` was published
-//! before `t0`, and is read in the same poll or an earlier one.
+//! before `t0`, and is read in the same poll or an earlier one. A lane cut short in a poll
+//! (its share of the batch taken, or its scan bounded) holds back the other lanes' events
+//! stamped after the last one taken from it, so that the lanes stay merged across polls.
+//!
+//! Read, then commit: a reader may hand events on and free their slots (restamp them, move
+//! its shared cursor) only later, once it has kept them for good (the agent: once its
+//! capture flushed them). A reader that dies in between leaves them published; the next
+//! one reads them again and skips those it is told were recorded, by `seq`.
 
 use crate::record::RECORD_SIZE;
 use std::sync::atomic::{AtomicU32, AtomicU64};

@@ -77,6 +77,21 @@ pub struct PollStats {
     pub malformed: u64,
     /// New drops reported as a `Dropped` event.
     pub dropped: u64,
+    /// Events an earlier reader had already handed on (they were in its record, see
+    /// [`RingReader::skip_recorded`]): consumed again without being delivered twice.
+    pub duplicates: u64,
+    /// Events read but held back for a later poll, so that no event comes out after a
+    /// later one of another lane (a lane that reached its share of `max`).
+    pub held: u64,
+}
+
+/// An event taken from a lane in this poll, not yet delivered.
+#[derive(Clone, Copy)]
+struct Candidate {
+    ts: u64,
+    lane: u32,
+    pos: u64,
+    raw: RawRecord,
 }
 
 /// A validated view of a ring file, owned by the one reader that holds its lock.
@@ -86,11 +101,21 @@ pub struct RingReader {
     capacity: u64,
     lanes: u32,
     info: RingInfo,
-    /// Next position to read, per lane.
+    /// Per lane: every slot below it is consumed (delivered, or restamped free).
     pos: [u64; MAX_LANES as usize],
+    /// Per lane: positions delivered but not yet committed (still stamped as published,
+    /// so that the writer cannot reuse them), sorted, each with the generation of the poll
+    /// that delivered it. See [`RingReader::commit`].
+    uncommitted: Vec<Vec<(u64, u64)>>,
+    /// Generation of the current poll (see [`RingReader::set_generation`]).
+    generation: u64,
+    /// Commit at the end of every poll (the default): delivered is consumed.
+    pub auto_commit: bool,
+    /// Events an earlier reader handed on that may still be published in the ring.
+    recorded: crate::seqset::SeqSet,
     clock: Option<TscClock>,
     tsc_source: bool,
-    merge: Vec<(u64, u64, RawRecord)>,
+    candidates: Vec<Candidate>,
 }
 
 // SAFETY: the mapping is owned by this reader; shared state is accessed via atomics.
@@ -155,7 +180,21 @@ impl RingReader {
         }
         let tsc_source = info.clock_source == ClockSource::Tsc as u32;
         let clock = if tsc_source { tsc } else { None };
-        Ok(RingReader { base, len, capacity, lanes, info, pos, clock, tsc_source, merge: Vec::new() })
+        Ok(RingReader {
+            base,
+            len,
+            capacity,
+            lanes,
+            info,
+            pos,
+            uncommitted: vec![Vec::new(); lanes as usize],
+            generation: 0,
+            auto_commit: true,
+            recorded: crate::seqset::SeqSet::new(),
+            clock,
+            tsc_source,
+            candidates: Vec::new(),
+        })
     }
 
     pub fn info(&self) -> &RingInfo {
@@ -234,7 +273,11 @@ impl RingReader {
     /// Marks everything read so far as handed on for good (see [`RingHeader::recorded`]).
     /// A reader calls it when it stops cleanly, once its events are in its capture.
     pub fn mark_recorded(&self) {
-        self.header().recorded.store(self.position(), Ordering::Release);
+        let committed = (0..self.lanes)
+            // SAFETY: lane < lanes.
+            .map(|l| unsafe { lane_read_pos(self.base, l) }.load(Ordering::Acquire))
+            .fold(0u64, u64::saturating_add);
+        self.header().recorded.store(committed, Ordering::Release);
     }
 
     /// Writer drops already reported as `Dropped` events (by this reader or earlier ones).
@@ -244,12 +287,107 @@ impl RingReader {
 
     /// Events reserved but not yet read.
     pub fn pending(&self) -> u64 {
-        (0..self.lanes).map(|l| self.write_pos(l).saturating_sub(self.pos[l as usize])).fold(0u64, u64::saturating_add)
+        (0..self.lanes)
+            .map(|l| {
+                let pos = self.pos[l as usize];
+                let ahead = self.uncommitted[l as usize].iter().filter(|(p, _)| *p >= pos).count() as u64;
+                self.write_pos(l).saturating_sub(pos).saturating_sub(ahead)
+            })
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Events read so far over all lanes (the position of the next event with one lane).
     pub fn position(&self) -> u64 {
         self.pos[..self.lanes as usize].iter().fold(0u64, |a, p| a.saturating_add(*p))
+    }
+
+    /// Events delivered but not yet committed.
+    pub fn uncommitted(&self) -> u64 {
+        self.uncommitted.iter().map(|u| u.len() as u64).sum()
+    }
+
+    /// Sequence numbers of the events delivered but not committed, and of those an earlier
+    /// reader recorded that this one has not met yet: what a restarted reader must not
+    /// deliver again if what this one delivered is in its record.
+    pub fn unconfirmed_seqs(&self) -> crate::seqset::SeqSet {
+        let mut set = self.recorded.clone();
+        for (lane, entries) in self.uncommitted.iter().enumerate() {
+            for (pos, _) in entries {
+                set.insert(self.seq_of(lane as u32, *pos));
+            }
+        }
+        set
+    }
+
+    /// Tells the reader which events an earlier reader already handed on (their `seq`s):
+    /// found still published in the ring (that reader died before committing them), they
+    /// are consumed without being delivered again, and counted as duplicates.
+    pub fn skip_recorded(&mut self, seqs: crate::seqset::SeqSet) {
+        self.recorded = seqs;
+    }
+
+    /// Sets the generation that the next polls tag their deliveries with (a caller that
+    /// commits several readers at once numbers its polls itself).
+    pub fn set_generation(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn seq_of(&self, lane: u32, pos: u64) -> u64 {
+        pos.wrapping_mul(u64::from(self.lanes)).wrapping_add(u64::from(lane))
+    }
+
+    /// Frees the slots of the events delivered by polls of generation `upto` or earlier,
+    /// for the writer to reuse, and moves the shared cursors past them: call it once those
+    /// events are kept for good (written to a capture). Until then a reader that dies
+    /// leaves them in the ring, and the next one reads them again.
+    pub fn commit(&mut self, upto: u64) {
+        let shift = self.capacity.trailing_zeros();
+        for lane in 0..self.lanes {
+            let mut entries = std::mem::take(&mut self.uncommitted[lane as usize]);
+            entries.retain(|&(pos, generation)| {
+                if generation > upto {
+                    return true;
+                }
+                let lap = pos >> shift;
+                let stamp = self.stamp(lane, pos);
+                // Only a slot still holding what was delivered (a hostile writer may have
+                // scribbled over it meanwhile).
+                let _ = stamp.compare_exchange(
+                    lap.wrapping_mul(2).wrapping_add(1),
+                    lap.wrapping_mul(2).wrapping_add(2),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                false
+            });
+            self.uncommitted[lane as usize] = entries;
+            self.store_cursor(lane);
+        }
+    }
+
+    /// Commits everything delivered so far.
+    pub fn commit_all(&mut self) {
+        self.commit(u64::MAX);
+    }
+
+    /// The shared cursor of `lane`: where a restarted reader starts. Below it every slot
+    /// is committed.
+    fn store_cursor(&self, lane: u32) {
+        let pos = self.pos[lane as usize];
+        let first_uncommitted = self.uncommitted[lane as usize].first().map_or(pos, |(p, _)| *p);
+        // SAFETY: lane < lanes.
+        unsafe { lane_read_pos(self.base, lane) }.store(pos.min(first_uncommitted), Ordering::Release);
+    }
+
+    /// The slot's stamp (its first 8 bytes).
+    fn stamp(&self, lane: u32, pos: u64) -> &AtomicU64 {
+        // SAFETY: slots are 8-byte aligned inside the validated mapping; the stamp is only
+        // accessed atomically.
+        unsafe { &*(self.slot(lane, pos) as *const AtomicU64) }
     }
 
     /// The current time in the ring's clock (TSC ticks or monotonic ns).
@@ -266,6 +404,9 @@ impl RingReader {
     /// on the monotonic clock) to `sink`. With `writer_gone`, everything is read and slots
     /// a dead writer reserved but never published are skipped and counted. A `Dropped`
     /// event is emitted whenever the writer's drop counter has grown.
+    ///
+    /// Delivered events stay in their slots until they are committed ([`Self::commit`];
+    /// at once with `auto_commit`).
     pub fn poll(&mut self, max: usize, writer_gone: bool, mut sink: impl FnMut(Event)) -> PollStats {
         let mut stats = PollStats::default();
         let shift = self.capacity.trailing_zeros();
@@ -276,54 +417,61 @@ impl RingReader {
         // Slots looked at per lane: bounded too, not only those delivered, so a ring whose
         // cursors claim a full lap with nothing published costs little per poll.
         let max_scan = (per_lane as u64).saturating_mul(4).max(1024);
-        let mut merge = std::mem::take(&mut self.merge);
-        merge.clear();
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
+        // Events of a lane that was cut short (its share taken, or its scan bounded) and
+        // not read are stamped, give or take a race between two threads of that lane, no
+        // earlier than the last one taken from it: nothing stamped later may come out in
+        // this poll, or it would come out before them.
+        let mut hold_after = u64::MAX;
+        let mut scanned = [0u64; MAX_LANES as usize];
         for lane in 0..self.lanes {
             let write_pos = self.write_pos(lane);
-            let mut pos = self.pos[lane as usize];
-            // A hostile writer may claim anything; never look further than one lap ahead.
-            let end = write_pos.min(pos.saturating_add(self.capacity));
+            let pos = self.pos[lane as usize];
             if write_pos < pos {
                 stats.malformed += 1;
             }
+            // A hostile writer may claim anything; never look further than one lap ahead.
+            let end = write_pos.min(pos.saturating_add(self.capacity)).min(pos.saturating_add(max_scan));
+            let uncommitted = &self.uncommitted[lane as usize];
+            let mut next_uncommitted = uncommitted.partition_point(|(p, _)| *p < pos);
             let mut taken = 0usize;
-            // `pos` only advances over the contiguous prefix of consumed slots; past a slot
-            // that must wait (stamped after the watermark, or not yet published) the scan
-            // goes on and consumes what it may, restamping those slots so that a later
-            // poll, or a restarted reader, skips them as already consumed.
+            let mut last_ts = None;
+            // Past a slot that must wait (stamped after the watermark, or not yet
+            // published) the scan goes on and takes what it may.
             let mut scan = pos;
-            let end = end.min(pos.saturating_add(max_scan));
-            let mut prefix = true;
             while scan < end && taken < per_lane {
+                if uncommitted.get(next_uncommitted).is_some_and(|(p, _)| *p == scan) {
+                    next_uncommitted += 1; // delivered by an earlier poll
+                    scan += 1;
+                    continue;
+                }
                 let lap = scan >> shift;
-                let slot = self.slot(lane, scan);
-                // SAFETY: slots are 8-byte aligned; the stamp is only accessed atomically.
-                let stamp_ref = unsafe { &*(slot as *const AtomicU64) };
+                let stamp_ref = self.stamp(lane, scan);
                 let stamp = stamp_ref.load(Ordering::Acquire);
                 let free_next = lap.wrapping_mul(2).wrapping_add(2);
-                let consumed = if stamp == lap.wrapping_mul(2).wrapping_add(1) {
+                if stamp == lap.wrapping_mul(2).wrapping_add(1) {
                     let mut bytes = [0u8; RECORD_SIZE];
-                    // SAFETY: the slot is published and ours until we restamp it.
-                    unsafe { std::ptr::copy_nonoverlapping(slot, bytes.as_mut_ptr(), RECORD_SIZE) };
-                    let mut raw = match RawRecord::read_from_bytes(&bytes) {
-                        Ok(raw) => raw,
-                        Err(_) => unreachable_record(),
-                    };
+                    // SAFETY: the slot is published and ours until it is restamped.
+                    unsafe { std::ptr::copy_nonoverlapping(self.slot(lane, scan), bytes.as_mut_ptr(), RECORD_SIZE) };
+                    let raw = RawRecord::read_from_bytes(&bytes).unwrap_or_else(|_| unreachable_record());
                     let ts = raw.ts_ns.get();
+                    let seq = self.seq_of(lane, scan);
                     if ts > watermark {
-                        false // stamped after this poll began: a later poll takes it
-                    } else {
-                        raw.seq = U64::new(scan.wrapping_mul(u64::from(self.lanes)).wrapping_add(u64::from(lane)));
+                        // Stamped after this poll began: a later poll takes it.
+                    } else if self.recorded.contains(seq) {
+                        // Already in an earlier reader's record: consumed, not delivered.
                         stamp_ref.store(free_next, Ordering::Release);
-                        merge.push((ts, raw.seq.get(), raw));
+                        stats.duplicates += 1;
+                    } else {
+                        candidates.push(Candidate { ts, lane, pos: scan, raw });
                         taken += 1;
-                        true
+                        last_ts = Some(ts);
                     }
                 } else if stamp >= free_next && stamp - free_next < 4 {
-                    // Already consumed: ahead of the cursor by an earlier poll, or by an
-                    // earlier reader that died before saving its cursor (the writer may
-                    // already have reused the slot for the next lap).
-                    true
+                    // Already consumed: by an earlier poll, or by an earlier reader that died
+                    // before saving its cursor (the writer may already have reused the slot
+                    // for the next lap).
                 } else if writer_gone {
                     if stamp == lap.wrapping_mul(2) {
                         stats.lost_in_flight += 1;
@@ -331,41 +479,60 @@ impl RingReader {
                         stats.malformed += 1;
                     }
                     stamp_ref.store(free_next, Ordering::Release);
-                    true
-                } else {
-                    if stamp != lap.wrapping_mul(2) {
-                        stats.malformed += 1;
-                    }
-                    // Reserved but not yet published by a live writer: come back later.
-                    false
-                };
-                if prefix && consumed {
-                    pos = scan + 1;
-                } else {
-                    prefix = false;
+                } else if stamp != lap.wrapping_mul(2) {
+                    stats.malformed += 1;
                 }
+                // (Reserved but not yet published by a live writer: come back later.)
                 scan += 1;
             }
-            self.pos[lane as usize] = pos;
-            // SAFETY: lane < lanes.
-            unsafe { lane_read_pos(self.base, lane) }.store(pos, Ordering::Release);
+            scanned[lane as usize] = scan;
+            let cut_short = scan < write_pos.min(pos.saturating_add(self.capacity));
+            if cut_short && self.lanes > 1 {
+                if let Some(ts) = last_ts {
+                    hold_after = hold_after.min(ts);
+                }
+            }
         }
         // Time order across lanes; within a lane, order of reservation (stable sort).
         if self.lanes > 1 {
-            merge.sort_by_key(|(ts, _, _)| *ts);
+            candidates.sort_by_key(|c| c.ts);
         }
-        for (_, _, mut raw) in merge.drain(..) {
+        let deliver = candidates.partition_point(|c| c.ts <= hold_after);
+        stats.held = (candidates.len() - deliver) as u64;
+        let generation = self.generation;
+        for c in &candidates[..deliver] {
+            let mut raw = c.raw;
+            raw.seq = U64::new(self.seq_of(c.lane, c.pos));
             if let (Some(clock), Some((tsc_now, mono_now))) = (&self.clock, now) {
                 raw.ts_ns = U64::new(clock.to_monotonic(raw.ts_ns.get(), tsc_now, mono_now));
+            }
+            let entries = &mut self.uncommitted[c.lane as usize];
+            // Mostly in order; an event held back by an earlier poll lands before others.
+            match entries.last() {
+                Some((last, _)) if *last > c.pos => {
+                    let at = entries.partition_point(|(p, _)| *p < c.pos);
+                    entries.insert(at, (c.pos, generation));
+                }
+                _ => entries.push((c.pos, generation)),
             }
             stats.delivered += 1;
             sink(Event::from_raw(&raw));
         }
         // Keep the buffer, but not the peak of a burst (a reader may hold many rings).
-        if merge.capacity() > 4096 {
-            merge.shrink_to(4096);
+        if candidates.capacity() > 4096 {
+            candidates.shrink_to(4096);
         }
-        self.merge = merge;
+        self.candidates = candidates;
+        for lane in 0..self.lanes {
+            self.advance(lane, scanned[lane as usize], shift);
+        }
+        if self.auto_commit {
+            self.commit(generation);
+        } else {
+            for lane in 0..self.lanes {
+                self.store_cursor(lane);
+            }
+        }
         let header = self.header();
         let dropped = header.dropped.load(Ordering::Acquire);
         let reported = header.dropped_reported.load(Ordering::Acquire);
@@ -386,6 +553,33 @@ impl RingReader {
             });
         }
         stats
+    }
+
+    /// Moves `lane`'s consumed prefix over the slots consumed (delivered, or restamped
+    /// free) up to `limit`, and forgets what an earlier reader recorded below it.
+    fn advance(&mut self, lane: u32, limit: u64, shift: u32) {
+        let mut pos = self.pos[lane as usize];
+        let entries = &self.uncommitted[lane as usize];
+        let mut next = entries.partition_point(|(p, _)| *p < pos);
+        while pos < limit {
+            if entries.get(next).is_some_and(|(p, _)| *p == pos) {
+                next += 1;
+            } else {
+                let lap = pos >> shift;
+                let free_next = lap.wrapping_mul(2).wrapping_add(2);
+                let stamp = self.stamp(lane, pos).load(Ordering::Acquire);
+                if !(stamp >= free_next && stamp - free_next < 4) {
+                    break;
+                }
+            }
+            pos += 1;
+        }
+        self.pos[lane as usize] = pos;
+        if !self.recorded.is_empty() && self.pos[..self.lanes as usize].iter().all(|p| *p > 0) {
+            // Every seq below the smallest lane's `pos * lanes` is behind all cursors.
+            let floor = self.pos[..self.lanes as usize].iter().min().copied().unwrap_or(0);
+            self.recorded.remove_below(floor.saturating_mul(u64::from(self.lanes)));
+        }
     }
 }
 

@@ -309,3 +309,91 @@ fn concurrent_writers_lose_nothing_without_drops() {
     assert_eq!(reported_drops, writer_drops);
     assert_eq!(got + writer_drops, threads as u64 * per);
 }
+
+fn at(tid: u32, ts: u64) -> RawRecord {
+    Event { ts_ns: ts, kind: EventKind::Alloc.code(), pid: 7, tid, addr: ts, size: 1, ..Event::default() }.to_raw()
+}
+
+#[test]
+fn a_lane_cut_short_holds_back_later_events_of_other_lanes() {
+    // Lane 0 is busy (100 events, t = 0..99), lane 1 has five late ones (t = 50..54). A poll
+    // of 10 takes 5 from each lane: lane 1's must wait until lane 0 has caught up to t = 50.
+    let (_ring, writer, mut reader) = setup_lanes(128, 2, 0);
+    for t in 0..100 {
+        assert!(writer.push(&at(0, t)));
+    }
+    for t in 50..55 {
+        assert!(writer.push(&at(1, t)));
+    }
+    let mut got = Vec::new();
+    let mut held = 0;
+    for _ in 0..40 {
+        held += reader.poll(10, false, |e| got.push(e.ts_ns)).held;
+    }
+    assert_eq!(got.len(), 105, "everything comes out");
+    assert!(held > 0, "lane 1 was held back at least once");
+    assert!(got.windows(2).all(|w| w[0] <= w[1]), "in time order across polls: {got:?}");
+    assert_eq!(reader.pending(), 0);
+}
+
+#[test]
+fn uncommitted_events_stay_in_the_ring_and_a_restarted_reader_skips_what_was_recorded() {
+    let (_ring, writer, mut reader) = setup(16);
+    reader.auto_commit = false;
+    for i in 0..10 {
+        assert!(writer.push(&ev(i)));
+    }
+    let mut first = Vec::new();
+    reader.set_generation(1);
+    assert_eq!(reader.poll(usize::MAX, false, |e| first.push(e)).delivered, 10);
+    assert_eq!(reader.uncommitted(), 10);
+    assert_eq!(reader.pending(), 0, "delivered is not pending");
+    // The delivered slots are not free yet: six more fit, the seventh is dropped.
+    for i in 10..16 {
+        assert!(writer.push(&ev(i)));
+    }
+    assert!(!writer.push(&ev(16)), "uncommitted slots are not reused");
+    let recorded = crate::seqset::SeqSet::from_ranges(first.iter().map(|e| (e.seq, e.seq + 1)));
+    assert_eq!(reader.unconfirmed_seqs(), recorded);
+
+    // The reader dies before committing: the next one finds all 16 still there.
+    let len = reader.len();
+    let mut again = unsafe { RingReader::new(writer.base, len, None) }.expect("valid");
+    let mut seen = Vec::new();
+    again.auto_commit = false;
+    again.poll(usize::MAX, false, |e| seen.push(e.addr));
+    assert_eq!(seen.len(), 16 + 1, "16 events and the drop marker: nothing lost");
+
+    // Told what was recorded, a restarted reader delivers only the rest, once each.
+    let mut restarted = unsafe { RingReader::new(writer.base, len, None) }.expect("valid");
+    restarted.skip_recorded(recorded);
+    let mut rest = Vec::new();
+    let stats = restarted.poll(usize::MAX, false, |e| rest.push(e));
+    assert_eq!(stats.duplicates, 10);
+    let addrs: Vec<u64> = rest.iter().filter(|e| e.kind == EventKind::Alloc.code()).map(|e| e.addr).collect();
+    assert_eq!(addrs, (0x1000 + 10..0x1000 + 16).collect::<Vec<_>>());
+    // Committed (auto): the slots are free again.
+    assert!(writer.push(&ev(17)));
+}
+
+#[test]
+fn commit_frees_only_the_generations_it_names() {
+    let (_ring, writer, mut reader) = setup(16);
+    reader.auto_commit = false;
+    for generation in 1..=2u64 {
+        for i in 0..8 {
+            assert!(writer.push(&ev(generation * 8 + i)));
+        }
+        reader.set_generation(generation);
+        reader.poll(usize::MAX, false, |_| {});
+    }
+    assert!(!writer.push(&ev(99)), "full");
+    reader.commit(1);
+    assert_eq!(reader.uncommitted(), 8);
+    for i in 0..8 {
+        assert!(writer.push(&ev(100 + i)), "generation 1's slots are free");
+    }
+    assert!(!writer.push(&ev(200)), "generation 2's are not");
+    reader.commit_all();
+    assert!(writer.push(&ev(201)));
+}
