@@ -35,6 +35,8 @@ use crate::record::RECORD_SIZE;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 mod file;
+#[doc(hidden)]
+pub mod fuzzing;
 mod reader;
 mod writer;
 

@@ -397,3 +397,38 @@ fn commit_frees_only_the_generations_it_names() {
     reader.commit_all();
     assert!(writer.push(&ev(201)));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// The fuzz target's body over random rings (cursors, counters, slots all random).
+    #[test]
+    fn any_ring_bytes_never_panic_the_reader(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8192)) {
+        super::fuzzing::ring_reader(&data);
+    }
+
+    /// Rings whose slots hold plausible stamps (small laps, published or not), where the
+    /// interesting paths are: published, consumed, reserved, garbage.
+    #[test]
+    fn rings_with_plausible_stamps_never_panic_the_reader(
+        shape in 0u8..5, lanes in 0u8..5,
+        cursors in proptest::collection::vec(0u64..64, 0..8),
+        stamps in proptest::collection::vec((0u64..6, proptest::prelude::any::<u64>()), 0..512),
+    ) {
+        let mut data = vec![shape, lanes];
+        let cursor_area = super::META_OFFSET - std::mem::offset_of!(super::RingHeader, write_pos);
+        let mut header = vec![0u8; cursor_area];
+        for (i, c) in cursors.iter().enumerate() {
+            // The write cursor (offset 0) and the read cursor (offset 64) of lane 0, then
+            // lanes 1.. in their own areas: whatever lands where is fine.
+            let at = (i * 64) % (cursor_area - 8);
+            header[at..at + 8].copy_from_slice(&c.to_le_bytes());
+        }
+        data.extend_from_slice(&header);
+        for (stamp, word) in stamps {
+            data.extend_from_slice(&stamp.to_le_bytes());
+            data.extend_from_slice(&word.to_le_bytes());
+            data.extend_from_slice(&[0u8; 48]);
+        }
+        super::fuzzing::ring_reader(&data);
+    }
+}
