@@ -114,6 +114,13 @@ struct Tracked {
     lost_reported: u64,
     /// The file's identity (device, inode), so that only this file is ever removed.
     ident: (u64, u64),
+    /// The file's name: it names the writer by its pid in its own pid namespace, which
+    /// differs from the key's (this reader's view) for a process in a container.
+    name: String,
+    /// The pid the writer puts in its events (its own namespace's view).
+    writer_pid: u32,
+    /// The writer's parent as this reader sees it (for a process start record).
+    host_ppid: u32,
 }
 
 /// Key: (pid, start time, image).
@@ -175,6 +182,13 @@ pub struct RingSource {
     pub deferred_commit: bool,
     /// Generation of the last poll (deliveries are tagged with it).
     generation: u64,
+    /// Names of the files of open rings (a ring is keyed by its writer's pid as this
+    /// reader sees it, which the name does not say for a process in a container).
+    open_names: std::collections::BTreeSet<String>,
+    /// File names of rings of writers in other pid namespaces, by key, until the file goes.
+    names: BTreeMap<RingKey, String>,
+    /// This reader's pid namespace (0: unknown).
+    own_pid_ns: u64,
 }
 
 impl RingSource {
@@ -206,6 +220,9 @@ impl RingSource {
             max_ring_bytes: DEFAULT_MAX_RING_BYTES,
             deferred_commit: false,
             generation: 0,
+            open_names: Default::default(),
+            names: BTreeMap::new(),
+            own_pid_ns: vramhook_protocol::ringdir::own_pid_ns(),
         }
     }
 
@@ -360,7 +377,8 @@ impl RingSource {
                 let Some(t) = self.rings.get_mut(&key) else { continue 'rings };
                 self.batch.clear();
                 let batch = &mut self.batch;
-                let (pid, start) = (key.0, key.1);
+                let (pid, start) = (t.writer_pid, key.1);
+                let (host_pid, host_ppid) = (key.0, t.host_ppid);
                 let mut foreign = 0u64;
                 t.ring.reader.auto_commit = !deferred;
                 t.ring.reader.set_generation(generation);
@@ -370,6 +388,14 @@ impl RingSource {
                     let kind = EventKind::from_code(e.kind);
                     if e.pid != pid || (kind == Some(EventKind::ProcessStart) && e.aux != start) {
                         foreign += 1;
+                    } else if host_pid != pid {
+                        // From the writer's pid namespace into this reader's.
+                        let mut e = e;
+                        e.pid = host_pid;
+                        if kind == Some(EventKind::ProcessStart) {
+                            e.addr = u64::from(host_ppid);
+                        }
+                        batch.push(e);
                     } else {
                         batch.push(e);
                     }
@@ -435,12 +461,12 @@ impl RingSource {
             }
             let Some(t) = self.rings.get_mut(&key) else { continue };
             if writer_gone && t.ring.reader.pending() == 0 {
-                if let Some(t) = self.rings.remove(&key) {
+                if let Some(t) = self.take_ring(key) {
                     let mut end = t.end;
                     end.exit_status = self.exit_statuses.get(&key.0).copied();
                     end.ts_ns = vramhook_protocol::clock::monotonic_ns();
                     drop(t.ring);
-                    self.remove_ring_file(key, t.ident);
+                    self.remove_ring_file(&t.name, t.ident);
                     sink(SourceItem::End(end));
                     summary.closed += 1;
                 }
@@ -460,15 +486,15 @@ impl RingSource {
         sink: &mut dyn FnMut(SourceItem<'_>),
         summary: &mut PollSummary,
     ) {
-        let Some(t) = self.rings.remove(&key) else { return };
+        let Some(t) = self.take_ring(key) else { return };
         let mut end = t.end;
         end.exit_status = self.exit_statuses.get(&key.0).copied();
         end.ts_ns = vramhook_protocol::clock::monotonic_ns();
         drop(t.ring);
         if writer_gone {
-            self.remove_ring_file(key, t.ident);
+            self.remove_ring_file(&t.name, t.ident);
         }
-        let path = ring_path(&self.dir, key);
+        let path = self.dir.join(&t.name);
         self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone(), hostile: true });
         self.refused.insert(path, reason);
         sink(SourceItem::End(end));
@@ -477,9 +503,9 @@ impl RingSource {
 
     /// Removes a finished ring's file, or with `defer_removals` hands the removal to the
     /// caller ([`RingSource::take_removals`]).
-    fn remove_ring_file(&mut self, key: RingKey, ident: (u64, u64)) {
+    fn remove_ring_file(&mut self, file_name: &str, ident: (u64, u64)) {
         let Some(dir) = &self.dir_fd else { return };
-        let Ok(name) = CString::new(ring_name(key)) else { return };
+        let Ok(name) = CString::new(file_name) else { return };
         // SAFETY: duplicating our own descriptor; the duplicate is owned by the removal.
         let dup = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
         if dup < 0 {
@@ -490,7 +516,7 @@ impl RingSource {
         if self.defer_removals {
             // Not to be opened again meanwhile (it would read as an earlier reader's loss);
             // forgotten once the file is gone.
-            self.ignored.insert(ring_path(&self.dir, key), ());
+            self.ignored.insert(self.dir.join(file_name), ());
             self.removals.push(removal);
         } else {
             removal.run();
@@ -500,16 +526,31 @@ impl RingSource {
     /// Closes a ring without reading it and removes its file: one whose events a
     /// previous reader recorded in full, and which only its removal had not reached.
     pub fn discard(&mut self, key: RingKey) {
-        if let Some(t) = self.rings.remove(&key) {
-            let ident = t.ident;
+        if let Some(t) = self.take_ring(key) {
             drop(t.ring);
-            self.remove_ring_file(key, ident);
+            self.remove_ring_file(&t.name, t.ident);
         }
     }
 
+    /// Stops tracking a ring (its file stays until removed).
+    fn take_ring(&mut self, key: RingKey) -> Option<Tracked> {
+        let t = self.rings.remove(&key)?;
+        self.open_names.remove(&t.name);
+        Some(t)
+    }
+
     /// Whether the ring file of `key` is still in the ring directory.
-    pub fn ring_file_exists(&self, key: RingKey) -> bool {
-        let (Some(dir), Ok(name)) = (&self.dir_fd, CString::new(ring_name(key))) else { return false };
+    pub fn ring_file_exists(&mut self, key: RingKey) -> bool {
+        let name = self.names.get(&key).cloned().unwrap_or_else(|| ring_name(key));
+        let exists = self.file_exists(&name);
+        if !exists {
+            self.names.remove(&key);
+        }
+        exists
+    }
+
+    fn file_exists(&self, name: &str) -> bool {
+        let (Some(dir), Ok(name)) = (&self.dir_fd, CString::new(name)) else { return false };
         // SAFETY: an fstatat on our own directory descriptor into a zeroed stat buffer.
         unsafe {
             let mut st: libc::stat = std::mem::zeroed();
@@ -548,10 +589,9 @@ impl RingSource {
         }
         let mut found: Vec<(RingKey, PathBuf)> = names
             .iter()
+            .filter(|name| !self.open_names.contains(name.as_str()))
             .filter_map(|name| parse_ring_name(name).map(|k| (k, self.dir.join(name))))
-            .filter(|(k, p)| {
-                !self.rings.contains_key(k) && !self.refused.contains_key(p) && !self.ignored.contains_key(p)
-            })
+            .filter(|(_, p)| !self.refused.contains_key(p) && !self.ignored.contains_key(p))
             .collect();
         found.sort();
         let now = std::time::Instant::now();
@@ -567,8 +607,17 @@ impl RingSource {
             }
             match self.open(&path, key) {
                 Ok(Some(tracked)) => {
+                    // Keyed by the writer's pid as this reader sees it.
+                    let key = (tracked.end.pid, key.1, key.2);
+                    if self.rings.contains_key(&key) {
+                        continue; // (a second file naming the same process: left alone)
+                    }
                     if self.opened_log.len() >= 4096 {
                         self.opened_log.remove(0); // a caller that never takes them
+                    }
+                    self.open_names.insert(tracked.name.clone());
+                    if tracked.writer_pid != key.0 {
+                        self.names.insert(key, tracked.name.clone());
                     }
                     self.opened_log.push(OpenedRing {
                         pid: key.0,
@@ -659,33 +708,45 @@ impl RingSource {
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
         }
+        // A writer in another pid namespace (a container) names itself by its pid there:
+        // find it here, by its namespace, that pid and its start time. Not found, it is
+        // gone (or out of this reader's sight): drained as a process that is gone, under the
+        // pid it gave itself, and not checked against an unrelated process of that pid here.
+        let writer_ns = ring.reader.pid_ns();
+        let other_ns = writer_ns != 0 && self.own_pid_ns != 0 && writer_ns != self.own_pid_ns;
+        let pid = if other_ns { pid_in_this_namespace(writer_ns, key.0, key.1) } else { Some(key.0) };
         // The ring must belong to the process it names: a pid held now (running or a
         // zombie) must have started at the time the ring names, and /proc/PID must be
         // owned by the ring's owner. (A process already gone cannot be checked: its ring is drained as a
         // process of its own, keyed by pid and start time, and closed. One that made itself
         // non-dumpable, whose /proc entry root owns, is refused.)
-        if let Some(started) = proc_start_time(key.0) {
+        if let Some(started) = pid.and_then(proc_start_time) {
+            let pid = pid.unwrap_or(key.0);
             if started != key.1 {
                 return Err(OpenError::Refuse(format!(
-                    "ring names process {} started at {}, but process {} running now started at {started}",
-                    key.0, key.1, key.0
+                    "ring names process {pid} started at {}, but process {pid} running now started at {started}",
+                    key.1
                 )));
             }
-            match std::fs::metadata(format!("/proc/{}", key.0)) {
+            match std::fs::metadata(format!("/proc/{pid}")) {
                 Ok(meta) if meta.uid() == owner => {}
                 Ok(meta) => {
                     return Err(OpenError::Refuse(format!(
-                        "ring owned by uid {owner} names process {}, which runs as uid {}",
-                        key.0,
+                        "ring owned by uid {owner} names process {pid}, which runs as uid {}",
                         meta.uid()
                     )))
                 }
                 Err(_) => {} // gone since: drained as a process that is gone
             }
         }
+        let host_pid = pid.unwrap_or(key.0);
+        let host_ppid = match pid {
+            Some(p) if other_ns => proc_ppid(p).unwrap_or(0),
+            _ => info.ppid,
+        };
         let process = ProcessInfo {
-            pid: info.pid,
-            ppid: info.ppid,
+            pid: host_pid,
+            ppid: host_ppid,
             uid: info.uid,
             start_time: info.start_time,
             run_id: info.run_id,
@@ -694,7 +755,7 @@ impl RingSource {
         };
         Ok(Some(Tracked {
             ring,
-            end: ProcessEnd { pid: info.pid, start_time: info.start_time, ..ProcessEnd::default() },
+            end: ProcessEnd { pid: host_pid, start_time: info.start_time, ..ProcessEnd::default() },
             info: process,
             image: key.2,
             announced: false,
@@ -702,6 +763,9 @@ impl RingSource {
             accounted: 0,
             lost_reported: 0,
             ident,
+            name: ring_name(key),
+            writer_pid: info.pid,
+            host_ppid,
         }))
     }
 
@@ -726,10 +790,6 @@ fn cut_reason(at: u64, len: usize) -> String {
 
 fn ring_name(key: RingKey) -> String {
     format!("{}-{}-{}.ring", key.0, key.1, key.2)
-}
-
-fn ring_path(dir: &Path, key: RingKey) -> PathBuf {
-    dir.join(ring_name(key))
 }
 
 /// A closed ring's file to remove: by name inside the ring directory, and only if the
@@ -862,6 +922,38 @@ fn proc_start_time(pid: u32) -> Option<u64> {
     let close = stat.iter().rposition(|b| *b == b')')?;
     let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
     fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok())
+}
+
+/// Field 4 of /proc/PID/stat: the parent's pid, as this reader sees it.
+fn proc_ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let field = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).nth(1)?;
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+/// The pid, in this reader's pid namespace, of the process that is `ns_pid` in the pid
+/// namespace `ns` (its inode) and started at `start_time`: the one whose `NSpid` line in
+/// /proc/PID/status ends with `ns_pid`, whose namespace is `ns`, and whose start matches.
+pub fn pid_in_this_namespace(ns: u64, ns_pid: u32, start_time: u64) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino()).ok() != Some(ns) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let innermost = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_whitespace().last())
+            .and_then(|v| v.parse::<u32>().ok());
+        if innermost == Some(ns_pid) && proc_start_time(pid) == Some(start_time) {
+            return Some(pid);
+        }
+    }
+    None
 }
 
 /// Whether `pid` is still the process that started at `start_time` and has not exited

@@ -205,6 +205,11 @@ impl RingReader {
         self.len
     }
 
+    /// The writer's pid namespace (inode of its `/proc/self/ns/pid`; 0: unknown).
+    pub fn pid_ns(&self) -> u64 {
+        self.header().pid_ns.load(Ordering::Acquire)
+    }
+
     pub fn lanes(&self) -> u32 {
         self.lanes
     }
