@@ -1,6 +1,7 @@
 //! "I only have a log": OOM post-mortems from the logs programs wrote. The PyTorch and JAX
-//! logs are real (the H200, `tests/fixtures/h200-oom/`); vLLM's, ggml's and the driver's
-//! are copied from their sources (`tests/fixtures/logs/README.md`).
+//! logs are real (the H200, `tests/fixtures/h200-oom/`), and so are ollama's
+//! (`tests/fixtures/logs/ollama_*.h200.*`, `scripts/gpu/ollama/run.sh`); vLLM's, ggml's own
+//! and the driver's are copied from their sources (`tests/fixtures/logs/README.md`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -122,6 +123,77 @@ fn ggml_failure_without_free_bytes_says_what_is_missing() {
     assert!(i.quoted.iter().any(|(f, t)| f == "plan: model weights on CUDA0" && t == "28.0 GiB"), "{:?}", i.quoted);
     assert!(r.logs[0].notes.iter().any(|n| n.contains("fell back")), "{:?}", r.logs[0].notes);
     assert_eq!(r.logs[0].skipped, 0);
+}
+
+/// ollama v0.24.0's default engine (llama.cpp's runner) on the H200, another process holding
+/// all but 1.25 GiB: all layers asked for with a 2 GiB KV cache (the 912 MiB compute buffer
+/// fails, the runner crashes), then a new runner as ollama planned it (3 of 5 layers; ggml's
+/// VMM pool cannot grow, the runner crashes again).
+#[test]
+fn ollama_default_engine_h200_failures_with_the_plan_and_no_second_incident_for_the_servers_echo() {
+    let r = run(&[fixture("logs/ollama_v0.24.0_oom.h200.log")]);
+    assert_eq!(r.log_incidents.len(), 2, "{:#?}", r.log_incidents);
+    let a = &r.log_incidents[0];
+    assert_eq!((a.source.as_str(), a.line), ("ggml", 231));
+    assert_eq!(a.numbers.requested, 912 << 20);
+    assert_eq!(a.device, Some(0));
+    assert_eq!(a.verdict_name, "unknown", "{}", a.explanation);
+    assert!(a.missing.iter().any(|m| m.contains("free")), "{:?}", a.missing);
+    assert_eq!(quoted(a, "device free at model load"), "1341259776");
+    assert_eq!(quoted(a, "device_total"), "150754820096");
+    assert_eq!(a.numbers.device_total, Some(150_754_820_096));
+    assert_eq!(quoted(a, "plan: compute graph on CUDA0"), "4.8 GiB");
+    assert_eq!(quoted(a, "plan: kv cache on CPU"), "2.0 GiB");
+    assert!(a.explanation.contains("1341259776 bytes (1.25 GiB) free"), "{}", a.explanation);
+    // The second runner: llama.cpp says only that the compute buffers failed.
+    let b = &r.log_incidents[1];
+    assert_eq!(b.line, 827);
+    assert_eq!(b.numbers.requested, 0);
+    assert_eq!(b.verdict_name, "unknown", "{}", b.explanation);
+    assert!(b.missing.iter().any(|m| m == "the requested size"), "{:?}", b.missing);
+    assert!(b.explanation.contains("for an unknown amount"), "{}", b.explanation);
+    assert_eq!(quoted(b, "plan: model weights on CUDA0"), "360.0 MiB");
+    let notes = &r.logs[0].notes;
+    assert!(
+        notes.iter().any(|n| n.contains("runner terminated: llama runner process has terminated: cudaMalloc failed")),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn ollama_default_engine_log_joins_the_capture_of_the_same_h200_run() {
+    let r = run(&[fixture("logs/ollama_v0.24.0_oom.h200.vhc"), fixture("logs/ollama_v0.24.0_oom.h200.log")]);
+    assert_eq!(r.ooms.len(), 2, "{:#?}", r.ooms);
+    assert!(r.ooms.iter().all(|o| o.verdict_name == "capacity"), "{:#?}", r.ooms);
+    // ggml wrote 912.00 MiB; the driver saw the exact 956,303,360 bytes.
+    let oom = r.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB cudaMalloc");
+    assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
+    // The VMM pool's failed cuMemCreate is only in the capture: the log has no size to join on.
+    assert!(r.ooms.iter().any(|o| o.api == "cuMemCreate"), "{:#?}", r.ooms);
+    assert_eq!(r.log_incidents[1].capture_incident, None);
+}
+
+/// ollama's own engine (`OLLAMA_NEW_ENGINE=1`) on the H200: the 152 MiB compute graph fails,
+/// ollama backs off and loads 3 of 5 layers; the forced request before it went to the CPU.
+#[test]
+fn ollama_new_engine_h200_backoff_and_cpu_fallback_are_noted() {
+    let r = run(&[fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.log")]);
+    let i = only(&r);
+    assert_eq!(i.numbers.requested, 152 << 20);
+    assert_eq!(i.verdict_name, "unknown", "{}", i.explanation);
+    // This engine allocates before it logs the plan of a new load: the failure comes first.
+    assert_eq!(quoted(i, "requested"), "152.00 MiB");
+    let notes = &r.logs[0].notes;
+    for want in ["applying backoff", "put 0 of 5 layers on the GPU", "put 3 of 5 layers on the GPU"] {
+        assert!(notes.iter().any(|n| n.contains(want)), "{want}: {notes:?}");
+    }
+    let r = run(&[
+        fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.vhc"),
+        fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.log"),
+    ]);
+    let oom = r.ooms.iter().find(|o| o.requested_bytes == 159_387_776).expect("the 152 MiB cudaMalloc");
+    assert_eq!(oom.verdict_name, "capacity");
+    assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
 }
 
 #[test]

@@ -32,6 +32,10 @@ pub struct TopArgs {
     /// Refresh interval in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub interval: u64,
+    /// Print one frame as plain text (WIDTHxHEIGHT characters, default 120x40) and exit:
+    /// for scripts, logs and terminals without a UI.
+    #[arg(long, value_name = "WxH", num_args = 0..=1, default_missing_value = "120x40")]
+    pub once: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -109,6 +113,26 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
             }
         }
     };
+    if let Some(size) = &args.once {
+        let (w, h) = size
+            .split_once('x')
+            .and_then(|(w, h)| Some((w.parse::<u16>().ok()?, h.parse::<u16>().ok()?)))
+            .filter(|&(w, h)| (40..=1000).contains(&w) && (20..=1000).contains(&h))
+            .with_context(|| format!("--once takes WIDTHxHEIGHT (at least 40x20), not {size:?}"))?;
+        let (state, error) = match source.refresh() {
+            Ok(s) => (Some(s), None),
+            Err(e) => (None, Some(e)),
+        };
+        let label = source.label();
+        let mut terminal = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h))?;
+        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), Sort::Live))?;
+        let buffer = terminal.backend().buffer();
+        for y in 0..h {
+            let line: String = (0..w).map(|x| buffer[(x, y)].symbol()).collect();
+            println!("{}", line.trim_end());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut terminal = ratatui::try_init().context("cannot start the terminal UI")?;
     let result = run_ui(&mut terminal, &mut source, Duration::from_millis(args.interval.max(50)));
     ratatui::restore();

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::collections::BTreeMap;
 use std::process::Command;
 
 /// Traces a workload and checks: exit status and output equal to an untraced run, the
@@ -145,6 +146,71 @@ fn fork_and_exec_give_each_process_and_image_its_own_ring() {
     let pids: std::collections::BTreeSet<_> = procs.iter().map(|p| p["pid"].as_u64()).collect();
     assert_eq!(pids.len(), 2, "exec keeps the pid");
     assert!(procs.iter().any(|p| p["cmdline"][0].as_str().is_some_and(|c| c.ends_with("leak"))));
+}
+
+/// ollama's process shape (issue #12, as measured on the H200): a server that never touches
+/// CUDA, a GPU-discovery child that only counts devices, and model runners that dlopen a
+/// backend using the shared cudart and libcuda's VMM calls directly; one runner runs out of
+/// memory and exits 2, and ollama starts it again with fewer layers on the GPU; loaded
+/// runners are unloaded with SIGKILL.
+#[test]
+fn ollama_shape_silent_server_and_discovery_runners_traced_and_a_restart() {
+    let t = check_workload("ollama_shape", &[], &[]);
+    let stdout = t.stdout();
+    let pids: BTreeMap<&str, u32> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("pids "))
+        .expect("pids line")
+        .split(' ')
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|kv| (kv[0], kv[1].parse().expect("pid")))
+        .collect();
+    let procs: BTreeMap<u32, &serde_json::Value> = t
+        .frames
+        .iter()
+        .filter(|f| f["frame"] == "process")
+        .map(|f| (f["pid"].as_u64().expect("pid") as u32, f))
+        .collect();
+    // Only the three runners have rings: neither the server nor the discovery child.
+    assert_eq!(
+        procs.keys().copied().collect::<Vec<_>>(),
+        vec![pids["a"], pids["b"], pids["b2"]],
+        "pids {pids:?}, frames {procs:?}"
+    );
+    for p in procs.values() {
+        assert_eq!(p["cmdline"][1], "runner", "{p}");
+        assert_eq!(t.process(p["pid"].as_u64().expect("pid") as u32)["ppid"].as_u64(), Some(pids["serve"] as u64));
+    }
+    let summary = |pid: u32| t.process(pid);
+    assert!(t.summary["processes"].as_array().expect("processes").iter().all(|p| p["pid"] != pids["serve"]));
+    // The failed runner: its one call, the OOM. Its exit status (2) went to the server that
+    // reaped it, not to `vramhook run`, which knows only its child's and orphans' statuses.
+    let b = summary(pids["b"]);
+    assert_eq!(
+        (b["ooms"].as_u64(), b["exit_status"].as_i64(), b["final_live_bytes"].as_u64()),
+        (Some(1), None, Some(0))
+    );
+    // The loaded runners, killed: weights + KV + compute + cuBLAS (+1 KiB) + 3 mapped 2 MiB VMM pieces.
+    for (name, gpu_mib) in [("a", 512u64), ("b2", 4096)] {
+        let live = (gpu_mib + 64 + 68 + 64 + 6) * (1 << 20) + 1024;
+        assert_eq!(summary(pids[name])["final_live_bytes"].as_u64(), Some(live), "{name}");
+    }
+    // The analyzer: the VMM pool is an arena of each loaded runner, the OOM an incident.
+    let out = Command::new(vramhook_bin()).arg("analyze").arg(t.capture()).arg("--json").output().expect("analyze");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
+    let ooms = report["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!((ooms[0]["pid"].as_u64(), ooms[0]["verdict_name"].as_str()), (Some(pids["b"] as u64), Some("capacity")));
+    assert_eq!(ooms[0]["requested_bytes"].as_u64(), Some(20 << 30));
+    let vmm: Vec<u64> = t
+        .events
+        .iter()
+        .filter(|e| e["api"] == "cuMemAddressReserve" && e["size"] == 32u64 << 30)
+        .map(|e| e["pid"].as_u64().expect("pid"))
+        .collect();
+    assert_eq!(vmm, vec![pids["a"] as u64, pids["b2"] as u64]);
 }
 
 #[test]

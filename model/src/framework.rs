@@ -74,7 +74,8 @@ pub struct FrameworkJudgement {
 /// 5. **OtherProcess** — `F + C + O ≥ R` with other processes named.
 /// 6. **Capacity** — otherwise.
 ///
-/// A missing number that a step needs makes the verdict `Unknown`, naming it.
+/// A missing number that a step needs makes the verdict `Unknown`, naming it; so does a
+/// request of 0 bytes, a message that gave no size.
 pub fn judge_framework_oom(o: &FrameworkOom) -> FrameworkJudgement {
     let r = o.requested;
     let mut missing = Vec::new();
@@ -88,6 +89,12 @@ pub fn judge_framework_oom(o: &FrameworkOom) -> FrameworkJudgement {
         unknown_reason: Some(reason),
     };
     let judged = |verdict: Verdict, missing: Vec<String>| FrameworkJudgement { verdict, missing, unknown_reason: None };
+    if r == 0 {
+        // A message with no size (llama.cpp's `failed to allocate compute buffers` alone):
+        // every rule below compares against the request.
+        missing.push("the requested size".to_string());
+        return unknown(missing, "the log does not say how many bytes were asked for".into());
+    }
     match (o.cached_free, o.largest_free_block) {
         (Some(c), Some(b)) if c >= r && b >= r => {
             return unknown(

@@ -157,6 +157,10 @@ stable fork_exec
 check_logs "$LOGDIR" "fork_exec: parent and child each log to their own pid file" \
     "len(S) == 2 and sorted(dev(s)['live_bytes'] for s in S) == sorted([$(leak_live 4), 28*MiB]) and all(s['pid'] != S[0]['pid'] for s in S[1:])"
 
+stable ollama_shape && grep -q '^pids serve' "$OUTF" && [ "$(ls "$LOGDIR" | wc -l)" = 3 ] \
+    && ok "ollama_shape: the server and the discovery child log nothing, the three runners (one out of memory, restarted) each their own" \
+    || bad "ollama_shape: $(cat "$OUTF.err" | head -3 | tr '\n' ' ')"
+
 run threads16 0 -- && a=$CKSUM && check_logs "$LOGDIR" "threads16: 32000 alloc/free pairs from 16 threads, nothing live" \
     "dev(S[0])['live_bytes'] == 0 and fns(L[0]).count('cuMemAlloc_v2') == 32000 and fns(L[0]).count('cuMemFree_v2') == 32000 and len(set(c['tid'] for c in L[0] if c['fn']=='cuMemAlloc_v2')) == 16 and all(c['result']==0 for c in L[0])"
 run threads16 0 -- && [ "$a" = "$CKSUM" ] && ok "threads16: checksum independent of scheduling" || bad "threads16 checksum differs"

@@ -144,7 +144,9 @@ fn explain(i: &LogIncident, framework: Framework) -> String {
         Some(pid) => format!("Process {pid}"),
         None => "The process".to_string(),
     };
-    let mut s = format!("{who} asked {} for {}", framework_label(framework), q(i, "requested", Some(n.requested)));
+    // 0: the message gave no size (llama.cpp's `failed to allocate compute buffers` alone).
+    let requested = q(i, "requested", (n.requested > 0).then_some(n.requested));
+    let mut s = format!("{who} asked {} for {requested}", framework_label(framework));
     if let Some(d) = i.device {
         s += &format!(" on GPU {d}");
     }
@@ -182,6 +184,20 @@ fn explain(i: &LogIncident, framework: Framework) -> String {
                 q(i, "in_use", n.pool_limit.zip(n.cached_free).map(|(l, c)| l.saturating_sub(c))),
                 q(i, "largest_free_block", n.largest_free_block)
             );
+        }
+        Framework::Ggml => {
+            if let Some(free) = i.quoted("device free at model load") {
+                let bytes = |t: &str| t.parse::<u64>().map(|b| format!("{t} bytes ({})", fmt_bytes(b)));
+                s += &format!(
+                    "When the model was loaded the device had {} free of {} (NVML, before the runner's own CUDA \
+                     context and buffers). ",
+                    bytes(free).unwrap_or_else(|_| free.to_string()),
+                    i.quoted("device_total").map(|t| bytes(t).unwrap_or_else(|_| t.to_string())).unwrap_or_default()
+                );
+            }
+            if let Some(o) = i.quoted("offloaded layers") {
+                s += &format!("{o} layers were planned on the GPU. ");
+            }
         }
         _ => {}
     }
