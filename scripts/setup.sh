@@ -17,6 +17,7 @@ command -v python3 >/dev/null || missing+=(python3)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v go >/dev/null || missing+=(golang-go)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
     sudo=""

@@ -240,21 +240,7 @@ impl Agent {
 
     /// GET `path`; `Err` when the agent does not answer.
     pub fn get(&self, path: &str) -> Result<String, String> {
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr)
-            .map_err(|e| e.to_string())?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
-        if !head.starts_with("HTTP/1.1 200") {
-            return Err(head.to_string());
-        }
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            return dechunk(body);
-        }
-        Ok(body.to_string())
+        http_get(&self.addr, path)
     }
 
     pub fn state(&self) -> Value {
@@ -343,6 +329,24 @@ fn dechunk(mut body: &str) -> Result<String, String> {
         out.push_str(rest.get(..size).ok_or("short chunk")?);
         body = rest.get(size + 2..).ok_or("short chunk")?;
     }
+}
+
+/// The body of `GET path` from an HTTP server on `addr` (status 200 only).
+pub fn http_get(addr: &std::net::SocketAddr, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head.to_string());
+    }
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return dechunk(body);
+    }
+    Ok(body.to_string())
 }
 
 /// The process `pid` in an agent state, if the model knows it.
