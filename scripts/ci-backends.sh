@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the real backends the agent's integration tests run
-# against on loopback: Jaeger v2, Prometheus 3 and promtool, in .tools/bin.
+# against on loopback: Jaeger v2, Prometheus 3 and promtool, and the Kubernetes manifest
+# checker (k8s-check), in .tools/bin.
 # Idempotent: a binary already there at the right version is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,5 +44,19 @@ build_jaeger() {
     echo "$JAEGER_VERSION" > "$stamp"
 }
 build_jaeger
+# k8s-check (deploy/check/k8s): decodes the Kubernetes manifests strictly into k8s.io/api's
+# types. Rebuilt when its source changes.
+build_k8s_check() {
+    local stamp="$BIN/.k8s-check.version" version
+    version=$(cat deploy/check/k8s/main.go deploy/check/k8s/go.mod deploy/check/k8s/go.sum | sha256sum | cut -c1-16)
+    if [[ -x "$BIN/k8s-check" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+        echo "ci-backends: k8s-check $version cached"
+        return
+    fi
+    echo "ci-backends: building k8s-check $version (k8s.io/api from the module proxy)"
+    (cd deploy/check/k8s && nice -n 10 go build -o "$BIN/k8s-check" .)
+    echo "$version" > "$stamp"
+}
+build_k8s_check
 echo "ci-backends: ready in $BIN"
 ls -l "$BIN"

@@ -216,3 +216,52 @@ fn agent_image_tree_runs_the_agent_as_its_non_root_user() {
     assert_eq!(p["dropped_events"], 0, "{p}");
     assert!(p["peak_bytes"].as_u64().unwrap_or(0) >= live, "{p}");
 }
+
+/// The manifest checker built by `scripts/ci-backends.sh` (k8s.io/api's types, strict).
+fn k8s_check() -> Option<PathBuf> {
+    let bin = repo_root().join(".tools/bin/k8s-check");
+    bin.is_file().then_some(bin)
+}
+
+#[test]
+fn kubernetes_manifests_decode_strictly_into_the_api_types() {
+    const TEST: &str = "kubernetes_manifests_decode_strictly_into_the_api_types";
+    let Some(check) = k8s_check() else {
+        not_run(TEST, ".tools/bin/k8s-check is missing (scripts/ci-backends.sh builds it)");
+        return;
+    };
+    let dir = repo_root().join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/kubernetes")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "the DaemonSet and the workload patch: {files:?}");
+    let out = Command::new(&check).args(&files).output().expect("k8s-check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for kind in ["DaemonSet", "Service", "ServiceAccount", "Deployment"] {
+        assert!(text.contains(&format!(" {kind}\n")), "{kind} checked: {text}");
+    }
+
+    // The checker fails where the API server would not do what the file says: a misspelt
+    // field, and a variable used before it is defined (the DaemonSet's old bug).
+    let bad = tempfile::tempdir().expect("dir");
+    let original = std::fs::read_to_string(dir.join("daemonset.yaml")).expect("daemonset");
+    let misspelt = original.replace("hostPID: true", "hostPid: true");
+    let node_name = "            - name: NODE_NAME\n              valueFrom: {fieldRef: {fieldPath: spec.nodeName}}\n";
+    assert!(original.contains(node_name));
+    // NODE_NAME moved after its user.
+    let late = original
+        .replace(node_name, "")
+        .replace("k8s.node.name=$(NODE_NAME)\"}\n", &format!("k8s.node.name=$(NODE_NAME)\"}}\n{node_name}"));
+    assert_ne!(late, original.replace(node_name, ""));
+    for (name, text, expect) in [("misspelt.yaml", misspelt, "hostPid"), ("late.yaml", late, "before it is defined")] {
+        let path = bad.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        let out = Command::new(&check).arg(&path).output().expect("k8s-check");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expect), "{name} must fail with {expect:?}: {stderr}");
+    }
+}
