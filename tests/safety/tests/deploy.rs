@@ -265,3 +265,27 @@ fn kubernetes_manifests_decode_strictly_into_the_api_types() {
         assert!(!out.status.success() && stderr.contains(expect), "{name} must fail with {expect:?}: {stderr}");
     }
 }
+
+#[test]
+fn collector_pipeline_is_loaded_by_a_real_collector() {
+    const TEST: &str = "collector_pipeline_is_loaded_by_a_real_collector";
+    // Jaeger v2 is an OpenTelemetry Collector build: it loads the pipeline as any would.
+    let jaeger = repo_root().join(".tools/bin/jaeger");
+    if !jaeger.is_file() {
+        not_run(TEST, ".tools/bin/jaeger is missing (scripts/ci-backends.sh builds it)");
+        return;
+    }
+    let config = repo_root().join("deploy/otel-collector.yaml");
+    let validate = |path: &Path| {
+        Command::new(&jaeger).arg("validate").arg(format!("--config={}", path.display())).output().expect("jaeger")
+    };
+    let out = validate(&config);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A pipeline naming a component the collector lacks is refused: the check can fail.
+    let dir = tempfile::tempdir().expect("dir");
+    let bad = dir.path().join("bad.yaml");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&bad, text.replace("exporters: [debug]", "exporters: [no_such_exporter]")).expect("write");
+    let out = validate(&bad);
+    assert!(!out.status.success(), "a pipeline with an unknown exporter must not validate");
+}
