@@ -289,3 +289,32 @@ fn collector_pipeline_is_loaded_by_a_real_collector() {
     let out = validate(&bad);
     assert!(!out.status.success(), "a pipeline with an unknown exporter must not validate");
 }
+
+#[test]
+fn alert_rules_check_and_their_tests_pass_including_the_headroom_forecast() {
+    const TEST: &str = "alert_rules_check_and_their_tests_pass_including_the_headroom_forecast";
+    let promtool = repo_root().join(".tools/bin/promtool");
+    if !promtool.is_file() {
+        not_run(TEST, ".tools/bin/promtool is missing (scripts/ci-backends.sh builds it)");
+        return;
+    }
+    let dir = repo_root().join("deploy/prometheus");
+    for args in [&["check", "rules", "alerts.yml"][..], &["test", "rules", "alerts_test.yml"][..]] {
+        let out = Command::new(&promtool).args(args).current_dir(&dir).output().expect("promtool");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "promtool {args:?}:\n{text}");
+        assert!(text.contains("SUCCESS"), "{text}");
+    }
+    // The forecast's test can fail: with the leak slowed to a tenth, nothing runs out
+    // within the hour and the expected alert is missing.
+    let tmp = tempfile::tempdir().expect("dir");
+    std::fs::copy(dir.join("alerts.yml"), tmp.path().join("alerts.yml")).expect("copy");
+    let tests = std::fs::read_to_string(dir.join("alerts_test.yml")).expect("tests");
+    std::fs::write(tmp.path().join("alerts_test.yml"), tests.replace("-536870912x60", "-53687091x60")).expect("write");
+    let out = Command::new(&promtool)
+        .args(["test", "rules", "alerts_test.yml"])
+        .current_dir(tmp.path())
+        .output()
+        .expect("promtool");
+    assert!(!out.status.success(), "a slow leak must not fire the forecast");
+}
