@@ -58,5 +58,14 @@ build_k8s_check() {
     echo "$version" > "$stamp"
 }
 build_k8s_check
+# cargo-deb, for the .deb (scripts/package-deb.sh and its test).
+CARGO_DEB_VERSION=3.8.0
+if [[ -x "$BIN/cargo-deb" && -f "$BIN/.cargo-deb.version" && "$(cat "$BIN/.cargo-deb.version")" == "$CARGO_DEB_VERSION" ]]; then
+    echo "ci-backends: cargo-deb $CARGO_DEB_VERSION cached"
+else
+    echo "ci-backends: installing cargo-deb $CARGO_DEB_VERSION"
+    nice -n 10 cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --root "$PWD/.tools" --quiet
+    echo "$CARGO_DEB_VERSION" > "$BIN/.cargo-deb.version"
+fi
 echo "ci-backends: ready in $BIN"
 ls -l "$BIN"

@@ -318,3 +318,70 @@ fn alert_rules_check_and_their_tests_pass_including_the_headroom_forecast() {
         .expect("promtool");
     assert!(!out.status.success(), "a slow leak must not fire the forecast");
 }
+
+#[test]
+fn debian_package_installs_and_removes_with_dpkg() {
+    const TEST: &str = "debian_package_installs_and_removes_with_dpkg";
+    let cargo_deb = repo_root().join(".tools/bin/cargo-deb");
+    if !cargo_deb.is_file() && Command::new("cargo-deb").arg("--version").output().is_err() {
+        not_run(TEST, "cargo-deb is not installed (scripts/ci-backends.sh installs it in .tools/bin)");
+        return;
+    }
+    if Command::new("dpkg").arg("--version").output().is_err() {
+        not_run(TEST, "dpkg is not installed (not a Debian system)");
+        return;
+    }
+    // Built under a lock (two test runs share target/deb), from this test's own profile.
+    let profile = if profile_dir().ends_with("release") { "release" } else { "dev" };
+    let work = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(repo_root().join("target/deb")).expect("target/deb");
+    let script = format!(
+        "scripts/package-deb.sh --profile {profile} --no-build && cp target/deb/vramhook_*.deb {}/",
+        work.path().display()
+    );
+    let out = Command::new("flock")
+        .arg(repo_root().join("target/deb/.lock"))
+        .args(["sh", "-c", &script])
+        .current_dir(repo_root())
+        .output()
+        .expect("package-deb.sh");
+    assert!(out.status.success(), "package-deb.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let deb = std::fs::read_dir(work.path())
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .expect("a .deb");
+
+    // dpkg on a root of its own: the real system's package database is left alone.
+    let root = work.path().join("root");
+    for dir in ["var/lib/dpkg/info", "var/lib/dpkg/updates"] {
+        std::fs::create_dir_all(root.join(dir)).expect("dpkg dirs");
+    }
+    std::fs::write(root.join("var/lib/dpkg/status"), "").expect("status");
+    let dpkg = |args: &[&str]| {
+        let out = Command::new("dpkg")
+            .arg(format!("--root={}", root.display()))
+            .args(["--log=/dev/null", "--force-depends"])
+            .args(args)
+            .output()
+            .expect("dpkg");
+        assert!(out.status.success(), "dpkg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    dpkg(&["-i", deb.to_str().expect("utf-8")]);
+    let version = Command::new(root.join("usr/bin/vramhook")).arg("--version").output().expect("installed binary");
+    assert!(version.status.success());
+    assert!(root.join("usr/lib/vramhook/libvramhook.so").is_file());
+    let unit = std::fs::read_to_string(root.join("lib/systemd/system/vramhook-agent.service")).expect("unit");
+    assert!(unit.contains("ExecStart=/usr/bin/vramhook agent"), "the unit runs the packaged binary:\n{unit}");
+    let dropin = std::fs::read_to_string(root.join("usr/share/vramhook/ollama-vramhook.conf")).expect("drop-in");
+    assert!(dropin.contains("LD_PRELOAD=/usr/lib/vramhook/libvramhook.so"), "{dropin}");
+    dpkg(&["--purge", "vramhook"]);
+    for path in [
+        "usr/bin/vramhook",
+        "usr/lib/vramhook/libvramhook.so",
+        "lib/systemd/system/vramhook-agent.service",
+        "etc/default/vramhook",
+    ] {
+        assert!(!root.join(path).exists(), "{path} left after purge");
+    }
+}
