@@ -58,6 +58,20 @@ build_k8s_check() {
     echo "$version" > "$stamp"
 }
 build_k8s_check
+# dashboard (deploy/grafana/gen): writes and checks the Grafana dashboard with
+# grafana-foundation-sdk. Rebuilt when its source changes.
+build_go_tool() { # name dir
+    local name=$1 dir=$2 stamp="$BIN/.$1.version" version
+    version=$(cat "$dir"/main.go "$dir"/go.mod "$dir"/go.sum | sha256sum | cut -c1-16)
+    if [[ -x "$BIN/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+        echo "ci-backends: $name $version cached"
+        return
+    fi
+    echo "ci-backends: building $name $version"
+    (cd "$dir" && nice -n 10 go build -o "$BIN/$name" .)
+    echo "$version" > "$stamp"
+}
+build_go_tool dashboard deploy/grafana/gen
 # cargo-deb, for the .deb (scripts/package-deb.sh and its test).
 CARGO_DEB_VERSION=3.8.0
 if [[ -x "$BIN/cargo-deb" && -f "$BIN/.cargo-deb.version" && "$(cat "$BIN/.cargo-deb.version")" == "$CARGO_DEB_VERSION" ]]; then
