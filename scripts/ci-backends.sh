@@ -44,22 +44,9 @@ build_jaeger() {
     echo "$JAEGER_VERSION" > "$stamp"
 }
 build_jaeger
-# k8s-check (deploy/check/k8s): decodes the Kubernetes manifests strictly into k8s.io/api's
-# types. Rebuilt when its source changes.
-build_k8s_check() {
-    local stamp="$BIN/.k8s-check.version" version
-    version=$(cat deploy/check/k8s/main.go deploy/check/k8s/go.mod deploy/check/k8s/go.sum | sha256sum | cut -c1-16)
-    if [[ -x "$BIN/k8s-check" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
-        echo "ci-backends: k8s-check $version cached"
-        return
-    fi
-    echo "ci-backends: building k8s-check $version (k8s.io/api from the module proxy)"
-    (cd deploy/check/k8s && nice -n 10 go build -o "$BIN/k8s-check" .)
-    echo "$version" > "$stamp"
-}
-build_k8s_check
+# Small Go tools of our own, each rebuilt when its source changes.
 # dashboard (deploy/grafana/gen): writes and checks the Grafana dashboard with
-# grafana-foundation-sdk. Rebuilt when its source changes.
+# grafana-foundation-sdk.
 build_go_tool() { # name dir
     local name=$1 dir=$2 stamp="$BIN/.$1.version" version
     version=$(cat "$dir"/main.go "$dir"/go.mod "$dir"/go.sum | sha256sum | cut -c1-16)
@@ -72,6 +59,8 @@ build_go_tool() { # name dir
     echo "$version" > "$stamp"
 }
 build_go_tool dashboard deploy/grafana/gen
+# k8s-check (deploy/check/k8s): decodes the Kubernetes manifests strictly into k8s.io/api's types.
+build_go_tool k8s-check deploy/check/k8s
 # cargo-deb, for the .deb (scripts/package-deb.sh and its test).
 CARGO_DEB_VERSION=3.8.0
 if [[ -x "$BIN/cargo-deb" && -f "$BIN/.cargo-deb.version" && "$(cat "$BIN/.cargo-deb.version")" == "$CARGO_DEB_VERSION" ]]; then
