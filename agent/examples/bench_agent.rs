@@ -64,21 +64,12 @@ fn make_ring(dir: &Path, pid: u32, capacity: u64) -> RingWriter {
 fn event(pid: u32, i: u64) -> vramhook_protocol::record::RawRecord {
     // Alternating alloc/free of the same address: a steady live set.
     let addr = 0x7f00_0000_0000 + (i / 2 % 4096) * 0x10_0000;
-    let (kind, api) =
-        if i.is_multiple_of(2) { (EventKind::Alloc, Api::cuMemAlloc_v2) } else { (EventKind::Free, Api::cuMemFree_v2) };
-    Event {
-        seq: 0,
-        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-        pid,
-        tid: pid,
-        kind: kind.code(),
-        api: api.code(),
-        device: 0,
-        addr,
-        size: if i.is_multiple_of(2) { 1 << 20 } else { 0 },
-        ..Event::default()
-    }
-    .to_raw()
+    let ev = if i.is_multiple_of(2) {
+        Event::alloc(Api::cuMemAlloc_v2, addr, 1 << 20)
+    } else {
+        Event::free(Api::cuMemFree_v2, addr)
+    };
+    ev.by(pid, pid).at(vramhook_protocol::clock::monotonic_ns()).on_device(0).to_raw()
 }
 
 fn sleeper(secs: u32) -> std::process::Child {

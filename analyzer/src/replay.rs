@@ -382,7 +382,6 @@ impl Replayer {
     }
 
     /// A framework segment (PyTorch): straight to the model.
-    #[allow(clippy::too_many_arguments)]
     pub fn framework_segment(
         &mut self,
         pid: u32,
@@ -857,8 +856,12 @@ mod tests {
     use vramhook_protocol::record::Api;
 
     fn ev(pid: u32, ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
-        let api = if kind == EventKind::Alloc { Api::cuMemAlloc_v2 } else { Api::cuMemFree_v2 };
-        Event { ts_ns: ts, pid, tid: pid, kind: kind.code(), api: api.code(), addr, size, ..Event::default() }
+        let e = if kind == EventKind::Alloc {
+            Event::alloc(Api::cuMemAlloc_v2, addr, size)
+        } else {
+            Event::free(Api::cuMemFree_v2, addr)
+        };
+        e.by(pid, pid).at(ts).on_device(0)
     }
 
     /// Flushes follow the grid, not the processes: one that went quiet long ago (or exited)
@@ -868,11 +871,7 @@ mod tests {
         let mut r = Replayer::new(Options { max_points: 100, ..Options::default() });
         r.event(&ev(1, 1_000, EventKind::Alloc, 0x1000, 4096));
         r.event(&ev(1, 2_000, EventKind::Free, 0x1000, 0));
-        r.event(&Event {
-            kind: EventKind::ProcessExit.code(),
-            api: Api::Interposer.code(),
-            ..ev(1, 3_000, EventKind::Free, 0, 0)
-        });
+        r.event(&Event::process_exit().by(1, 1).at(3_000).on_device(0));
         // One hour of another process, an event every 18 ms.
         let n = 200_000u64;
         for i in 0..n {

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use vramhook_analyzer::{analyze_bytes, fuzzing, AnalyzeError, Options};
-use vramhook_protocol::record::{Api, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -190,9 +190,13 @@ fn a_file_truncated_while_mapped_reads_as_cut() {
     let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
     let evs: Vec<_> = (0..200_000u64)
         .map(|i| {
-            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
-            let api = if i % 2 == 0 { Api::cuMemAlloc_v2 } else { Api::cuMemFree_v2 };
-            ev(7, 1_000 + i, kind, api, 0x1000 + (i / 2) * 4096, 4096, 0, 0)
+            let addr = 0x1000 + (i / 2) * 4096;
+            let e = if i % 2 == 0 {
+                Event::alloc(Api::cuMemAlloc_v2, addr, 4096)
+            } else {
+                Event::free(Api::cuMemFree_v2, addr)
+            };
+            ev(7, 1_000 + i, e)
         })
         .collect();
     for c in evs.chunks(1000) {

@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use vramhook_analyzer::{analyze_bytes, perfetto, text, Options};
 use vramhook_protocol::capture::Bytes;
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 fn proc(r: &vramhook_analyzer::Report, pid: u32) -> &vramhook_analyzer::ProcessReport {
     r.processes.iter().find(|p| p.pid == pid).expect("process in report")
@@ -155,13 +155,13 @@ fn real_h200_captures_match_the_schema() {
 #[test]
 fn inputs_out_of_time_order_keep_every_timeline() {
     use vramhook_protocol::capture::CaptureWriter;
-    use vramhook_protocol::record::{Api, EventKind};
+    use vramhook_protocol::record::Api;
     let (bytes, _) = scenario();
     // A second capture whose only process ran before the first capture's.
     let mut w = CaptureWriter::new(Vec::new(), &header()).expect("w");
     w.write_events(&[
-        ev(300, 1_000, EventKind::Alloc, Api::cuMemAlloc_v2, 0x5000_0000, 64 * MIB, 0, 0),
-        ev(300, 2_000, EventKind::Free, Api::cuMemFree_v2, 0x5000_0000, 0, 0, 0),
+        ev(300, 1_000, Event::alloc(Api::cuMemAlloc_v2, 0x5000_0000, 64 * MIB)),
+        ev(300, 2_000, Event::free(Api::cuMemFree_v2, 0x5000_0000)),
     ])
     .expect("w");
     let early = w.finish().expect("finish");
@@ -204,14 +204,14 @@ fn timelines_keep_exact_extremes_of_every_process_and_device() {
             Some((d, size)) => {
                 *proc_live.entry(pid).or_default() -= size;
                 *dev_live.entry(d).or_default() -= size;
-                ev(pid, ts, EventKind::Free, Api::cuMemFree_v2, addr, 0, 0, 0)
+                ev(pid, ts, Event::free(Api::cuMemFree_v2, addr))
             }
             None => {
                 let size = 4096 << ((x >> 32) % 12);
                 live.insert((pid, addr), (device, size));
                 *proc_live.entry(pid).or_default() += size;
                 *dev_live.entry(device).or_default() += size;
-                Event { device, ..ev(pid, ts, EventKind::Alloc, Api::cuMemAlloc_v2, addr, size, 0, 0) }
+                ev(pid, ts, Event::alloc(Api::cuMemAlloc_v2, addr, size)).on_device(device)
             }
         };
         events.push(e);

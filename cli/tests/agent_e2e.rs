@@ -214,7 +214,7 @@ fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
     let mut dropped = 0;
     let mut calls = 0;
     for_each_event(dir, pid, |e| match e.kind() {
-        Some(EventKind::Dropped) => dropped += e.size,
+        Some(EventKind::Dropped) => dropped += e.dropped_count(),
         Some(EventKind::ProcessStart | EventKind::ProcessExit) => seqs.push(e.seq),
         _ => {
             seqs.push(e.seq);

@@ -7,7 +7,7 @@ use agent_support::*;
 use serde_json::Value;
 use std::os::unix::io::AsRawFd;
 use std::time::Duration;
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
 
 fn process(state: &Value, pid: u32) -> Option<&Value> {
@@ -69,15 +69,7 @@ fn slots_reserved_by_a_writer_that_died_are_counted_as_lost() {
     // SAFETY: the mapping is len bytes and writable.
     let writer = unsafe { RingWriter::init(base as *mut u8, &init, &[]) };
     for i in 0..10u64 {
-        let e = Event {
-            pid,
-            tid: pid,
-            kind: EventKind::Alloc.code(),
-            api: Api::cuMemAlloc_v2.code(),
-            addr: 0x1000_0000 + i * 0x10_0000,
-            size: 4096,
-            ..Event::default()
-        };
+        let e = Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 + i * 0x10_0000, 4096).by(pid, pid).on_device(0);
         assert!(writer.push(&e.to_raw()));
     }
     // Two slots reserved and never published: the writer "died" mid-write.

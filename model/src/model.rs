@@ -628,7 +628,7 @@ impl Model {
             return;
         };
         if kind == EventKind::ProcessStart {
-            self.process_start(ev.pid, ev.aux, ev.addr as u32, ev.ts_ns);
+            self.process_start(ev.pid, ev.start_time(), ev.ppid(), ev.ts_ns);
             return;
         }
         let slot = match self.pid_cache {
@@ -703,7 +703,7 @@ impl Model {
                 }
                 EventKind::Dropped => {
                     let p = &mut self.procs[slot];
-                    p.dropped_events = p.dropped_events.saturating_add(ev.size);
+                    p.dropped_events = p.dropped_events.saturating_add(ev.dropped_count());
                 }
                 EventKind::ProcessStart | EventKind::HookMiss => {}
             }
@@ -888,10 +888,7 @@ impl Model {
             return;
         }
         let pid = ev.pid;
-        let pool = match api {
-            Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
-            _ => 0,
-        };
+        let pool = ev.pool();
         let flag = if pool != 0 { EXPLICIT_POOL } else { 0 };
         let a = Alloc { size: ev.size, ts, device: ev.device, class: class as u8 | flag };
         if let Some(old) = self.allocs.insert(pid, ev.addr, a) {
@@ -968,7 +965,7 @@ impl Model {
 
     fn on_create(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
         let class = if api == Api::cuMemImportFromShareableHandle { Class::Import } else { Class::Vmm };
-        let key = (ev.pid, ev.aux);
+        let key = (ev.pid, ev.handle());
         if self.handles.contains_key(&key) {
             self.anomaly(Some(slot), Anomaly::VmmCreateDuplicate);
             return;
@@ -995,7 +992,7 @@ impl Model {
     }
 
     fn on_release(&mut self, slot: usize, ev: &Event) {
-        let key = (ev.pid, ev.aux);
+        let key = (ev.pid, ev.handle());
         match self.handles.get_mut(&key) {
             None => self.anomaly(Some(slot), Anomaly::ReleaseUnknown),
             Some(h) if h.released => self.anomaly(Some(slot), Anomaly::DoubleRelease),
@@ -1054,7 +1051,7 @@ impl Model {
 
     fn on_map(&mut self, slot: usize, ev: &Event, ts: u64) {
         let pid = ev.pid;
-        let (addr, size, hkey) = (ev.addr, ev.size, (ev.pid, ev.aux));
+        let (addr, size, hkey) = (ev.addr, ev.size, (ev.pid, ev.handle()));
         if size == 0 {
             self.anomaly(Some(slot), Anomaly::ZeroSize);
             return;
@@ -1091,7 +1088,7 @@ impl Model {
         }
         let before = r.numbers();
         r.occupy_interval(base, addr, end);
-        r.mappings.insert(addr, Mapping { size, handle: ev.aux, offset: ev.stream, ts });
+        r.mappings.insert(addr, Mapping { size, handle: ev.handle(), offset: ev.map_offset(), ts });
         r.mapped += size;
         let after = r.numbers();
         self.procs[slot].arena_change(Some(before), Some(after));
@@ -1164,8 +1161,8 @@ impl Model {
     // ---- pools -------------------------------------------------------------------------
 
     fn on_pool_create(&mut self, slot: usize, ev: &Event) {
-        let key = (ev.pid, false, ev.stream);
-        if ev.stream == 0 || self.pools.contains_key(&key) {
+        let key = (ev.pid, false, ev.pool());
+        if ev.pool() == 0 || self.pools.contains_key(&key) {
             self.anomaly(Some(slot), Anomaly::PoolDuplicate);
             return;
         }
@@ -1187,7 +1184,7 @@ impl Model {
     }
 
     fn on_pool_destroy(&mut self, slot: usize, ev: &Event) {
-        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.stream) else {
+        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.pool()) else {
             self.anomaly(Some(slot), Anomaly::PoolUnknown);
             return;
         };
@@ -1198,11 +1195,11 @@ impl Model {
     }
 
     fn on_pool_trim(&mut self, slot: usize, ev: &Event) {
-        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.stream) else {
+        let Some(key) = self.resolve_pool(ev.pid, ev.device, ev.pool()) else {
             self.anomaly(Some(slot), Anomaly::PoolUnknown);
             return;
         };
-        let keep = ev.size;
+        let keep = ev.keep_bytes();
         self.change_pool(slot, key, |pl| pl.hwm = pl.live.max(pl.hwm.min(keep)));
     }
 
@@ -1223,15 +1220,16 @@ impl Model {
     }
 
     fn on_meminfo(&mut self, slot: usize, ev: &Event, ts: u64) {
-        self.devices.insert(ev.device, DeviceSample { total: ev.size, free: ev.addr, ts });
+        let (free, total) = (ev.free_bytes(), ev.total_bytes());
+        self.devices.insert(ev.device, DeviceSample { total, free, ts });
         if let Some((idx, tid)) = self.procs[slot].awaiting_sample {
             if tid == ev.tid && self.incidents[idx].view.device == ev.device {
                 self.procs[slot].awaiting_sample = None;
                 let inc = &mut self.incidents[idx];
-                inc.inputs.device_free = Some(ev.addr);
-                inc.inputs.device_total = Some(ev.size);
-                inc.view.device_free_bytes = Some(ev.addr);
-                inc.view.device_total_bytes = Some(ev.size);
+                inc.inputs.device_free = Some(free);
+                inc.inputs.device_total = Some(total);
+                inc.view.device_free_bytes = Some(free);
+                inc.view.device_total_bytes = Some(total);
                 inc.view.sample_ts_ns = Some(ts);
                 inc.view.sample_after_failure = true;
                 self.decide(idx);

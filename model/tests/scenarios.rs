@@ -3,7 +3,7 @@
 
 use vramhook_model::*;
 use vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY;
-use vramhook_protocol::{Api, Event, EventKind, ProcessInfo};
+use vramhook_protocol::{Api, Event, ProcessInfo};
 
 const TOTAL: u64 = 150_110_011_392; // 139.80 GiB
 
@@ -18,71 +18,48 @@ struct Proc {
 impl Proc {
     fn new(pid: u32, start_ts: u64) -> Proc {
         let mut p = Proc { pid, seq: 0, ts: start_ts, out: vec![] };
-        p.push(EventKind::ProcessStart, Api::Interposer, 0, 1, 1000 + pid as u64, 0, 0);
+        p.push(Event::process_start(1, 1000 + pid as u64));
         p
     }
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        kind: EventKind,
-        api: Api,
-        result: u32,
-        addr: u64,
-        aux: u64,
-        size: u64,
-        stream: u64,
-    ) -> &mut Self {
+    /// Adds `ev` as this process's next event, 1 ms after the last, on device 0.
+    fn push(&mut self, ev: Event) -> &mut Self {
         self.ts += 1_000_000; // 1 ms
-        self.out.push(Event {
-            seq: self.seq,
-            ts_ns: self.ts,
-            pid: self.pid,
-            tid: self.pid,
-            kind: kind.code(),
-            api: api.code(),
-            caller: 0,
-            result,
-            device: 0,
-            addr,
-            size,
-            aux,
-            stream,
-        });
+        self.out.push(ev.by(self.pid, self.pid).at(self.ts).with_seq(self.seq).on_device(0));
         self.seq += 1;
         self
     }
     fn alloc(&mut self, api: Api, addr: u64, size: u64) -> &mut Self {
-        self.push(EventKind::Alloc, api, 0, addr, 0, size, 0)
+        self.push(Event::alloc(api, addr, size))
     }
     fn oom(&mut self, api: Api, size: u64) -> &mut Self {
-        self.push(EventKind::Alloc, api, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
+        self.push(Event::alloc(api, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY))
     }
     fn free(&mut self, api: Api, addr: u64) -> &mut Self {
-        self.push(EventKind::Free, api, 0, addr, 0, 0, 0)
+        self.push(Event::free(api, addr))
     }
     fn meminfo(&mut self, free: u64) -> &mut Self {
-        self.push(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, free, 0, TOTAL, 0)
+        self.push(Event::mem_info(free, TOTAL))
     }
     fn reserve(&mut self, base: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmReserve, Api::cuMemAddressReserve, 0, base, 0, size, 0)
+        self.push(Event::vmm_reserve(base, size, 0, 0))
     }
     fn create(&mut self, handle: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmCreate, Api::cuMemCreate, 0, 0, handle, size, 0)
+        self.push(Event::vmm_create(Api::cuMemCreate, handle, size))
     }
     fn create_oom(&mut self, size: u64) -> &mut Self {
-        self.push(EventKind::VmmCreate, Api::cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
+        self.push(Event::vmm_create(Api::cuMemCreate, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY))
     }
     fn map(&mut self, addr: u64, size: u64, handle: u64) -> &mut Self {
-        self.push(EventKind::VmmMap, Api::cuMemMap, 0, addr, handle, size, 0)
+        self.push(Event::vmm_map(addr, size, handle, 0))
     }
     fn unmap(&mut self, addr: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmUnmap, Api::cuMemUnmap, 0, addr, 0, size, 0)
+        self.push(Event::vmm_unmap(addr, size))
     }
     fn release(&mut self, handle: u64) -> &mut Self {
-        self.push(EventKind::VmmRelease, Api::cuMemRelease, 0, 0, handle, 0, 0)
+        self.push(Event::vmm_release(handle))
     }
     fn trim(&mut self, pool: u64, keep: u64) -> &mut Self {
-        self.push(EventKind::PoolTrim, Api::cuMemPoolTrimTo, 0, 0, 0, keep, pool)
+        self.push(Event::pool_trim(pool, keep))
     }
 }
 
@@ -419,14 +396,7 @@ fn exit_releases_everything_and_pid_reuse() {
     let mut m = run(&[&p]);
     assert_eq!(proc_view(&m, 71).live_bytes, 4 << 20);
     // pid reuse: a ProcessStart with a new start time closes the old process.
-    m.apply(&Event {
-        pid: 71,
-        kind: EventKind::ProcessStart.code(),
-        api: Api::Interposer.code(),
-        aux: 99_999,
-        ts_ns: p.ts + 1,
-        ..Event::default()
-    });
+    m.apply(&Event::process_start(0, 99_999).by(71, 0).at(p.ts + 1).on_device(0));
     let s = m.snapshot();
     let old: Vec<_> = s.processes.iter().filter(|x| x.pid == 71).collect();
     assert_eq!(old.len(), 2);
@@ -455,18 +425,10 @@ fn anomalies_are_counted_not_applied() {
     let mut m = run(&[&p]);
     // Another thread's event older than the process's latest: threads reach the ring
     // concurrently, so this is normal and not an anomaly.
-    m.apply(&Event { pid: 81, tid: 82, kind: 1, api: 1, addr: 0x3000, size: 1, ts_ns: 6, ..Event::default() });
-    m.apply(&Event { pid: 81, tid: 82, kind: 2, api: 4, addr: 0x3000, ts_ns: 7, ..Event::default() });
-    m.apply(&Event {
-        pid: 81,
-        tid: 81,
-        kind: 1,
-        api: 1,
-        addr: 0x2000,
-        size: 1,
-        ts_ns: 5, // time going backwards within a thread: counted, applied at the latest time
-        ..Event::default()
-    });
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x3000, 1).by(81, 82).at(6).on_device(0));
+    m.apply(&Event::free(Api::cuMemFree_v2, 0x3000).by(81, 82).at(7).on_device(0));
+    // Time going backwards within a thread: counted, applied at the latest time.
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x2000, 1).by(81, 81).at(5).on_device(0));
     let s = m.snapshot();
     let a = &s.anomalies;
     assert_eq!(a["free_unknown_address"], 2);
@@ -505,7 +467,7 @@ fn device_view_untraced_and_stale() {
 #[test]
 fn dropped_events_flag_incomplete() {
     let mut p = Proc::new(95, 0);
-    p.push(EventKind::Dropped, Api::Interposer, 0, 0, 0, 12, 0);
+    p.push(Event::dropped(12, 0));
     let m = run(&[&p]);
     let pv = proc_view(&m, 95);
     assert_eq!(pv.dropped_events, 12);
@@ -550,7 +512,7 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     gone.alloc(Api::cuMemAlloc_v2, 0x1000, 4096);
     let mut live = Proc::new(2, 0);
     live.meminfo(1 << 30).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
-    live.push(EventKind::Alloc, Api::cuMemAlloc_v2, 2, 0, 0, 200 << 30, 0);
+    live.oom(Api::cuMemAlloc_v2, 200 << 30);
     let mut m = run(&[&gone, &live]);
     m.process_exit(1, 0, Some(0), 1);
     let before = m.snapshot();
@@ -563,17 +525,8 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     assert_eq!(after.processes[0], before.processes.iter().find(|p| p.pid == 2).expect("pid 2").clone());
     assert_eq!(after.incidents, before.incidents.iter().filter(|i| i.pid == 2).cloned().collect::<Vec<_>>());
     // The kept process goes on exactly; a new process of the forgotten pid starts afresh.
-    m.apply(&Event { pid: 2, tid: 2, kind: 2, api: 4, addr: 0x9000, ts_ns: u64::MAX / 2, ..Event::default() });
-    m.apply(&Event {
-        pid: 1,
-        tid: 1,
-        kind: 1,
-        api: 1,
-        addr: 0x2000,
-        size: 10,
-        ts_ns: u64::MAX / 2,
-        ..Event::default()
-    });
+    m.apply(&Event::free(Api::cuMemFree_v2, 0x9000).by(2, 2).at(u64::MAX / 2).on_device(0));
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x2000, 10).by(1, 1).at(u64::MAX / 2).on_device(0));
     let s = m.snapshot();
     assert_eq!(proc_view(&m, 2).live_bytes, 0);
     assert_eq!(proc_view(&m, 1).live_bytes, 10);
@@ -603,7 +556,7 @@ fn windows_span_what_happened_since_the_last_take() {
     assert_eq!((live, w.map(|w| (w.min, w.max))), (100, Some((0, 4196))));
     assert_eq!(m.take_device_windows()[0].window, None, "taken");
     assert_eq!(m.take_process_window(0), Some((100, None)), "taken");
-    p.push(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0, 0);
+    p.push(Event::process_exit());
     m.apply(p.out.last().expect("exit"));
     let w = m.take_device_windows()[0].window.expect("the exit moved it");
     assert_eq!((w.min, w.max), (0, 100), "from its value at the take down to nothing");

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 use vramhook_protocol::ring::{ring_file_size_lanes, RingHeader, RingInit, RingWriter};
 
 /// A ring file mapped read-write by the test, written through the protocol's writer.
@@ -106,21 +106,12 @@ impl Drop for RingFile {
 
 /// An allocation event of `pid`.
 pub fn alloc(pid: u32, addr: u64, size: u64) -> Event {
-    Event {
-        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-        pid,
-        tid: pid,
-        kind: EventKind::Alloc.code(),
-        api: Api::cuMemAlloc_v2.code(),
-        addr,
-        size,
-        ..Event::default()
-    }
+    Event::alloc(Api::cuMemAlloc_v2, addr, size).by(pid, pid).at(vramhook_protocol::clock::monotonic_ns()).on_device(0)
 }
 
 /// A failed allocation (CUDA_ERROR_OUT_OF_MEMORY) of `size` by `pid`.
 pub fn oom(pid: u32, size: u64) -> Event {
-    Event { result: 2, addr: 0, ..alloc(pid, 0, size) }
+    alloc(pid, 0, size).with_result(vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Start time (clock ticks since boot) of a running process.

@@ -1,0 +1,570 @@
+//! What each event kind keeps in the record's four payload words, in one place.
+//!
+//! The wire format predates this module and reuses words: a pool allocation keeps its
+//! stream in `aux` and its pool in `stream`, a process start keeps its parent's pid in
+//! `addr`, a device sample its free bytes in `addr`. The constructors and accessors below
+//! are the only code that knows which word is which; everything else writes and reads
+//! events through them.
+//!
+//! | kind | `addr` | `size` | `aux` | `stream` |
+//! |---|---|---|---|---|
+//! | `alloc` | address (array handle) | bytes (requested, when failed) | pitch, managed flags, mip levels, or stream (pool allocations) | stream, or pool (pool allocations) |
+//! | `free` | address | 0 | 0 | stream |
+//! | `vmm_create` | 0 | bytes | handle | 0 |
+//! | `vmm_release` | 0 | 0 | handle | 0 |
+//! | `vmm_reserve` | address | bytes | requested address | alignment |
+//! | `vmm_address_free`, `vmm_unmap` | address | bytes | 0 | 0 |
+//! | `vmm_map` | address | bytes | handle | offset in the handle |
+//! | `pool_create`, `pool_destroy` | 0 | 0 | 0 | pool |
+//! | `pool_trim` | 0 | bytes to keep | 0 | pool |
+//! | `mem_info` | device free bytes | device total bytes | 0 | 0 |
+//! | `process_start` | parent pid | 0 | process start time | 0 |
+//! | `process_exit` | 0 | 0 | 0 | 0 |
+//! | `dropped` | 0 | events lost | of which lost in flight (slots taken, never published) | 0 |
+//! | `hook_miss` | symbol name, 32 bytes over all four words; version in `device`, flags in `caller` | | | |
+
+use crate::record::{Api, Caller, Event, EventKind};
+
+impl Event {
+    /// A record of `kind` from `api`: device unknown (-1), every other field zero.
+    #[inline(always)]
+    const fn of(kind: EventKind, api: Api) -> Event {
+        Event {
+            seq: 0,
+            ts_ns: 0,
+            addr: 0,
+            size: 0,
+            aux: 0,
+            stream: 0,
+            pid: 0,
+            tid: 0,
+            result: 0,
+            device: -1,
+            kind: kind as u8,
+            caller: 0,
+            api: api as u16,
+        }
+    }
+
+    // ---- the fields every kind has ------------------------------------------------------
+
+    /// The process and thread that made the call.
+    #[inline(always)]
+    pub const fn by(mut self, pid: u32, tid: u32) -> Event {
+        self.pid = pid;
+        self.tid = tid;
+        self
+    }
+
+    /// When it happened (ns, the capture's clock).
+    #[inline(always)]
+    pub const fn at(mut self, ts_ns: u64) -> Event {
+        self.ts_ns = ts_ns;
+        self
+    }
+
+    /// Its position in its process's stream.
+    #[inline(always)]
+    pub const fn with_seq(mut self, seq: u64) -> Event {
+        self.seq = seq;
+        self
+    }
+
+    /// The device ordinal (-1: unknown, the default).
+    #[inline(always)]
+    pub const fn on_device(mut self, device: i16) -> Event {
+        self.device = device;
+        self
+    }
+
+    /// The CUresult the call returned (0, the default, is success).
+    #[inline(always)]
+    pub const fn with_result(mut self, result: u32) -> Event {
+        self.result = result;
+        self
+    }
+
+    /// The runtime call that led to this driver call.
+    #[inline(always)]
+    pub const fn with_caller(mut self, caller: Caller) -> Event {
+        self.caller = caller as u8;
+        self
+    }
+
+    // ---- constructors, one per kind (and per allocation shape) --------------------------
+
+    /// An allocation with no second word: `cuMemAlloc_v2`, arrays, IPC opens, imports.
+    /// A failed one has `addr` 0 and the requested `size`.
+    #[inline(always)]
+    pub const fn alloc(api: Api, addr: u64, size: u64) -> Event {
+        let mut e = Event::of(EventKind::Alloc, api);
+        e.addr = addr;
+        e.size = size;
+        e
+    }
+
+    /// `cuMemAllocPitch_v2`: `size` is pitch × height.
+    #[inline(always)]
+    pub const fn alloc_pitch(addr: u64, size: u64, pitch: u64) -> Event {
+        let mut e = Event::alloc(Api::cuMemAllocPitch_v2, addr, size);
+        e.aux = pitch;
+        e
+    }
+
+    /// `cuMemAllocManaged` with its flags.
+    #[inline(always)]
+    pub const fn alloc_managed(addr: u64, size: u64, flags: u64) -> Event {
+        let mut e = Event::alloc(Api::cuMemAllocManaged, addr, size);
+        e.aux = flags;
+        e
+    }
+
+    /// `cuMipmappedArrayCreate`: all levels' bytes, and the level count.
+    #[inline(always)]
+    pub const fn mipmapped_array(handle: u64, size: u64, levels: u64) -> Event {
+        let mut e = Event::alloc(Api::cuMipmappedArrayCreate, handle, size);
+        e.aux = levels;
+        e
+    }
+
+    /// A stream-ordered allocation from the device's current pool (`cuMemAllocAsync*`).
+    #[inline(always)]
+    pub const fn alloc_async(api: Api, addr: u64, size: u64, stream: u64) -> Event {
+        let mut e = Event::alloc(api, addr, size);
+        e.stream = stream;
+        e
+    }
+
+    /// A stream-ordered allocation from an explicit pool (`cuMemAllocFromPoolAsync*`).
+    #[inline(always)]
+    pub const fn pool_alloc(api: Api, addr: u64, size: u64, pool: u64, stream: u64) -> Event {
+        let mut e = Event::alloc(api, addr, size);
+        e.aux = stream;
+        e.stream = pool;
+        e
+    }
+
+    /// A free of anything an allocation handed out (`cuMemFree_v2`, arrays, IPC closes).
+    #[inline(always)]
+    pub const fn free(api: Api, addr: u64) -> Event {
+        let mut e = Event::of(EventKind::Free, api);
+        e.addr = addr;
+        e
+    }
+
+    /// A stream-ordered free (`cuMemFreeAsync*`).
+    #[inline(always)]
+    pub const fn free_async(api: Api, addr: u64, stream: u64) -> Event {
+        let mut e = Event::free(api, addr);
+        e.stream = stream;
+        e
+    }
+
+    /// A VMM physical handle made (`cuMemCreate`) or imported (size 0: unknown).
+    #[inline(always)]
+    pub const fn vmm_create(api: Api, handle: u64, size: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmCreate, api);
+        e.size = size;
+        e.aux = handle;
+        e
+    }
+
+    /// `cuMemRelease`.
+    #[inline(always)]
+    pub const fn vmm_release(handle: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmRelease, Api::cuMemRelease);
+        e.aux = handle;
+        e
+    }
+
+    /// `cuMemAddressReserve`: the range handed out, and the address and alignment asked for.
+    #[inline(always)]
+    pub const fn vmm_reserve(addr: u64, size: u64, requested_addr: u64, alignment: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmReserve, Api::cuMemAddressReserve);
+        e.addr = addr;
+        e.size = size;
+        e.aux = requested_addr;
+        e.stream = alignment;
+        e
+    }
+
+    /// `cuMemAddressFree`.
+    #[inline(always)]
+    pub const fn vmm_address_free(addr: u64, size: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmAddressFree, Api::cuMemAddressFree);
+        e.addr = addr;
+        e.size = size;
+        e
+    }
+
+    /// `cuMemMap`: `size` bytes of `handle`, from `offset` in it, at `addr`.
+    #[inline(always)]
+    pub const fn vmm_map(addr: u64, size: u64, handle: u64, offset: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmMap, Api::cuMemMap);
+        e.addr = addr;
+        e.size = size;
+        e.aux = handle;
+        e.stream = offset;
+        e
+    }
+
+    /// `cuMemUnmap`.
+    #[inline(always)]
+    pub const fn vmm_unmap(addr: u64, size: u64) -> Event {
+        let mut e = Event::of(EventKind::VmmUnmap, Api::cuMemUnmap);
+        e.addr = addr;
+        e.size = size;
+        e
+    }
+
+    /// `cuMemPoolCreate` (the new pool's handle; 0 when the call failed).
+    #[inline(always)]
+    pub const fn pool_create(pool: u64) -> Event {
+        let mut e = Event::of(EventKind::PoolCreate, Api::cuMemPoolCreate);
+        e.stream = pool;
+        e
+    }
+
+    /// `cuMemPoolDestroy`.
+    #[inline(always)]
+    pub const fn pool_destroy(pool: u64) -> Event {
+        let mut e = Event::of(EventKind::PoolDestroy, Api::cuMemPoolDestroy);
+        e.stream = pool;
+        e
+    }
+
+    /// `cuMemPoolTrimTo`: the pool keeps at least `keep_bytes` reserved.
+    #[inline(always)]
+    pub const fn pool_trim(pool: u64, keep_bytes: u64) -> Event {
+        let mut e = Event::of(EventKind::PoolTrim, Api::cuMemPoolTrimTo);
+        e.size = keep_bytes;
+        e.stream = pool;
+        e
+    }
+
+    /// A device sample (`cuMemGetInfo_v2`).
+    #[inline(always)]
+    pub const fn mem_info(free_bytes: u64, total_bytes: u64) -> Event {
+        let mut e = Event::of(EventKind::MemInfo, Api::cuMemGetInfo_v2);
+        e.addr = free_bytes;
+        e.size = total_bytes;
+        e
+    }
+
+    /// The interposer's first record in a process.
+    #[inline(always)]
+    pub const fn process_start(ppid: u32, start_time: u64) -> Event {
+        let mut e = Event::of(EventKind::ProcessStart, Api::Interposer);
+        e.addr = ppid as u64;
+        e.aux = start_time;
+        e
+    }
+
+    /// The interposer's last record in a process (its library destructor ran).
+    #[inline(always)]
+    pub const fn process_exit() -> Event {
+        Event::of(EventKind::ProcessExit, Api::Interposer)
+    }
+
+    /// `count` events lost, `lost_in_flight` of them slots a writer reserved but never published.
+    #[inline(always)]
+    pub const fn dropped(count: u64, lost_in_flight: u64) -> Event {
+        let mut e = Event::of(EventKind::Dropped, Api::Interposer);
+        e.size = count;
+        e.aux = lost_in_flight;
+        e
+    }
+
+    /// An entry point the driver handed out that no wrapper matched: its name (cut to 32
+    /// bytes), the version asked for (clamped to i16) and the flags (saturated to u8).
+    pub fn hook_miss(name: &[u8], version: i32, flags: u64) -> Event {
+        let mut packed = [0u8; 32];
+        let n = name.len().min(32);
+        packed[..n].copy_from_slice(&name[..n]);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&packed[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let mut e = Event::of(EventKind::HookMiss, Api::Interposer);
+        e.addr = word(0);
+        e.size = word(1);
+        e.aux = word(2);
+        e.stream = word(3);
+        e.device = version.clamp(i16::MIN as i32, i16::MAX as i32) as i16;
+        e.caller = flags.min(255) as u8;
+        e
+    }
+
+    // ---- accessors for the words whose meaning depends on the kind ----------------------
+
+    /// True for `cuMemAllocFromPoolAsync*`, whose words differ from every other allocation.
+    #[inline(always)]
+    fn is_explicit_pool_api(&self) -> bool {
+        self.api == Api::cuMemAllocFromPoolAsync as u16 || self.api == Api::cuMemAllocFromPoolAsync_ptsz as u16
+    }
+
+    /// The explicit pool: of a pool allocation, or of a pool create/destroy/trim. 0 for
+    /// anything else (an `alloc_async` comes from the device's current pool).
+    #[inline(always)]
+    pub fn pool(&self) -> u64 {
+        match EventKind::from_code(self.kind) {
+            Some(EventKind::Alloc) if self.is_explicit_pool_api() => self.stream,
+            Some(EventKind::PoolCreate | EventKind::PoolDestroy | EventKind::PoolTrim) => self.stream,
+            _ => 0,
+        }
+    }
+
+    /// The CUDA stream of a stream-ordered allocation or free (0: none, or the legacy stream).
+    #[inline]
+    pub fn cuda_stream(&self) -> u64 {
+        match EventKind::from_code(self.kind) {
+            Some(EventKind::Alloc) if self.is_explicit_pool_api() => self.aux,
+            Some(EventKind::Alloc | EventKind::Free) => self.stream,
+            _ => 0,
+        }
+    }
+
+    /// The row pitch of a `cuMemAllocPitch_v2`.
+    #[inline]
+    pub fn pitch(&self) -> Option<u64> {
+        (self.api == Api::cuMemAllocPitch_v2 as u16).then_some(self.aux)
+    }
+
+    /// The flags of a `cuMemAllocManaged`.
+    #[inline]
+    pub fn managed_flags(&self) -> Option<u64> {
+        (self.api == Api::cuMemAllocManaged as u16).then_some(self.aux)
+    }
+
+    /// The level count of a `cuMipmappedArrayCreate`.
+    #[inline]
+    pub fn mip_levels(&self) -> Option<u64> {
+        (self.api == Api::cuMipmappedArrayCreate as u16).then_some(self.aux)
+    }
+
+    /// The VMM physical handle of a create, release or map.
+    #[inline(always)]
+    pub fn handle(&self) -> u64 {
+        self.aux
+    }
+
+    /// Where in its handle a `vmm_map` starts.
+    #[inline(always)]
+    pub fn map_offset(&self) -> u64 {
+        self.stream
+    }
+
+    /// The address a `vmm_reserve` asked for (0: anywhere).
+    #[inline]
+    pub fn requested_addr(&self) -> u64 {
+        self.aux
+    }
+
+    /// The alignment a `vmm_reserve` asked for.
+    #[inline]
+    pub fn alignment(&self) -> u64 {
+        self.stream
+    }
+
+    /// The bytes a `pool_trim` keeps.
+    #[inline(always)]
+    pub fn keep_bytes(&self) -> u64 {
+        self.size
+    }
+
+    /// The device's free bytes in a `mem_info` sample.
+    #[inline(always)]
+    pub fn free_bytes(&self) -> u64 {
+        self.addr
+    }
+
+    /// The device's total bytes in a `mem_info` sample.
+    #[inline(always)]
+    pub fn total_bytes(&self) -> u64 {
+        self.size
+    }
+
+    /// The parent's pid in a `process_start`.
+    #[inline(always)]
+    pub fn ppid(&self) -> u32 {
+        self.addr as u32
+    }
+
+    /// The process start time (`/proc/<pid>/stat` field 22) in a `process_start`.
+    #[inline(always)]
+    pub fn start_time(&self) -> u64 {
+        self.aux
+    }
+
+    /// The events a `dropped` marker counts.
+    #[inline(always)]
+    pub fn dropped_count(&self) -> u64 {
+        self.size
+    }
+
+    /// Of [`Event::dropped_count`], the slots reserved but never published.
+    #[inline(always)]
+    pub fn lost_in_flight(&self) -> u64 {
+        self.aux
+    }
+
+    /// The version a `hook_miss` entry point was asked for.
+    #[inline]
+    pub fn hook_miss_version(&self) -> i16 {
+        self.device
+    }
+
+    /// The `cuGetProcAddress` flags of a `hook_miss` (saturated to 255).
+    #[inline]
+    pub fn hook_miss_flags(&self) -> u8 {
+        self.caller
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::record::{Api, Caller, Event, EventKind, RawRecord};
+    use zerocopy::{FromBytes, IntoBytes};
+
+    /// Through the wire and back: the bytes a reader sees are the ones written.
+    fn wire(e: Event) -> Event {
+        let raw = e.to_raw();
+        let back = RawRecord::read_from_bytes(raw.as_bytes()).expect("64 bytes");
+        Event::from_raw(&back)
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_its_constructor_and_accessors() {
+        let common = |e: Event| e.by(11, 12).at(13).with_seq(14).on_device(3);
+        let mut kinds_seen = Vec::new();
+        let mut check = |e: Event, assert: &dyn Fn(&Event)| {
+            let back = wire(common(e));
+            assert_eq!((back.pid, back.tid, back.ts_ns, back.seq), (11, 12, 13, 14), "{back:?}");
+            assert(&back);
+            kinds_seen.push(back.kind().expect("known kind"));
+        };
+
+        check(Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.addr, e.size, e.device),
+                (Some(EventKind::Alloc), Some(Api::cuMemAlloc_v2), 0x1000, 4096, 3)
+            );
+            assert_eq!((e.pool(), e.cuda_stream(), e.pitch(), e.managed_flags()), (0, 0, None, None));
+        });
+        check(Event::alloc_pitch(0x2000, 96, 32), &|e| {
+            assert_eq!((e.api(), e.addr, e.size, e.pitch()), (Some(Api::cuMemAllocPitch_v2), 0x2000, 96, Some(32)));
+        });
+        check(Event::alloc_managed(0x3000, 10, 1), &|e| {
+            assert_eq!((e.api(), e.managed_flags(), e.pitch()), (Some(Api::cuMemAllocManaged), Some(1), None));
+        });
+        check(Event::mipmapped_array(0x4000, 700, 5), &|e| {
+            assert_eq!(
+                (e.api(), e.addr, e.size, e.mip_levels()),
+                (Some(Api::cuMipmappedArrayCreate), 0x4000, 700, Some(5))
+            );
+        });
+        check(Event::alloc_async(Api::cuMemAllocAsync_ptsz, 0x5000, 64, 77), &|e| {
+            assert_eq!((e.api(), e.addr, e.size), (Some(Api::cuMemAllocAsync_ptsz), 0x5000, 64));
+            assert_eq!((e.cuda_stream(), e.pool()), (77, 0));
+        });
+        check(Event::pool_alloc(Api::cuMemAllocFromPoolAsync, 0x6000, 65, 88, 77), &|e| {
+            assert_eq!((e.api(), e.addr, e.size), (Some(Api::cuMemAllocFromPoolAsync), 0x6000, 65));
+            assert_eq!((e.pool(), e.cuda_stream()), (88, 77));
+        });
+        check(Event::free(Api::cuMemFree_v2, 0x1000), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.addr, e.cuda_stream()),
+                (Some(EventKind::Free), Some(Api::cuMemFree_v2), 0x1000, 0)
+            );
+        });
+        check(Event::free_async(Api::cuMemFreeAsync, 0x5000, 77), &|e| {
+            assert_eq!((e.api(), e.addr, e.cuda_stream(), e.pool()), (Some(Api::cuMemFreeAsync), 0x5000, 77, 0));
+        });
+        check(Event::vmm_create(Api::cuMemCreate, 42, 1 << 21), &|e| {
+            assert_eq!((e.kind(), e.handle(), e.size), (Some(EventKind::VmmCreate), 42, 1 << 21));
+        });
+        check(Event::vmm_release(42), &|e| {
+            assert_eq!((e.kind(), e.api(), e.handle()), (Some(EventKind::VmmRelease), Some(Api::cuMemRelease), 42));
+        });
+        check(Event::vmm_reserve(0x7000, 1 << 30, 0x8000, 1 << 21), &|e| {
+            assert_eq!((e.kind(), e.addr, e.size), (Some(EventKind::VmmReserve), 0x7000, 1 << 30));
+            assert_eq!((e.requested_addr(), e.alignment()), (0x8000, 1 << 21));
+        });
+        check(Event::vmm_address_free(0x7000, 1 << 30), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.addr, e.size),
+                (Some(EventKind::VmmAddressFree), Some(Api::cuMemAddressFree), 0x7000, 1 << 30)
+            );
+        });
+        check(Event::vmm_map(0x7000, 1 << 21, 42, 4096), &|e| {
+            assert_eq!(
+                (e.kind(), e.addr, e.size, e.handle(), e.map_offset()),
+                (Some(EventKind::VmmMap), 0x7000, 1 << 21, 42, 4096)
+            );
+        });
+        check(Event::vmm_unmap(0x7000, 1 << 21), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.addr, e.size),
+                (Some(EventKind::VmmUnmap), Some(Api::cuMemUnmap), 0x7000, 1 << 21)
+            );
+        });
+        check(Event::pool_create(88), &|e| assert_eq!((e.kind(), e.pool()), (Some(EventKind::PoolCreate), 88)));
+        check(Event::pool_destroy(88), &|e| assert_eq!((e.kind(), e.pool()), (Some(EventKind::PoolDestroy), 88)));
+        check(Event::pool_trim(88, 1 << 20), &|e| {
+            assert_eq!((e.kind(), e.pool(), e.keep_bytes()), (Some(EventKind::PoolTrim), 88, 1 << 20));
+        });
+        check(Event::mem_info(5 << 30, 16 << 30), &|e| {
+            assert_eq!((e.kind(), e.free_bytes(), e.total_bytes()), (Some(EventKind::MemInfo), 5 << 30, 16 << 30));
+        });
+        check(Event::process_start(1, 123_456), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.ppid(), e.start_time()),
+                (Some(EventKind::ProcessStart), Some(Api::Interposer), 1, 123_456)
+            );
+        });
+        check(Event::process_exit(), &|e| {
+            assert_eq!((e.kind(), e.api()), (Some(EventKind::ProcessExit), Some(Api::Interposer)))
+        });
+        check(Event::dropped(9, 4), &|e| {
+            assert_eq!((e.kind(), e.dropped_count(), e.lost_in_flight()), (Some(EventKind::Dropped), 9, 4));
+        });
+        // A hook miss keeps its own version in `device`: `common`'s device is overwritten here.
+        let miss = wire(Event::hook_miss(b"cuMemAllocFromPoolAsync_ptsz_and_more", 12_000, 300).by(11, 12));
+        assert_eq!(miss.kind(), Some(EventKind::HookMiss));
+        assert_eq!(miss.hook_miss_symbol(), "cuMemAllocFromPoolAsync_ptsz_and");
+        assert_eq!((miss.hook_miss_version(), miss.hook_miss_flags()), (12_000, 255));
+        assert_eq!(wire(Event::hook_miss(b"cuIpcOpenMemHandle", 99_999, 2)).hook_miss_version(), i16::MAX);
+        kinds_seen.push(EventKind::HookMiss);
+
+        let mut all: Vec<EventKind> = EventKind::ALL.to_vec();
+        kinds_seen.sort();
+        kinds_seen.dedup();
+        all.sort();
+        assert_eq!(kinds_seen, all, "every kind has a constructor checked here");
+    }
+
+    #[test]
+    fn the_common_fields_default_to_unknown_and_success() {
+        let e = Event::free(Api::cuMemFree_v2, 1);
+        assert_eq!((e.device, e.result, e.caller, e.pid, e.ts_ns), (-1, 0, 0, 0, 0));
+        let e = e.with_result(2).with_caller(Caller::cudaFree);
+        assert!(e.is_oom() && e.failed());
+        assert_eq!(e.caller(), Some(Caller::cudaFree));
+    }
+
+    /// The layout the interposer wrote before these constructors existed, word for word.
+    #[test]
+    fn constructors_keep_the_wire_layout() {
+        let pool_alloc = Event::pool_alloc(Api::cuMemAllocFromPoolAsync_ptsz, 1, 2, 3, 4);
+        assert_eq!((pool_alloc.addr, pool_alloc.size, pool_alloc.aux, pool_alloc.stream), (1, 2, 4, 3));
+        let start = Event::process_start(5, 6);
+        assert_eq!((start.addr, start.aux), (5, 6));
+        let info = Event::mem_info(7, 8);
+        assert_eq!((info.addr, info.size), (7, 8));
+        let reserve = Event::vmm_reserve(1, 2, 3, 4);
+        assert_eq!((reserve.addr, reserve.size, reserve.aux, reserve.stream), (1, 2, 3, 4));
+        let map = Event::vmm_map(1, 2, 3, 4);
+        assert_eq!((map.addr, map.size, map.aux, map.stream), (1, 2, 3, 4));
+    }
+}
