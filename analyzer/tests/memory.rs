@@ -1,7 +1,7 @@
 //! Memory stays bounded whatever the capture's size: a 2-million-event capture (128 MB) is
 //! analysed with a small, bounded peak RSS, and every timeline stays within its point budget.
 //! (Own test binary, one test: VmHWM is per process.) The release-mode figure for a 1.28 GB
-//! capture comes from `examples/bench_replay.rs`.
+//! capture comes from `benches/replay.rs`.
 
 use std::fs::File;
 use std::io::BufWriter;

@@ -177,7 +177,7 @@ fn status_line(a: &StatsView) -> String {
     )
 }
 
-fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
+fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
     let [head, devs, procs, ooms, help] = Layout::vertical([
         Constraint::Length(3),
         Constraint::Length(5),
@@ -265,7 +265,7 @@ fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, 
         procs,
     );
 
-    let lines: Vec<Line> = s
+    let lines: Vec<Line<'_>> = s
         .snapshot
         .incidents
         .iter()

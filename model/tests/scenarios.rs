@@ -2,66 +2,12 @@
 //! memory mechanism.
 
 use vramhook_model::*;
-use vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY;
 use vramhook_protocol::{Api, Event, ProcessInfo};
 
 const TOTAL: u64 = 150_110_011_392; // 139.80 GiB
 
-/// Builds one process's stream with a running clock and sequence.
-struct Proc {
-    pid: u32,
-    seq: u64,
-    ts: u64,
-    out: Vec<Event>,
-}
-
-impl Proc {
-    fn new(pid: u32, start_ts: u64) -> Proc {
-        let mut p = Proc { pid, seq: 0, ts: start_ts, out: vec![] };
-        p.push(Event::process_start(1, 1000 + pid as u64));
-        p
-    }
-    /// Adds `ev` as this process's next event, 1 ms after the last, on device 0.
-    fn push(&mut self, ev: Event) -> &mut Self {
-        self.ts += 1_000_000; // 1 ms
-        self.out.push(ev.by(self.pid, self.pid).at(self.ts).with_seq(self.seq).on_device(0));
-        self.seq += 1;
-        self
-    }
-    fn alloc(&mut self, api: Api, addr: u64, size: u64) -> &mut Self {
-        self.push(Event::alloc(api, addr, size))
-    }
-    fn oom(&mut self, api: Api, size: u64) -> &mut Self {
-        self.push(Event::alloc(api, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY))
-    }
-    fn free(&mut self, api: Api, addr: u64) -> &mut Self {
-        self.push(Event::free(api, addr))
-    }
-    fn meminfo(&mut self, free: u64) -> &mut Self {
-        self.push(Event::mem_info(free, TOTAL))
-    }
-    fn reserve(&mut self, base: u64, size: u64) -> &mut Self {
-        self.push(Event::vmm_reserve(base, size, 0, 0))
-    }
-    fn create(&mut self, handle: u64, size: u64) -> &mut Self {
-        self.push(Event::vmm_create(Api::cuMemCreate, handle, size))
-    }
-    fn create_oom(&mut self, size: u64) -> &mut Self {
-        self.push(Event::vmm_create(Api::cuMemCreate, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY))
-    }
-    fn map(&mut self, addr: u64, size: u64, handle: u64) -> &mut Self {
-        self.push(Event::vmm_map(addr, size, handle, 0))
-    }
-    fn unmap(&mut self, addr: u64, size: u64) -> &mut Self {
-        self.push(Event::vmm_unmap(addr, size))
-    }
-    fn release(&mut self, handle: u64) -> &mut Self {
-        self.push(Event::vmm_release(handle))
-    }
-    fn trim(&mut self, pool: u64, keep: u64) -> &mut Self {
-        self.push(Event::pool_trim(pool, keep))
-    }
-}
+/// One process's stream with a running clock (1 ms a step) and sequence, on device 0.
+use vramhook_testkit::events::Stream as Proc;
 
 fn run(streams: &[&Proc]) -> Model {
     let mut all: Vec<Event> = streams.iter().flat_map(|p| p.out.iter().copied()).collect();
@@ -99,12 +45,12 @@ fn pytorch_retry_is_one_capacity_incident() {
         p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), size);
         cached += if i % 2 == 0 { size } else { 0 };
     }
-    p.meminfo(TOTAL - (2 << 30));
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612); // 138.53 GiB
+    p.meminfo(TOTAL - (2 << 30), TOTAL);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612, TOTAL); // 138.53 GiB
     for i in (0..20u64).step_by(2) {
         p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
     }
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612 + cached);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612 + cached, TOTAL);
     let m = run(&[&p]);
     let s = m.snapshot();
     assert_eq!(s.incidents.len(), 1, "{:#?}", s.incidents);
@@ -137,9 +83,9 @@ fn a_failure_of_another_request_is_a_new_incident() {
     for i in 0..4u64 {
         p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 1 << 30);
     }
-    p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20);
+    p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20, TOTAL);
     p.oom(Api::cuMemAlloc_v2, 1 << 30);
-    p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20);
+    p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20, TOTAL);
     p.oom(Api::cuMemAlloc_v2, 2 << 30);
     let m = run(&[&p]);
     let s = m.snapshot();
@@ -158,7 +104,7 @@ fn expandable_segments_recover() {
     for i in 0..50u64 {
         p.create(100 + i, PAGE).map(base + i * PAGE, PAGE, 100 + i);
     }
-    p.create_oom(PAGE).meminfo(10 << 20);
+    p.create_oom(PAGE).meminfo(10 << 20, TOTAL);
     for i in 40..50u64 {
         p.unmap(base + i * PAGE, PAGE).release(100 + i);
     }
@@ -226,8 +172,8 @@ fn async_pool_reclaimable_then_trim() {
     assert_eq!(s.devices[0].traced_bytes, 8 << 30);
     assert_eq!(s.devices[0].pool_idle_bytes, 8 << 30);
 
-    p.meminfo(1 << 30);
-    p.oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    p.meminfo(1 << 30, TOTAL);
+    p.oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30, TOTAL);
     p.trim(0xdead, 0); // the default pool's handle never appears in allocs
     p.alloc(Api::cuMemAlloc_v2, 0x2000_0000_0000, 3 << 30);
     let m = run(&[&p]);
@@ -248,7 +194,7 @@ fn other_process_idle_pool() {
     a.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000, 8 << 30).free(Api::cuMemFreeAsync, 0x1000_0000_0000);
     let mut b = Proc::new(32, 500_000);
     b.ts = 100_000_000;
-    b.meminfo(1 << 30).oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    b.meminfo(1 << 30, TOTAL).oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30, TOTAL);
     let m = run(&[&a, &b]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.pid, 32);
@@ -266,7 +212,7 @@ fn vmm_arena_fragmentation() {
     for i in 0..16u64 {
         p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
     }
-    p.meminfo(4 << 20).create_oom(8 << 20).meminfo(4 << 20);
+    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
     let m = run(&[&p]);
     let s = m.snapshot();
     let a = &s.arenas[0];
@@ -296,7 +242,7 @@ fn framework_segment_fragmentation_and_reclaimable() {
     assert_eq!(pv.largest_free_span, 64 << 20);
     assert_eq!(pv.live_bytes, 1 << 30, "segment bytes are not counted twice");
     let mut q = Proc { out: vec![], ..p };
-    q.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 200 << 20).meminfo(100 << 20);
+    q.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 200 << 20).meminfo(100 << 20, TOTAL);
     for e in &q.out {
         m.apply(e);
     }
@@ -306,7 +252,7 @@ fn framework_segment_fragmentation_and_reclaimable() {
     m.framework_segment(51, 0, seg, 1 << 30, &blocks, 0);
     let mut r = Proc { out: vec![], ..q };
     r.ts += 10_000_000_000; // outside the incident window
-    r.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20);
+    r.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20, TOTAL);
     for e in &r.out {
         m.apply(e);
     }
@@ -325,8 +271,8 @@ fn framework_segment_fragmentation_and_reclaimable() {
 #[test]
 fn granularity_and_unknown() {
     let mut p = Proc::new(61, 0);
-    p.meminfo(3 * (1 << 20) + (1 << 19)); // 3.5 MiB free
-    p.oom(Api::cuMemAlloc_v2, 3 * (1 << 20) + 4096).meminfo(3 * (1 << 20) + (1 << 19));
+    p.meminfo(3 * (1 << 20) + (1 << 19), TOTAL); // 3.5 MiB free
+    p.oom(Api::cuMemAlloc_v2, 3 * (1 << 20) + 4096).meminfo(3 * (1 << 20) + (1 << 19), TOTAL);
     let m = run(&[&p]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.verdict, Verdict::Granularity, "{}", inc.explanation);
@@ -339,7 +285,7 @@ fn granularity_and_unknown() {
     assert!(inc.unknown_reason.as_deref().unwrap().contains("no device memory sample"));
 
     let mut r = Proc::new(63, 0);
-    r.meminfo(100 << 30).oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(100 << 30);
+    r.meminfo(100 << 30, TOTAL).oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(100 << 30, TOTAL);
     let m = run(&[&r]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.verdict, Verdict::Unknown);
@@ -445,7 +391,7 @@ fn anomalies_are_counted_not_applied() {
 #[test]
 fn device_view_untraced_and_stale() {
     let mut p = Proc::new(91, 0);
-    p.meminfo(TOTAL - (10 << 30)).alloc(Api::cuMemAlloc_v2, 0x1000, 4 << 30);
+    p.meminfo(TOTAL - (10 << 30), TOTAL).alloc(Api::cuMemAlloc_v2, 0x1000, 4 << 30);
     p.alloc(Api::cuMemAllocManaged, 0x10_0000_0000, 1 << 30);
     let m = run(&[&p]);
     let d = &m.snapshot().devices[0];
@@ -480,7 +426,7 @@ fn checkpoint_round_trip_mid_incident() {
     for i in 0..10u64 {
         p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 100 << 20);
     }
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30, TOTAL);
     for i in 0..10u64 {
         p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
     }
@@ -511,7 +457,7 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     let mut gone = Proc::new(1, 0);
     gone.alloc(Api::cuMemAlloc_v2, 0x1000, 4096);
     let mut live = Proc::new(2, 0);
-    live.meminfo(1 << 30).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
+    live.meminfo(1 << 30, TOTAL).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
     live.oom(Api::cuMemAlloc_v2, 200 << 30);
     let mut m = run(&[&gone, &live]);
     m.process_exit(1, 0, Some(0), 1);
@@ -541,7 +487,7 @@ fn windows_span_what_happened_since_the_last_take() {
     let mut p = Proc::new(7, 0);
     p.alloc(Api::cuMemAlloc_v2, 0x1000, 4096)
         .alloc(Api::cuMemAlloc_v2, 0x9000, 100)
-        .meminfo(1 << 30)
+        .meminfo(1 << 30, TOTAL)
         .free(Api::cuMemFree_v2, 0x1000);
     let mut m = Model::default();
     for e in &p.out {

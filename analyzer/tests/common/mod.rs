@@ -10,7 +10,7 @@ pub const MIB: u64 = 1 << 20;
 /// `e` (built by one of `Event`'s per-kind constructors) made by `pid`'s main thread at
 /// `ts`, on device 0.
 pub fn ev(pid: u32, ts: u64, e: Event) -> Event {
-    e.by(pid, pid).at(ts).on_device(0)
+    vramhook_testkit::events::made(e, pid, ts, 0)
 }
 
 pub fn header() -> CaptureHeader {

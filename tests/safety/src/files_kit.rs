@@ -2,8 +2,8 @@
 //! more than their size (memory, time, stack), written straight to disk a piece at a time
 //! (so that the process that makes them stays small: a child forked from it starts with
 //! its memory, and the peak memory measured for the child would include it). Shared by
-//! `tests/hostile_files.rs` (bounds in counts and peak memory) and the `hostile_bench`
-//! example (times, never asserted).
+//! `tests/hostile_files.rs` (bounds in counts and peak memory) and the `hostile` benchmark
+//! (times, never asserted).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -1,4 +1,4 @@
-//! Agent benchmarks (run with `cargo run --release -p vramhook-agent --example bench_agent`,
+//! Agent benchmarks (run with `cargo bench -p vramhook-agent --bench agent`,
 //! or `scripts/bench.sh`):
 //!
 //! 1. ingest: events drained from a ring and applied to the model per second, on one core

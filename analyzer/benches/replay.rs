@@ -1,6 +1,6 @@
 //! Replay speed, side by side with a raw read of the same file.
 //!
-//!     cargo run --release -p vramhook-analyzer --example bench_replay -- \
+//!     cargo bench -p vramhook-analyzer --bench replay -- \
 //!         [--events N] [--dir DIR] [--keep] [--file CAPTURE] [--rounds R]
 //!
 //! Writes a synthetic capture of N alloc/free events (default 20,000,000: about 1.3 GB; check
@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--keep" => keep = true,
             "--rounds" => rounds = args.next().ok_or("--rounds N")?.parse::<usize>()?.max(1),
             "--file" => given = Some(args.next().ok_or("--file CAPTURE")?.into()),
+            "--bench" => {} // what `cargo bench` passes
             other => return Err(format!("unknown argument {other}").into()),
         }
     }

@@ -1,20 +1,17 @@
 //! Model vs brute-force reference, side by side:
-//! `cargo run --release -p vramhook-model --example bench_model`
+//! `cargo bench -p vramhook-model --bench model` (or `scripts/bench.sh model`)
 //!
 //! 1. events/s for an alloc/free stream holding 100,000 live allocations;
 //! 2. heap bytes per live allocation (counting global allocator);
 //! 3. `largest_free_span` query time at 10, 1,000 and 100,000 gaps.
 
-#[path = "../tests/reference/mod.rs"]
-mod reference;
-
-use reference::Reference;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 use vramhook_model::*;
 use vramhook_protocol::{Api, Event};
+use vramhook_testkit::reference::Reference;
 
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
