@@ -335,14 +335,7 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
 
 /// The program's base name and arguments, at most 80 characters.
 pub fn command_label(command: &str, exe: &str) -> String {
-    let cmd = if command.is_empty() { exe } else { command };
-    let mut parts = cmd.splitn(2, ' ');
-    let first = parts.next().unwrap_or("");
-    let base = first.rsplit('/').next().unwrap_or(first);
-    let mut s = match parts.next() {
-        Some(rest) => format!("{base} {rest}"),
-        None => base.to_string(),
-    };
+    let mut s = vramhook_model::display_command(if command.is_empty() { exe } else { command });
     if s.chars().count() > 80 {
         s = s.chars().take(80).collect();
     }

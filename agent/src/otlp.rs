@@ -480,7 +480,7 @@ pub fn incident_attributes(i: &OomIncident) -> Vec<KeyValue> {
         KeyValue::new("device", i64::from(i.device)),
         KeyValue::new("vramhook.oom.verdict", format!("{:?}", i.verdict)),
         KeyValue::new("vramhook.oom.explanation", i.explanation.clone()),
-        KeyValue::new("vramhook.oom.api", i.api.clone()),
+        KeyValue::new("vramhook.oom.api", i.api.name()),
         KeyValue::new("vramhook.oom.caller", i.caller.clone()),
         KeyValue::new("vramhook.oom.requested_bytes", i.requested_bytes as i64),
         KeyValue::new("vramhook.oom.failures", i.failures as i64),

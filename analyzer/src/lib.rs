@@ -329,7 +329,7 @@ pub fn finish(mut r: Replayer) -> Report {
             pid: i.pid,
             command: i.command.clone(),
             device: i.device,
-            api: i.api.clone(),
+            api: i.api.name().to_string(),
             caller: i.caller.clone(),
             requested_bytes: i.requested_bytes,
             device_free_bytes: i.device_free_bytes,

@@ -5,11 +5,10 @@ use crate::report::*;
 use crate::series::Series;
 use crate::{AnalyzeError, Options};
 use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
-use vramhook_model::IntHasher;
 
 /// Per-event maps keyed by small integers: the model's integer hasher, not SipHash.
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+/// Fixed seed: the same capture gives the same report.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, ProcessEnd, ProcessInfo, SeekSource};
 use vramhook_protocol::record::{Event, EventKind};

@@ -1,7 +1,6 @@
 //! `vramhook top`: a live terminal view of devices, processes and recent OOMs, from the
 //! agent's state endpoint or, with no agent, from the rings directly.
 
-use crate::summary::fmt_bytes;
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind};
 use ratatui::layout::{Constraint, Layout};
@@ -15,6 +14,7 @@ use std::time::{Duration, Instant};
 use vramhook_agent::http::{fetch_state, State};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::StatsView;
+use vramhook_model::fmt_bytes;
 use vramhook_model::{Model, ModelConfig};
 
 #[derive(clap::Args, Debug, Clone)]

@@ -5,45 +5,11 @@ use crate::types::*;
 use crate::verdict::{decide_verdict, explain, ExplainCtx};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
 
-/// A fast hasher for integer keys (multiply-rotate, finished with murmur3's mixer so that
-/// aligned addresses spread over the table's low bits).
-#[derive(Default, Clone, Copy)]
-pub struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(u64::from(*b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u16(&mut self, n: u16) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+/// A hash map with a fast, fixed-seed hasher for the model's integer keys (the address
+/// table itself is `AddrMap`). Fixed seed: the same stream gives the same state.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 /// Serialises events as [`EventRecord`]s (the protocol's `Event` has no serde).
 mod events_as_records {
@@ -1257,7 +1223,7 @@ impl Model {
             }
             let is_retry = matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
                 && ev.size == inc.view.requested_bytes
-                && ev.api == Api::from_name(&inc.view.api).map(|a| a.code()).unwrap_or(u16::MAX);
+                && ev.api == inc.view.api.code();
             if is_retry {
                 inc.view.retries += 1;
                 inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
@@ -1358,7 +1324,7 @@ impl Model {
             command: p.command.clone(),
             device: ev.device,
             ts_ns: ts,
-            api: api.name().to_string(),
+            api,
             caller: ev.caller().map(Caller::name).unwrap_or("").to_string(),
             requested_bytes: ev.size,
             device_free_bytes: inputs.device_free,
@@ -1396,7 +1362,7 @@ impl Model {
         let text = explain(&ExplainCtx {
             pid: inc.view.pid,
             command: if cmd.is_empty() { &inc.view.command } else { cmd },
-            api: &inc.view.api,
+            api: inc.view.api,
             device: inc.view.device,
             ts_ns: inc.view.ts_ns,
             sample_ts_ns: inc.view.sample_ts_ns,

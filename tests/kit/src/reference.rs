@@ -769,7 +769,7 @@ impl Reference {
             }
             if matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
                 && ev.size == inc.view.requested_bytes
-                && Some(ev.api) == Api::from_name(&inc.view.api).map(|a| a.code())
+                && ev.api == inc.view.api.code()
             {
                 inc.view.retries += 1;
                 inc.view.freed_bytes_between = freed - inc.freed_mark;
@@ -821,7 +821,7 @@ impl Reference {
             command: p.command.clone(),
             device: ev.device,
             ts_ns: ts,
-            api: api.name().into(),
+            api,
             caller: ev.caller().map(Caller::name).unwrap_or("").into(),
             requested_bytes: ev.size,
             device_free_bytes: inputs.device_free,
