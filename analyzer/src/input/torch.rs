@@ -13,8 +13,8 @@
 //!
 //! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range).
 
-use crate::pickle::{self, Value};
-use crate::report::{InputReport, PytorchTotals};
+use crate::input::pickle::{self, Value};
+use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals};
 use crate::{AnalyzeError, Replayer};
 use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::Block;
@@ -344,23 +344,11 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
     r.sample(r.last_ts);
     r.inputs.push(InputReport {
-        path: path.to_string(),
-        kind: "pytorch_snapshot".into(),
-        status: "complete".into(),
-        host: None,
-        format_version: None,
         wall_start_ns: wall_start,
         bytes_read: bytes.len() as u64,
-        frames: 0,
         events: entries,
-        truncated_at: None,
-        corrupt_frames: Vec::new(),
-        corrupt_frames_unlisted: 0,
-        unknown_frames: 0,
-        error: None,
         pytorch: Some(totals),
-        missing_frames: None,
-        missing_events: None,
+        ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
     });
     drop(parsed);
     Ok(())

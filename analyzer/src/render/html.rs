@@ -1,8 +1,8 @@
 //! One self-contained HTML page: inline CSS, inline data, inline script that draws SVG plots.
 //! Nothing is fetched from the network; the page opens from a file anywhere.
 
+use crate::render::text::{rel, utc};
 use crate::report::*;
-use crate::text::{rel, utc};
 use serde::Serialize;
 use vramhook_model::{display_command, fmt_bytes};
 
@@ -33,9 +33,9 @@ struct PlotData<'a> {
 }
 
 // The page's style and script, kept as plain files so that editors and linters see them.
-const CSS: &str = include_str!("../assets/report.css");
+const CSS: &str = include_str!("../../assets/report.css");
 
-const JS: &str = include_str!("../assets/report.js");
+const JS: &str = include_str!("../../assets/report.js");
 
 fn row(cells: &[String], numeric: &[bool]) -> String {
     let mut s = String::from("<tr>");
@@ -179,8 +179,8 @@ pub fn render(r: &Report) -> String {
         h.push_str(&row(
             &[
                 p.pid.to_string(),
-                crate::text::hist_line(&p.size_histogram, fmt_bytes),
-                crate::text::hist_line(&p.age_histogram, crate::text::dur),
+                crate::render::text::hist_line(&p.size_histogram, fmt_bytes),
+                crate::render::text::hist_line(&p.age_histogram, crate::render::text::dur),
             ],
             &[true, false, false],
         ));
@@ -192,7 +192,13 @@ pub fn render(r: &Report) -> String {
         h.push_str("<table><tr><th>pid<th>command<th>kind<th>bytes<th>detail</tr>\n");
         for l in &r.leaks {
             h.push_str(&row(
-                &[l.pid.to_string(), display_command(&l.command), l.kind.clone(), fmt_bytes(l.bytes), l.detail.clone()],
+                &[
+                    l.pid.to_string(),
+                    display_command(&l.command),
+                    l.kind.to_string(),
+                    fmt_bytes(l.bytes),
+                    l.detail.clone(),
+                ],
                 &[true, false, false, true, false],
             ));
         }
