@@ -1,5 +1,5 @@
 //! The state machine: `apply`, which hands each event to its kind's module (`process`,
-//! `allocs`, `vmm`, `pools`, `incidents`, `segments`), over the state in `state`; the
+//! `allocs`, `vmm`, `pools`, `incidents`, `segments`), over the state defined here; the
 //! queries and checkpoints are in `queries` and `checkpoint`.
 
 use crate::addr_map::{AddrMap, Alloc, EXPLICIT_POOL};
@@ -20,11 +20,308 @@ mod pools;
 mod process;
 mod queries;
 mod segments;
-mod state;
 mod vmm;
 
 use process::*;
-use state::*;
+
+// ---- state: what the model keeps (serialised whole in checkpoints) -----------------
+
+/// Serialises events as [`EventRecord`]s (the protocol's `Event` has no serde).
+mod events_as_records {
+    use crate::types::EventRecord;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vramhook_protocol::Event;
+
+    pub fn serialize<S: Serializer>(v: &[Event], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(EventRecord::from))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Event>, D::Error> {
+        Ok(Vec::<EventRecord>::deserialize(d)?.iter().map(Event::from).collect())
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Handle {
+    size: u64,
+    ts: u64,
+    device: i16,
+    class: u8,
+    released: bool,
+    maps: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Mapping {
+    size: u64,
+    handle: u64,
+    offset: u64,
+    ts: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Gaps {
+    sizes: BTreeMap<u64, u32>,
+    total: u64,
+}
+
+impl Gaps {
+    #[inline]
+    fn add(&mut self, s: u64) {
+        if s > 0 {
+            *self.sizes.entry(s).or_insert(0) += 1;
+            self.total += s;
+        }
+    }
+    #[inline]
+    fn remove(&mut self, s: u64) {
+        if s == 0 {
+            return;
+        }
+        if let Some(c) = self.sizes.get_mut(&s) {
+            *c -= 1;
+            if *c == 0 {
+                self.sizes.remove(&s);
+            }
+            self.total = self.total.saturating_sub(s);
+        }
+    }
+    /// O(log n): the largest key of the multiset.
+    pub(crate) fn largest(&self) -> u64 {
+        self.sizes.last_key_value().map(|(k, _)| *k).unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Reservation {
+    size: u64,
+    device: i16,
+    mappings: BTreeMap<u64, Mapping>,
+    mapped: u64,
+    gaps: Gaps,
+}
+
+impl Reservation {
+    #[inline]
+    fn numbers(&self) -> (u64, u64) {
+        (self.gaps.total, self.gaps.largest())
+    }
+
+    /// Marks [s, e) free; it must not overlap a mapping.
+    #[inline]
+    fn free_interval(&mut self, base: u64, s: u64, e: u64) {
+        let left = self.mappings.range(..s).next_back().map(|(a, m)| a + m.size).unwrap_or(base);
+        let right = self.mappings.range(e..).next().map(|(a, _)| *a).unwrap_or(base + self.size);
+        if left < s {
+            self.gaps.remove(s - left);
+        }
+        if right > e {
+            self.gaps.remove(right - e);
+        }
+        self.gaps.add(right - left);
+    }
+
+    /// Marks [s, e) occupied; it must lie inside one gap (checked by the caller).
+    #[inline]
+    fn occupy_interval(&mut self, base: u64, s: u64, e: u64) {
+        let left = self.mappings.range(..s).next_back().map(|(a, m)| a + m.size).unwrap_or(base);
+        let right = self.mappings.range(e..).next().map(|(a, _)| *a).unwrap_or(base + self.size);
+        self.gaps.remove(right - left);
+        self.gaps.add(s - left);
+        self.gaps.add(right - e);
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Pool {
+    device: i16,
+    live: u64,
+    count: u64,
+    /// High-water live bytes since the last trim (the reserve estimate before rounding).
+    hwm: u64,
+    destroyed: bool,
+}
+
+impl Pool {
+    #[inline]
+    fn reserve(&self, g: u64) -> u64 {
+        round_up(self.hwm, g).max(self.live)
+    }
+    #[inline]
+    fn numbers(&self, g: u64) -> (u64, u64) {
+        let idle = self.reserve(g) - self.live;
+        (idle, idle)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Segment {
+    size: u64,
+    device: i16,
+    ts: u64,
+    allocated: u64,
+    blocks: u64,
+    gaps: Gaps,
+}
+
+impl Segment {
+    #[inline]
+    fn numbers(&self) -> (u64, u64) {
+        (self.gaps.total, self.gaps.largest())
+    }
+}
+
+/// Pool key: (pid, is_default, handle or device ordinal).
+type PoolKey = (u32, bool, u64);
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DevBytes {
+    device: i16,
+    live: u64,
+    resident: u64,
+    /// Highest `live` so far (kept after exit).
+    peak: u64,
+    /// Index in `Model::device_live` (`u32::MAX` until known).
+    total: u32,
+}
+
+/// All processes' live bytes on one device.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DeviceLive {
+    device: i16,
+    live: u64,
+    peak: u64,
+    extremes: Extremes,
+}
+
+/// A total's lowest and highest value since it was last taken (starting from its value
+/// then) and the time of the first change: lets a caller plot a total exactly at its own
+/// pace (the analyzer's timeline buckets) without following every event. One compare per
+/// change: a total that grew can only have a new highest value, one that shrank a new
+/// lowest.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Extremes {
+    /// `u64::MAX`: no change since the take.
+    since: u64,
+    min: u64,
+    max: u64,
+}
+
+impl Extremes {
+    const UNCHANGED: Extremes = Extremes { since: u64::MAX, min: 0, max: 0 };
+
+    #[inline]
+    fn grew(&mut self, value: u64, ts: u64) {
+        self.max = self.max.max(value);
+        self.since = self.since.min(ts);
+    }
+
+    #[inline]
+    fn shrank(&mut self, value: u64, ts: u64) {
+        self.min = self.min.min(value);
+        self.since = self.since.min(ts);
+    }
+
+    #[inline]
+    fn take(&mut self, value: u64) -> Option<Window> {
+        let w = (self.since != u64::MAX).then_some(Window { since_ns: self.since, min: self.min, max: self.max });
+        *self = Extremes { since: u64::MAX, min: value, max: value };
+        w
+    }
+}
+
+impl DevBytes {
+    /// Carries a change of this process's bytes here into the device's total.
+    #[inline(always)]
+    fn count_in_total(&mut self, totals: &mut Vec<DeviceLive>, grew: bool, size: u64, ts: u64) {
+        // Indices are only ever set here (and checked on restore).
+        let t = match totals.get(self.total as usize) {
+            Some(_) => self.total as usize,
+            None => {
+                let t = device_index(totals, self.device);
+                self.total = t as u32;
+                t
+            }
+        };
+        let dl = &mut totals[t];
+        if grew {
+            dl.live = dl.live.saturating_add(size);
+            dl.peak = dl.peak.max(dl.live);
+            dl.extremes.grew(dl.live, ts);
+        } else {
+            dl.live = dl.live.saturating_sub(size);
+            dl.extremes.shrank(dl.live, ts);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct DeviceSample {
+    total: u64,
+    free: u64,
+    ts: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct IncidentState {
+    view: OomIncident,
+    inputs: VerdictInputs,
+    slot: usize,
+    freed_mark: u64,
+    events_since: u32,
+}
+
+/// Index of `device`'s entry in the device totals, created on first use.
+fn device_index(totals: &mut Vec<DeviceLive>, device: i16) -> usize {
+    match totals.iter().position(|d| d.device == device) {
+        Some(i) => i,
+        None => {
+            totals.push(DeviceLive { device, live: 0, peak: 0, extremes: Extremes::UNCHANGED });
+            totals.len() - 1
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Process {
+    pid: u32,
+    start_time: u64,
+    ppid: u32,
+    command: String,
+    exe: String,
+    alive: bool,
+    exit_status: Option<i32>,
+    exit_ts: Option<u64>,
+    by_class: [u64; 8],
+    live_bytes: u64,
+    live_allocations: u64,
+    peak_bytes: u64,
+    peak_ts: u64,
+    allocations: u64,
+    frees: u64,
+    failed_calls: u64,
+    oom_count: u64,
+    dropped_events: u64,
+    anomalies: u64,
+    devices: Vec<DevBytes>,
+    last_ts: u64,
+    /// Latest time seen per thread: time may only go backwards across threads (they
+    /// reach the ring concurrently), never within one. The last thread's entry is kept
+    /// apart (`cur_tid`), so a run of one thread's events costs no map lookup.
+    thread_ts: FastMap<u32, u64>,
+    cur_tid: (u32, u64),
+    /// The last events, as they came (a plain copy per event); records when serialised.
+    #[serde(with = "events_as_records")]
+    lead_up: Vec<Event>,
+    lead_head: usize,
+    freed_total: u64,
+    open_incident: Option<usize>,
+    awaiting_sample: Option<(usize, u32)>,
+    arena_spans: BTreeMap<u64, u32>,
+    free_in_arenas: u64,
+    /// Of `live_bytes`.
+    extremes: Extremes,
+}
 
 /// Errors of [`Model::restore`].
 #[derive(Debug, thiserror::Error)]

@@ -2,47 +2,6 @@
 
 use super::*;
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(super) struct Process {
-    pub(super) pid: u32,
-    pub(super) start_time: u64,
-    pub(super) ppid: u32,
-    pub(super) command: String,
-    pub(super) exe: String,
-    pub(super) alive: bool,
-    pub(super) exit_status: Option<i32>,
-    pub(super) exit_ts: Option<u64>,
-    pub(super) by_class: [u64; 8],
-    pub(super) live_bytes: u64,
-    pub(super) live_allocations: u64,
-    pub(super) peak_bytes: u64,
-    pub(super) peak_ts: u64,
-    pub(super) allocations: u64,
-    pub(super) frees: u64,
-    pub(super) failed_calls: u64,
-    pub(super) oom_count: u64,
-    pub(super) dropped_events: u64,
-    pub(super) anomalies: u64,
-    pub(super) devices: Vec<DevBytes>,
-    pub(super) last_ts: u64,
-    /// Latest time seen per thread: time may only go backwards across threads (they
-    /// reach the ring concurrently), never within one. The last thread's entry is kept
-    /// apart (`cur_tid`), so a run of one thread's events costs no map lookup.
-    pub(super) thread_ts: FastMap<u32, u64>,
-    pub(super) cur_tid: (u32, u64),
-    /// The last events, as they came (a plain copy per event); records when serialised.
-    #[serde(with = "events_as_records")]
-    pub(super) lead_up: Vec<Event>,
-    pub(super) lead_head: usize,
-    pub(super) freed_total: u64,
-    pub(super) open_incident: Option<usize>,
-    pub(super) awaiting_sample: Option<(usize, u32)>,
-    pub(super) arena_spans: BTreeMap<u64, u32>,
-    pub(super) free_in_arenas: u64,
-    /// Of `live_bytes`.
-    pub(super) extremes: Extremes,
-}
-
 impl Process {
     #[inline]
     pub(super) fn new(pid: u32, start_time: u64) -> Process {
