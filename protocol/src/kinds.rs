@@ -26,16 +26,18 @@
 use crate::record::{Api, Caller, Event, EventKind};
 
 impl Event {
-    /// A record of `kind` from `api`: device unknown (-1), every other field zero.
+    /// A record of `kind` from `api` with its four payload words in wire order (`addr`,
+    /// `size`, `aux`, `stream`: the table above): device unknown (-1), the rest zero. Only
+    /// the constructors below call it, each in the order of its own row.
     #[inline(always)]
-    const fn of(kind: EventKind, api: Api) -> Event {
+    const fn words(kind: EventKind, api: Api, addr: u64, size: u64, aux: u64, stream: u64) -> Event {
         Event {
             seq: 0,
             ts_ns: 0,
-            addr: 0,
-            size: 0,
-            aux: 0,
-            stream: 0,
+            addr,
+            size,
+            aux,
+            stream,
             pid: 0,
             tid: 0,
             result: 0,
@@ -97,182 +99,127 @@ impl Event {
     /// A failed one has `addr` 0 and the requested `size`.
     #[inline(always)]
     pub const fn alloc(api: Api, addr: u64, size: u64) -> Event {
-        let mut e = Event::of(EventKind::Alloc, api);
-        e.addr = addr;
-        e.size = size;
-        e
+        Event::words(EventKind::Alloc, api, addr, size, 0, 0)
     }
 
     /// `cuMemAllocPitch_v2`: `size` is pitch × height.
     #[inline(always)]
     pub const fn alloc_pitch(addr: u64, size: u64, pitch: u64) -> Event {
-        let mut e = Event::alloc(Api::cuMemAllocPitch_v2, addr, size);
-        e.aux = pitch;
-        e
+        Event::words(EventKind::Alloc, Api::cuMemAllocPitch_v2, addr, size, pitch, 0)
     }
 
     /// `cuMemAllocManaged` with its flags.
     #[inline(always)]
     pub const fn alloc_managed(addr: u64, size: u64, flags: u64) -> Event {
-        let mut e = Event::alloc(Api::cuMemAllocManaged, addr, size);
-        e.aux = flags;
-        e
+        Event::words(EventKind::Alloc, Api::cuMemAllocManaged, addr, size, flags, 0)
     }
 
     /// `cuMipmappedArrayCreate`: all levels' bytes, and the level count.
     #[inline(always)]
     pub const fn mipmapped_array(handle: u64, size: u64, levels: u64) -> Event {
-        let mut e = Event::alloc(Api::cuMipmappedArrayCreate, handle, size);
-        e.aux = levels;
-        e
+        Event::words(EventKind::Alloc, Api::cuMipmappedArrayCreate, handle, size, levels, 0)
     }
 
     /// A stream-ordered allocation from the device's current pool (`cuMemAllocAsync*`).
     #[inline(always)]
     pub const fn alloc_async(api: Api, addr: u64, size: u64, stream: u64) -> Event {
-        let mut e = Event::alloc(api, addr, size);
-        e.stream = stream;
-        e
+        Event::words(EventKind::Alloc, api, addr, size, 0, stream)
     }
 
     /// A stream-ordered allocation from an explicit pool (`cuMemAllocFromPoolAsync*`).
     #[inline(always)]
     pub const fn pool_alloc(api: Api, addr: u64, size: u64, pool: u64, stream: u64) -> Event {
-        let mut e = Event::alloc(api, addr, size);
-        e.aux = stream;
-        e.stream = pool;
-        e
+        Event::words(EventKind::Alloc, api, addr, size, stream, pool)
     }
 
     /// A free of anything an allocation handed out (`cuMemFree_v2`, arrays, IPC closes).
     #[inline(always)]
     pub const fn free(api: Api, addr: u64) -> Event {
-        let mut e = Event::of(EventKind::Free, api);
-        e.addr = addr;
-        e
+        Event::words(EventKind::Free, api, addr, 0, 0, 0)
     }
 
     /// A stream-ordered free (`cuMemFreeAsync*`).
     #[inline(always)]
     pub const fn free_async(api: Api, addr: u64, stream: u64) -> Event {
-        let mut e = Event::free(api, addr);
-        e.stream = stream;
-        e
+        Event::words(EventKind::Free, api, addr, 0, 0, stream)
     }
 
     /// A VMM physical handle made (`cuMemCreate`) or imported (size 0: unknown).
     #[inline(always)]
     pub const fn vmm_create(api: Api, handle: u64, size: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmCreate, api);
-        e.size = size;
-        e.aux = handle;
-        e
+        Event::words(EventKind::VmmCreate, api, 0, size, handle, 0)
     }
 
     /// `cuMemRelease`.
     #[inline(always)]
     pub const fn vmm_release(handle: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmRelease, Api::cuMemRelease);
-        e.aux = handle;
-        e
+        Event::words(EventKind::VmmRelease, Api::cuMemRelease, 0, 0, handle, 0)
     }
 
     /// `cuMemAddressReserve`: the range handed out, and the address and alignment asked for.
     #[inline(always)]
     pub const fn vmm_reserve(addr: u64, size: u64, requested_addr: u64, alignment: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmReserve, Api::cuMemAddressReserve);
-        e.addr = addr;
-        e.size = size;
-        e.aux = requested_addr;
-        e.stream = alignment;
-        e
+        Event::words(EventKind::VmmReserve, Api::cuMemAddressReserve, addr, size, requested_addr, alignment)
     }
 
     /// `cuMemAddressFree`.
     #[inline(always)]
     pub const fn vmm_address_free(addr: u64, size: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmAddressFree, Api::cuMemAddressFree);
-        e.addr = addr;
-        e.size = size;
-        e
+        Event::words(EventKind::VmmAddressFree, Api::cuMemAddressFree, addr, size, 0, 0)
     }
 
     /// `cuMemMap`: `size` bytes of `handle`, from `offset` in it, at `addr`.
     #[inline(always)]
     pub const fn vmm_map(addr: u64, size: u64, handle: u64, offset: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmMap, Api::cuMemMap);
-        e.addr = addr;
-        e.size = size;
-        e.aux = handle;
-        e.stream = offset;
-        e
+        Event::words(EventKind::VmmMap, Api::cuMemMap, addr, size, handle, offset)
     }
 
     /// `cuMemUnmap`.
     #[inline(always)]
     pub const fn vmm_unmap(addr: u64, size: u64) -> Event {
-        let mut e = Event::of(EventKind::VmmUnmap, Api::cuMemUnmap);
-        e.addr = addr;
-        e.size = size;
-        e
+        Event::words(EventKind::VmmUnmap, Api::cuMemUnmap, addr, size, 0, 0)
     }
 
     /// `cuMemPoolCreate` (the new pool's handle; 0 when the call failed).
     #[inline(always)]
     pub const fn pool_create(pool: u64) -> Event {
-        let mut e = Event::of(EventKind::PoolCreate, Api::cuMemPoolCreate);
-        e.stream = pool;
-        e
+        Event::words(EventKind::PoolCreate, Api::cuMemPoolCreate, 0, 0, 0, pool)
     }
 
     /// `cuMemPoolDestroy`.
     #[inline(always)]
     pub const fn pool_destroy(pool: u64) -> Event {
-        let mut e = Event::of(EventKind::PoolDestroy, Api::cuMemPoolDestroy);
-        e.stream = pool;
-        e
+        Event::words(EventKind::PoolDestroy, Api::cuMemPoolDestroy, 0, 0, 0, pool)
     }
 
     /// `cuMemPoolTrimTo`: the pool keeps at least `keep_bytes` reserved.
     #[inline(always)]
     pub const fn pool_trim(pool: u64, keep_bytes: u64) -> Event {
-        let mut e = Event::of(EventKind::PoolTrim, Api::cuMemPoolTrimTo);
-        e.size = keep_bytes;
-        e.stream = pool;
-        e
+        Event::words(EventKind::PoolTrim, Api::cuMemPoolTrimTo, 0, keep_bytes, 0, pool)
     }
 
     /// A device sample (`cuMemGetInfo_v2`).
     #[inline(always)]
     pub const fn mem_info(free_bytes: u64, total_bytes: u64) -> Event {
-        let mut e = Event::of(EventKind::MemInfo, Api::cuMemGetInfo_v2);
-        e.addr = free_bytes;
-        e.size = total_bytes;
-        e
+        Event::words(EventKind::MemInfo, Api::cuMemGetInfo_v2, free_bytes, total_bytes, 0, 0)
     }
 
     /// The interposer's first record in a process.
     #[inline(always)]
     pub const fn process_start(ppid: u32, start_time: u64) -> Event {
-        let mut e = Event::of(EventKind::ProcessStart, Api::Interposer);
-        e.addr = ppid as u64;
-        e.aux = start_time;
-        e
+        Event::words(EventKind::ProcessStart, Api::Interposer, ppid as u64, 0, start_time, 0)
     }
 
     /// The interposer's last record in a process (its library destructor ran).
     #[inline(always)]
     pub const fn process_exit() -> Event {
-        Event::of(EventKind::ProcessExit, Api::Interposer)
+        Event::words(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0)
     }
 
     /// `count` events lost, `lost_in_flight` of them slots a writer reserved but never published.
     #[inline(always)]
     pub const fn dropped(count: u64, lost_in_flight: u64) -> Event {
-        let mut e = Event::of(EventKind::Dropped, Api::Interposer);
-        e.size = count;
-        e.aux = lost_in_flight;
-        e
+        Event::words(EventKind::Dropped, Api::Interposer, 0, count, lost_in_flight, 0)
     }
 
     /// An entry point the driver handed out that no wrapper matched: its name (cut to 32
@@ -286,11 +233,7 @@ impl Event {
             w.copy_from_slice(&packed[i * 8..i * 8 + 8]);
             u64::from_le_bytes(w)
         };
-        let mut e = Event::of(EventKind::HookMiss, Api::Interposer);
-        e.addr = word(0);
-        e.size = word(1);
-        e.aux = word(2);
-        e.stream = word(3);
+        let mut e = Event::words(EventKind::HookMiss, Api::Interposer, word(0), word(1), word(2), word(3));
         e.device = version.clamp(i16::MIN as i32, i16::MAX as i32) as i16;
         e.caller = flags.min(255) as u8;
         e
