@@ -20,45 +20,14 @@ use vramhook_agent::rings::{RingFilter, RingSource, SourceItem};
 use vramhook_agent::AgentConfig;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
-
-fn start_time(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
-    after.split(' ').nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
-}
+use vramhook_protocol::ring::RingWriter;
 
 /// A ring file for `pid`, mapped; the mapping is leaked on purpose (lives to exit).
 fn make_ring(dir: &Path, pid: u32, capacity: u64) -> RingWriter {
-    use std::os::unix::io::AsRawFd;
-    let start = start_time(pid);
-    let path = dir.join(format!("{pid}-{start}-0.ring"));
-    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("ring file");
-    let len = ring_file_size(capacity);
-    file.set_len(len as u64).expect("size");
-    // SAFETY: a fresh shared mapping of the file we just sized.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
-    assert!(base != libc::MAP_FAILED, "mmap");
-    let init = RingInit {
-        capacity,
-        pid,
-        ppid: std::process::id(),
-        // SAFETY: no preconditions.
-        uid: unsafe { libc::geteuid() },
-        start_time: start,
-        run_id: 0,
-        clock_source: 0,
-        tsc_anchor: 0,
-        mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
-        wall_anchor_ns: vramhook_protocol::clock::wall_ns(),
-    };
     let mut meta = vec![0u8; 64];
     let n = vramhook_protocol::ring::encode_meta(b"/bin/bench", b"bench\0", &mut meta);
     meta.truncate(n);
-    // SAFETY: the mapping is `len` bytes, writable, and never unmapped.
-    unsafe { RingWriter::init(base as *mut u8, &init, &meta) }
+    vramhook_testkit::ring_file(dir, pid, capacity, &meta).0
 }
 
 fn event(pid: u32, i: u64) -> vramhook_protocol::record::RawRecord {

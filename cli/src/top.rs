@@ -11,7 +11,7 @@ use ratatui::Frame;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use vramhook_agent::http::{fetch_state, State};
+use vramhook_agent::http::{State, StateClient};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::StatsView;
 use vramhook_model::fmt_bytes;
@@ -42,7 +42,7 @@ enum Sort {
 }
 
 enum Source {
-    Agent(String),
+    Agent(StateClient),
     Direct { source: Box<RingSource>, model: Box<Model>, stats: Box<StatsView>, ring_dir: String },
 }
 
@@ -61,7 +61,7 @@ impl Source {
 
     fn refresh(&mut self) -> Result<State, String> {
         match self {
-            Source::Agent(addr) => fetch_state(addr, Duration::from_secs(2)),
+            Source::Agent(client) => client.fetch(Duration::from_secs(2)),
             Source::Direct { source, model, stats, ring_dir } => {
                 let mut marked = 0;
                 let summary = source.poll(&mut |item| match item {
@@ -90,7 +90,7 @@ impl Source {
 
     fn label(&self) -> String {
         match self {
-            Source::Agent(a) => format!("agent {a}"),
+            Source::Agent(client) => format!("agent {}", client.addr()),
             Source::Direct { ring_dir, .. } => format!("rings {ring_dir} (direct)"),
         }
     }
@@ -101,8 +101,9 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
     let mut source = if args.direct {
         Source::direct(ring_dir)
     } else {
-        match fetch_state(&args.agent, Duration::from_secs(2)) {
-            Ok(_) => Source::Agent(args.agent.clone()),
+        let client = StateClient::new(&args.agent).map_err(anyhow::Error::msg)?;
+        match client.fetch(Duration::from_secs(2)) {
+            Ok(_) => Source::Agent(client),
             Err(e) => {
                 eprintln!("vramhook top: no agent at {} ({e}); reading the rings directly", args.agent);
                 Source::direct(ring_dir)

@@ -14,15 +14,9 @@ use std::time::Duration;
 use vramhook_protocol::capture::{CaptureReader, Frame};
 use vramhook_protocol::record::{Event, EventKind};
 
-fn process(state: &Value, pid: u32) -> Option<&Value> {
-    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
-}
-
 #[test]
 fn endpoints_carry_the_models_numbers() {
-    let rings = ring_dir("http");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("http", &[]);
     let mut child = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "4"], rings.path(), &[]);
     let pid = child.id();
     // leak --n 4 leaves 6,295,456 bytes (the simulated driver's ground truth).
@@ -375,13 +369,11 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
 
 #[test]
 fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
-    let rings = ring_dir("coexist");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("coexist", &[]);
     let out_dir = tempfile::tempdir().expect("dir");
     let summary = out_dir.path().join("summary.json");
     for _ in 0..5 {
-        let out = std::process::Command::new(&bin)
+        let out = std::process::Command::new(vramhook_bin())
             .args(["run", "--quiet", "--ring-dir", rings.path().to_str().unwrap(), "--summary-json"])
             .arg(&summary)
             .arg("--")
@@ -400,9 +392,7 @@ fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
 
 #[test]
 fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() {
-    let rings = ring_dir("forget");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap(), "--forget-exited-after", "0"], &[]);
+    let (rings, agent) = Agent::on_new_rings("forget", &["--forget-exited-after", "0"]);
     let mut child = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
     let pid = child.id();
     let _ = child.wait();

@@ -18,7 +18,22 @@ pub struct Agent {
     pub log: vramhook_testkit::StderrLog,
 }
 
+/// A traced process in the agent's state document, by pid.
+pub fn process(state: &Value, pid: u32) -> Option<&Value> {
+    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
+}
+
 impl Agent {
+    /// This build's agent on a fresh ring directory (tagged `tag`), with `args` added.
+    pub fn on_new_rings(tag: &str, args: &[&str]) -> (tempfile::TempDir, Agent) {
+        let rings = ring_dir(tag);
+        let dir = rings.path().to_str().expect("utf-8 ring dir").to_string();
+        let mut all = vec!["--ring-dir", dir.as_str()];
+        all.extend_from_slice(args);
+        let agent = Agent::start(&vramhook_bin(), &all, &[]);
+        (rings, agent)
+    }
+
     /// Starts the agent with `args` (plus `--listen 127.0.0.1:0`) and waits until it listens.
     pub fn start(bin: &Path, args: &[&str], envs: &[(&str, &str)]) -> Agent {
         let mut cmd = Command::new(bin);

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -87,6 +88,46 @@ pub fn traced_workload(name: &str, ring_dir: &Path) -> Command {
         .env("VRAMHOOK_DIR", ring_dir)
         .env_remove("VRAMHOOK_RUN_ID");
     cmd
+}
+
+/// Start time (clock ticks since boot, `/proc/<pid>/stat` field 22) of a running process.
+pub fn start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    stat[stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start time")
+}
+
+/// A ring file `dir/<pid>-<start>-0.ring` of `capacity` slots for the live process `pid`,
+/// owned by this user, made with the protocol's own writer (header anchored now, `meta` as
+/// the process's exe and argv) and mapped here. Returns the writer and the mapping, which
+/// stays mapped until the caller unmaps it (or the process exits).
+pub fn ring_file(dir: &Path, pid: u32, capacity: u64, meta: &[u8]) -> (RingWriter, *mut u8, usize) {
+    use std::os::unix::io::AsRawFd;
+    let start = start_time(pid);
+    let path = dir.join(format!("{pid}-{start}-0.ring"));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("ring file");
+    let len = ring_file_size(capacity);
+    file.set_len(len as u64).expect("size the ring");
+    // SAFETY: a fresh shared mapping of the file just sized.
+    let base = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    assert!(base != libc::MAP_FAILED, "mmap the ring");
+    let init = RingInit {
+        capacity,
+        pid,
+        ppid: std::process::id(),
+        // SAFETY: no preconditions.
+        uid: unsafe { libc::geteuid() },
+        start_time: start,
+        run_id: 0,
+        clock_source: 0,
+        tsc_anchor: 0,
+        mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
+        wall_anchor_ns: vramhook_protocol::clock::wall_ns(),
+    };
+    // SAFETY: the mapping is `len` bytes and writable.
+    let writer = unsafe { RingWriter::init(base as *mut u8, &init, meta) };
+    (writer, base as *mut u8, len)
 }
 
 /// A fresh directory on tmpfs (or the temp dir where there is no `/dev/shm`).
