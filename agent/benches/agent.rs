@@ -111,6 +111,17 @@ fn bench_ingest() -> f64 {
     N as f64 / cpu.max(1e-9)
 }
 
+/// Stops the agent, ends the processes that held the rings, and removes the ring directory.
+fn stop_all(agent: (Arc<AtomicBool>, std::thread::JoinHandle<()>), children: Vec<std::process::Child>, dir: &Path) {
+    agent.0.store(true, Ordering::Relaxed);
+    let _ = agent.1.join();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn run_agent(dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let stop = Arc::new(AtomicBool::new(false));
     let cfg = AgentConfig {
@@ -153,13 +164,7 @@ fn bench_steady_cpu() -> f64 {
     }
     let wall = t0.elapsed().as_secs_f64();
     let agent_cpu = (process_cpu() - cpu0).saturating_sub(thread_cpu() - writer_cpu0).as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = join.join();
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    stop_all((stop, join), children, &dir);
     println!("steady: {i} events in {wall:.2} s ({:.0}/s); agent CPU {agent_cpu:.3} s", i as f64 / wall);
     100.0 * agent_cpu / wall
 }
@@ -186,13 +191,7 @@ fn bench_rss_64() -> (u64, u64, u64) {
     std::thread::sleep(Duration::from_secs(3));
     let rss = status_kib("VmRSS:");
     let anon = status_kib("RssAnon:");
-    stop.store(true, Ordering::Relaxed);
-    let _ = join.join();
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    stop_all((stop, join), children, &dir);
     (rss, anon, anon.saturating_sub(before))
 }
 

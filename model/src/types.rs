@@ -44,68 +44,8 @@ impl Default for ModelConfig {
     }
 }
 
-/// Memory class, mirrored from the protocol's [`MemClass`] so that it serialises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Class {
-    Plain,
-    Pitch,
-    Managed,
-    Pool,
-    Vmm,
-    Array,
-    Ipc,
-    Import,
-}
-
-impl Class {
-    pub const ALL: [Class; 8] =
-        [Class::Plain, Class::Pitch, Class::Managed, Class::Pool, Class::Vmm, Class::Array, Class::Ipc, Class::Import];
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    pub fn from_index(i: u8) -> Class {
-        Class::ALL[(i as usize) % 8]
-    }
-
-    /// Bytes this process owns (counted in `live_bytes`): everything but IPC-opened and
-    /// imported memory, which belongs to the exporting process.
-    pub fn owned(self) -> bool {
-        !matches!(self, Class::Ipc | Class::Import)
-    }
-
-    /// Bytes counted as resident on the device (`traced_bytes`): owned, and not managed
-    /// (managed memory migrates and may live in host memory).
-    pub fn resident(self) -> bool {
-        self.owned() && self != Class::Managed
-    }
-
-    pub fn name(self) -> &'static str {
-        MemClass::from(self).name()
-    }
-}
-
-impl From<MemClass> for Class {
-    fn from(c: MemClass) -> Class {
-        match c {
-            MemClass::Plain => Class::Plain,
-            MemClass::Pitch => Class::Pitch,
-            MemClass::Managed => Class::Managed,
-            MemClass::Pool => Class::Pool,
-            MemClass::Vmm => Class::Vmm,
-            MemClass::Array => Class::Array,
-            MemClass::Ipc => Class::Ipc,
-            MemClass::Import => Class::Import,
-        }
-    }
-}
-
-impl From<Class> for MemClass {
-    fn from(c: Class) -> MemClass {
-        MemClass::ALL[c.index()]
-    }
-}
+/// Memory class: the protocol's [`MemClass`] (serialised by its variant names).
+pub type Class = MemClass;
 
 /// Live bytes by memory class.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,20 @@
 
 use crate::record::{Api, Caller, Event, EventKind};
 
+/// Builder-style setters of one common field each (`ev.at(ts)`).
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($field:ident: $ty:ty);)*) => {
+        $(
+            $(#[$doc])*
+            #[inline(always)]
+            pub const fn $name(mut self, $field: $ty) -> Event {
+                self.$field = $field;
+                self
+            }
+        )*
+    };
+}
+
 impl Event {
     /// A record of `kind` from `api` with its four payload words in wire order (`addr`,
     /// `size`, `aux`, `stream`: the table above): device unknown (-1), the rest zero. Only
@@ -58,32 +72,15 @@ impl Event {
         self
     }
 
-    /// When it happened (ns, the capture's clock).
-    #[inline(always)]
-    pub const fn at(mut self, ts_ns: u64) -> Event {
-        self.ts_ns = ts_ns;
-        self
-    }
-
-    /// Its position in its process's stream.
-    #[inline(always)]
-    pub const fn with_seq(mut self, seq: u64) -> Event {
-        self.seq = seq;
-        self
-    }
-
-    /// The device ordinal (-1: unknown, the default).
-    #[inline(always)]
-    pub const fn on_device(mut self, device: i16) -> Event {
-        self.device = device;
-        self
-    }
-
-    /// The CUresult the call returned (0, the default, is success).
-    #[inline(always)]
-    pub const fn with_result(mut self, result: u32) -> Event {
-        self.result = result;
-        self
+    setters! {
+        /// When it happened (ns, the capture's clock).
+        at(ts_ns: u64);
+        /// Its position in its process's stream.
+        with_seq(seq: u64);
+        /// The device ordinal (-1: unknown, the default).
+        on_device(device: i16);
+        /// The CUresult the call returned (0, the default, is success).
+        with_result(result: u32);
     }
 
     /// The runtime call that led to this driver call.

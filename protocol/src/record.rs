@@ -161,6 +161,7 @@ code_enum! {
 
 /// What kind of device memory an allocation API hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum MemClass {
     Plain,
     Pitch,
@@ -183,6 +184,27 @@ impl MemClass {
         MemClass::Ipc,
         MemClass::Import,
     ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The class of an index (taken modulo the number of classes).
+    pub fn from_index(i: u8) -> MemClass {
+        MemClass::ALL[(i as usize) % 8]
+    }
+
+    /// Bytes the process owns (counted in its live bytes): everything but IPC-opened and
+    /// imported memory, which belongs to the exporting process.
+    pub fn owned(self) -> bool {
+        !matches!(self, MemClass::Ipc | MemClass::Import)
+    }
+
+    /// Bytes resident on the device: owned, and not managed (managed memory migrates and
+    /// may live in host memory).
+    pub fn resident(self) -> bool {
+        self.owned() && self != MemClass::Managed
+    }
 
     pub fn name(self) -> &'static str {
         match self {

@@ -14,7 +14,7 @@ impl Model {
 
     #[inline]
     pub(super) fn on_alloc(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
-        let Some(class) = api.mem_class().map(Class::from) else {
+        let Some(class) = api.mem_class() else {
             self.anomaly(Some(slot), Anomaly::AllocUnknownApi);
             return;
         };

@@ -90,6 +90,12 @@ impl Gaps {
     pub(crate) fn largest(&self) -> u64 {
         self.sizes.last_key_value().map(|(k, _)| *k).unwrap_or(0)
     }
+
+    /// (free bytes, largest free span) of the arena these gaps are in.
+    #[inline]
+    fn numbers(&self) -> (u64, u64) {
+        (self.total, self.largest())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -104,7 +110,7 @@ struct Reservation {
 impl Reservation {
     #[inline]
     fn numbers(&self) -> (u64, u64) {
-        (self.gaps.total, self.gaps.largest())
+        self.gaps.numbers()
     }
 
     /// Marks [s, e) free; it must not overlap a mapping.
@@ -167,7 +173,7 @@ struct Segment {
 impl Segment {
     #[inline]
     fn numbers(&self) -> (u64, u64) {
-        (self.gaps.total, self.gaps.largest())
+        self.gaps.numbers()
     }
 }
 

@@ -3,6 +3,21 @@
 use super::*;
 
 impl Model {
+    /// The end of [addr, addr+size), or `None` (counted as an anomaly) when the range is
+    /// empty or runs past the address space.
+    #[inline]
+    fn range_end(&mut self, slot: usize, addr: u64, size: u64) -> Option<u64> {
+        if size == 0 {
+            self.anomaly(Some(slot), Anomaly::ZeroSize);
+            return None;
+        }
+        let end = addr.checked_add(size);
+        if end.is_none() {
+            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+        }
+        end
+    }
+
     #[inline]
     pub(super) fn on_create(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
         let class = if api == Api::cuMemImportFromShareableHandle { Class::Import } else { Class::Vmm };
@@ -49,12 +64,7 @@ impl Model {
     #[inline]
     pub(super) fn on_reserve(&mut self, slot: usize, ev: &Event) {
         let pid = ev.pid;
-        if ev.size == 0 {
-            self.anomaly(Some(slot), Anomaly::ZeroSize);
-            return;
-        }
-        let Some(end) = ev.addr.checked_add(ev.size) else {
-            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+        let Some(end) = self.range_end(slot, ev.addr, ev.size) else {
             return;
         };
         let prev_overlaps =
@@ -99,12 +109,7 @@ impl Model {
     pub(super) fn on_map(&mut self, slot: usize, ev: &Event, ts: u64) {
         let pid = ev.pid;
         let (addr, size, hkey) = (ev.addr, ev.size, (ev.pid, ev.handle()));
-        if size == 0 {
-            self.anomaly(Some(slot), Anomaly::ZeroSize);
-            return;
-        }
-        let Some(end) = addr.checked_add(size) else {
-            self.anomaly(Some(slot), Anomaly::AddressOverflow);
+        let Some(end) = self.range_end(slot, addr, size) else {
             return;
         };
         match self.handles.get(&hkey) {

@@ -576,7 +576,7 @@ impl Reference {
     }
 
     fn alloc(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
-        let Some(class) = api.mem_class().map(Class::from) else {
+        let Some(class) = api.mem_class() else {
             return self.anom(Some(slot), Anomaly::AllocUnknownApi);
         };
         if class == Class::Vmm || class == Class::Import {

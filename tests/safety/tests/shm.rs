@@ -11,15 +11,24 @@ fn ring_dir_on(fs: &Path) -> std::path::PathBuf {
     private_dir(fs, "rings", 0o700)
 }
 
+/// As root: a tmpfs of `bytes` with a ring directory on it; otherwise `None` (the test is
+/// reported not run).
+fn rings_on_tmpfs(test: &str, bytes: u64) -> Option<(Tmpfs, std::path::PathBuf)> {
+    if !require_root(test) {
+        return None;
+    }
+    let fs = Tmpfs::mount(bytes).expect("tmpfs");
+    let dir = ring_dir_on(fs.path());
+    Some((fs, dir))
+}
+
 /// A 256 KiB tmpfs as the ring directory's file system: every one of 12 runs ends as the
 /// untraced run does (before the fix, runs died of SIGBUS writing to unbacked ring pages).
 #[test]
 fn a_tiny_shm_never_kills_the_traced_program() {
-    if !require_root("a_tiny_shm_never_kills_the_traced_program") {
+    let Some((_fs, dir)) = rings_on_tmpfs("a_tiny_shm_never_kills_the_traced_program", 256 << 10) else {
         return;
-    }
-    let fs = Tmpfs::mount(256 << 10).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     let expected = untraced(WORKLOAD);
     for run in 0..12 {
         let out = traced_workload(WORKLOAD, &dir).output().expect("run");
@@ -33,11 +42,9 @@ fn a_tiny_shm_never_kills_the_traced_program() {
 /// with exactly one line and leaves no file behind.
 #[test]
 fn a_full_shm_runs_untraced_with_one_line_and_no_file() {
-    if !require_root("a_full_shm_runs_untraced_with_one_line_and_no_file") {
+    let Some((fs, dir)) = rings_on_tmpfs("a_full_shm_runs_untraced_with_one_line_and_no_file", 4 << 20) else {
         return;
-    }
-    let fs = Tmpfs::mount(4 << 20).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     fs.fill_leaving(0);
     let expected = untraced(WORKLOAD);
     let out = traced_workload(WORKLOAD, &dir).output().expect("run");
@@ -52,11 +59,9 @@ fn a_full_shm_runs_untraced_with_one_line_and_no_file() {
 /// before), and still records.
 #[test]
 fn a_new_ring_takes_at_most_a_tenth_of_the_free_space() {
-    if !require_root("a_new_ring_takes_at_most_a_tenth_of_the_free_space") {
+    let Some((_fs, dir)) = rings_on_tmpfs("a_new_ring_takes_at_most_a_tenth_of_the_free_space", 16 << 20) else {
         return;
-    }
-    let fs = Tmpfs::mount(16 << 20).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     let free = free_bytes(&dir);
     let expected = untraced(WORKLOAD);
     let out = traced_workload(WORKLOAD, &dir).output().expect("run");
