@@ -303,22 +303,10 @@ fn sigkill_and_restart_mid_million_events_delivers_once_or_counts_dropped() {
 
 #[test]
 fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
-    let rings = ring_dir("rotate");
     let captures = tempfile::tempdir().expect("capture dir");
-    let bin = vramhook_bin();
-    let agent = Agent::start(
-        &bin,
-        &[
-            "--ring-dir",
-            rings.path().to_str().unwrap(),
-            "--capture-dir",
-            captures.path().to_str().unwrap(),
-            "--capture-max-mib",
-            "1",
-            "--capture-keep",
-            "1",
-        ],
-        &[],
+    let (rings, agent) = Agent::on_new_rings(
+        "rotate",
+        &["--capture-dir", captures.path().to_str().unwrap(), "--capture-max-mib", "1", "--capture-keep", "1"],
     );
     // A ring that holds all ~200,000 events (one lane of 262,144 slots), so that the bytes
     // captured, and the rotations, do not depend on how fast the agent drains: under a
@@ -360,7 +348,7 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
             }
             other => panic!("{} does not start with a checkpoint: {other:?}", f.display()),
         }
-        let out = std::process::Command::new(&bin).arg("dump").arg(f).output().expect("dump");
+        let out = std::process::Command::new(vramhook_bin()).arg("dump").arg(f).output().expect("dump");
         let stderr = String::from_utf8_lossy(&out.stderr);
         // The file being written has no end frame yet: dump reads it all and says so.
         assert!(out.status.success() || stderr.contains("truncated"), "vramhook dump reads {}: {stderr}", f.display());

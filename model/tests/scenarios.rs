@@ -80,9 +80,7 @@ fn pytorch_retry_is_one_capacity_incident() {
 #[test]
 fn a_failure_of_another_request_is_a_new_incident() {
     let mut p = Proc::new(468, 0);
-    for i in 0..4u64 {
-        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 1 << 30);
-    }
+    p.allocs_a_gib_apart(4, 1 << 30);
     p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20, TOTAL);
     p.oom(Api::cuMemAlloc_v2, 1 << 30);
     p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20, TOTAL);
@@ -423,9 +421,7 @@ fn dropped_events_flag_incomplete() {
 #[test]
 fn checkpoint_round_trip_mid_incident() {
     let mut p = Proc::new(4242, 0);
-    for i in 0..10u64 {
-        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 100 << 20);
-    }
+    p.allocs_a_gib_apart(10, 100 << 20);
     p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30, TOTAL);
     for i in 0..10u64 {
         p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));

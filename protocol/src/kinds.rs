@@ -25,6 +25,19 @@
 
 use crate::record::{Api, Caller, Event, EventKind};
 
+/// One constructor per row: `name(args) => kind, api, [addr, size, aux, stream];`.
+macro_rules! constructors {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $kind:expr, $api:expr, [$addr:expr, $size:expr, $aux:expr, $stream:expr];)*) => {
+        $(
+            $(#[$doc])*
+            #[inline(always)]
+            pub const fn $name($($arg: $ty),*) -> Event {
+                Event::words($kind, $api, $addr, $size, $aux, $stream)
+            }
+        )*
+    };
+}
+
 /// Builder-style setters of one common field each (`ev.at(ts)`).
 macro_rules! setters {
     ($($(#[$doc:meta])* $name:ident($field:ident: $ty:ty);)*) => {
@@ -90,133 +103,53 @@ impl Event {
         self
     }
 
-    // ---- constructors, one per kind (and per allocation shape) --------------------------
+    // ---- constructors, one per kind (and per allocation shape): each is one row of the
+    // table above, its arguments named for what they are.
 
-    /// An allocation with no second word: `cuMemAlloc_v2`, arrays, IPC opens, imports.
-    /// A failed one has `addr` 0 and the requested `size`.
-    #[inline(always)]
-    pub const fn alloc(api: Api, addr: u64, size: u64) -> Event {
-        Event::words(EventKind::Alloc, api, addr, size, 0, 0)
-    }
-
-    /// `cuMemAllocPitch_v2`: `size` is pitch × height.
-    #[inline(always)]
-    pub const fn alloc_pitch(addr: u64, size: u64, pitch: u64) -> Event {
-        Event::words(EventKind::Alloc, Api::cuMemAllocPitch_v2, addr, size, pitch, 0)
-    }
-
-    /// `cuMemAllocManaged` with its flags.
-    #[inline(always)]
-    pub const fn alloc_managed(addr: u64, size: u64, flags: u64) -> Event {
-        Event::words(EventKind::Alloc, Api::cuMemAllocManaged, addr, size, flags, 0)
-    }
-
-    /// `cuMipmappedArrayCreate`: all levels' bytes, and the level count.
-    #[inline(always)]
-    pub const fn mipmapped_array(handle: u64, size: u64, levels: u64) -> Event {
-        Event::words(EventKind::Alloc, Api::cuMipmappedArrayCreate, handle, size, levels, 0)
-    }
-
-    /// A stream-ordered allocation from the device's current pool (`cuMemAllocAsync*`).
-    #[inline(always)]
-    pub const fn alloc_async(api: Api, addr: u64, size: u64, stream: u64) -> Event {
-        Event::words(EventKind::Alloc, api, addr, size, 0, stream)
-    }
-
-    /// A stream-ordered allocation from an explicit pool (`cuMemAllocFromPoolAsync*`).
-    #[inline(always)]
-    pub const fn pool_alloc(api: Api, addr: u64, size: u64, pool: u64, stream: u64) -> Event {
-        Event::words(EventKind::Alloc, api, addr, size, stream, pool)
-    }
-
-    /// A free of anything an allocation handed out (`cuMemFree_v2`, arrays, IPC closes).
-    #[inline(always)]
-    pub const fn free(api: Api, addr: u64) -> Event {
-        Event::words(EventKind::Free, api, addr, 0, 0, 0)
-    }
-
-    /// A stream-ordered free (`cuMemFreeAsync*`).
-    #[inline(always)]
-    pub const fn free_async(api: Api, addr: u64, stream: u64) -> Event {
-        Event::words(EventKind::Free, api, addr, 0, 0, stream)
-    }
-
-    /// A VMM physical handle made (`cuMemCreate`) or imported (size 0: unknown).
-    #[inline(always)]
-    pub const fn vmm_create(api: Api, handle: u64, size: u64) -> Event {
-        Event::words(EventKind::VmmCreate, api, 0, size, handle, 0)
-    }
-
-    /// `cuMemRelease`.
-    #[inline(always)]
-    pub const fn vmm_release(handle: u64) -> Event {
-        Event::words(EventKind::VmmRelease, Api::cuMemRelease, 0, 0, handle, 0)
-    }
-
-    /// `cuMemAddressReserve`: the range handed out, and the address and alignment asked for.
-    #[inline(always)]
-    pub const fn vmm_reserve(addr: u64, size: u64, requested_addr: u64, alignment: u64) -> Event {
-        Event::words(EventKind::VmmReserve, Api::cuMemAddressReserve, addr, size, requested_addr, alignment)
-    }
-
-    /// `cuMemAddressFree`.
-    #[inline(always)]
-    pub const fn vmm_address_free(addr: u64, size: u64) -> Event {
-        Event::words(EventKind::VmmAddressFree, Api::cuMemAddressFree, addr, size, 0, 0)
-    }
-
-    /// `cuMemMap`: `size` bytes of `handle`, from `offset` in it, at `addr`.
-    #[inline(always)]
-    pub const fn vmm_map(addr: u64, size: u64, handle: u64, offset: u64) -> Event {
-        Event::words(EventKind::VmmMap, Api::cuMemMap, addr, size, handle, offset)
-    }
-
-    /// `cuMemUnmap`.
-    #[inline(always)]
-    pub const fn vmm_unmap(addr: u64, size: u64) -> Event {
-        Event::words(EventKind::VmmUnmap, Api::cuMemUnmap, addr, size, 0, 0)
-    }
-
-    /// `cuMemPoolCreate` (the new pool's handle; 0 when the call failed).
-    #[inline(always)]
-    pub const fn pool_create(pool: u64) -> Event {
-        Event::words(EventKind::PoolCreate, Api::cuMemPoolCreate, 0, 0, 0, pool)
-    }
-
-    /// `cuMemPoolDestroy`.
-    #[inline(always)]
-    pub const fn pool_destroy(pool: u64) -> Event {
-        Event::words(EventKind::PoolDestroy, Api::cuMemPoolDestroy, 0, 0, 0, pool)
-    }
-
-    /// `cuMemPoolTrimTo`: the pool keeps at least `keep_bytes` reserved.
-    #[inline(always)]
-    pub const fn pool_trim(pool: u64, keep_bytes: u64) -> Event {
-        Event::words(EventKind::PoolTrim, Api::cuMemPoolTrimTo, 0, keep_bytes, 0, pool)
-    }
-
-    /// A device sample (`cuMemGetInfo_v2`).
-    #[inline(always)]
-    pub const fn mem_info(free_bytes: u64, total_bytes: u64) -> Event {
-        Event::words(EventKind::MemInfo, Api::cuMemGetInfo_v2, free_bytes, total_bytes, 0, 0)
-    }
-
-    /// The interposer's first record in a process.
-    #[inline(always)]
-    pub const fn process_start(ppid: u32, start_time: u64) -> Event {
-        Event::words(EventKind::ProcessStart, Api::Interposer, ppid as u64, 0, start_time, 0)
-    }
-
-    /// The interposer's last record in a process (its library destructor ran).
-    #[inline(always)]
-    pub const fn process_exit() -> Event {
-        Event::words(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0)
-    }
-
-    /// `count` events lost, `lost_in_flight` of them slots a writer reserved but never published.
-    #[inline(always)]
-    pub const fn dropped(count: u64, lost_in_flight: u64) -> Event {
-        Event::words(EventKind::Dropped, Api::Interposer, 0, count, lost_in_flight, 0)
+    constructors! {
+        /// An allocation with no second word: `cuMemAlloc_v2`, arrays, IPC opens, imports.
+        /// A failed one has `addr` 0 and the requested `size`.
+        alloc(api: Api, addr: u64, size: u64) => EventKind::Alloc, api, [addr, size, 0, 0];
+        /// `cuMemAllocPitch_v2`: `size` is pitch × height.
+        alloc_pitch(addr: u64, size: u64, pitch: u64) => EventKind::Alloc, Api::cuMemAllocPitch_v2, [addr, size, pitch, 0];
+        /// `cuMemAllocManaged` with its flags.
+        alloc_managed(addr: u64, size: u64, flags: u64) => EventKind::Alloc, Api::cuMemAllocManaged, [addr, size, flags, 0];
+        /// `cuMipmappedArrayCreate`: all levels' bytes, and the level count.
+        mipmapped_array(handle: u64, size: u64, levels: u64) => EventKind::Alloc, Api::cuMipmappedArrayCreate, [handle, size, levels, 0];
+        /// A stream-ordered allocation from the device's current pool (`cuMemAllocAsync*`).
+        alloc_async(api: Api, addr: u64, size: u64, stream: u64) => EventKind::Alloc, api, [addr, size, 0, stream];
+        /// A stream-ordered allocation from an explicit pool (`cuMemAllocFromPoolAsync*`).
+        pool_alloc(api: Api, addr: u64, size: u64, pool: u64, stream: u64) => EventKind::Alloc, api, [addr, size, stream, pool];
+        /// A free of anything an allocation handed out (`cuMemFree_v2`, arrays, IPC closes).
+        free(api: Api, addr: u64) => EventKind::Free, api, [addr, 0, 0, 0];
+        /// A stream-ordered free (`cuMemFreeAsync*`).
+        free_async(api: Api, addr: u64, stream: u64) => EventKind::Free, api, [addr, 0, 0, stream];
+        /// A VMM physical handle made (`cuMemCreate`) or imported (size 0: unknown).
+        vmm_create(api: Api, handle: u64, size: u64) => EventKind::VmmCreate, api, [0, size, handle, 0];
+        /// `cuMemRelease`.
+        vmm_release(handle: u64) => EventKind::VmmRelease, Api::cuMemRelease, [0, 0, handle, 0];
+        /// `cuMemAddressReserve`: the range handed out, and the address and alignment asked for.
+        vmm_reserve(addr: u64, size: u64, requested_addr: u64, alignment: u64) => EventKind::VmmReserve, Api::cuMemAddressReserve, [addr, size, requested_addr, alignment];
+        /// `cuMemAddressFree`.
+        vmm_address_free(addr: u64, size: u64) => EventKind::VmmAddressFree, Api::cuMemAddressFree, [addr, size, 0, 0];
+        /// `cuMemMap`: `size` bytes of `handle`, from `offset` in it, at `addr`.
+        vmm_map(addr: u64, size: u64, handle: u64, offset: u64) => EventKind::VmmMap, Api::cuMemMap, [addr, size, handle, offset];
+        /// `cuMemUnmap`.
+        vmm_unmap(addr: u64, size: u64) => EventKind::VmmUnmap, Api::cuMemUnmap, [addr, size, 0, 0];
+        /// `cuMemPoolCreate` (the new pool's handle; 0 when the call failed).
+        pool_create(pool: u64) => EventKind::PoolCreate, Api::cuMemPoolCreate, [0, 0, 0, pool];
+        /// `cuMemPoolDestroy`.
+        pool_destroy(pool: u64) => EventKind::PoolDestroy, Api::cuMemPoolDestroy, [0, 0, 0, pool];
+        /// `cuMemPoolTrimTo`: the pool keeps at least `keep_bytes` reserved.
+        pool_trim(pool: u64, keep_bytes: u64) => EventKind::PoolTrim, Api::cuMemPoolTrimTo, [0, keep_bytes, 0, pool];
+        /// A device sample (`cuMemGetInfo_v2`).
+        mem_info(free_bytes: u64, total_bytes: u64) => EventKind::MemInfo, Api::cuMemGetInfo_v2, [free_bytes, total_bytes, 0, 0];
+        /// The interposer's first record in a process.
+        process_start(ppid: u32, start_time: u64) => EventKind::ProcessStart, Api::Interposer, [ppid as u64, 0, start_time, 0];
+        /// The interposer's last record in a process (its library destructor ran).
+        process_exit() => EventKind::ProcessExit, Api::Interposer, [0, 0, 0, 0];
+        /// `count` events lost, `lost_in_flight` of them slots a writer reserved but never published.
+        dropped(count: u64, lost_in_flight: u64) => EventKind::Dropped, Api::Interposer, [0, count, lost_in_flight, 0];
     }
 
     /// An entry point the driver handed out that no wrapper matched: its name (cut to 32

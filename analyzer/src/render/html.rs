@@ -50,6 +50,11 @@ fn row(cells: &[String], numeric: &[bool]) -> String {
     s
 }
 
+/// One row per item: the cells `cells` gives it, right-aligned where `numeric` says.
+fn rows<T>(items: &[T], numeric: &[bool], cells: impl Fn(&T) -> Vec<String>) -> String {
+    items.iter().map(|item| row(&cells(item), numeric)).collect()
+}
+
 /// The page. Data is embedded as JSON (with `<` escaped so no input can close the script).
 pub fn render(r: &Report) -> String {
     let data = PlotData {
@@ -139,69 +144,57 @@ pub fn render(r: &Report) -> String {
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
-    for p in &r.processes {
-        h.push_str(&row(
-            &[
-                p.pid.to_string(),
-                display_command(&p.command),
-                p.device.to_string(),
-                fmt_bytes(p.peak_bytes),
-                fmt_bytes(p.final_live_bytes),
-                p.allocations.to_string(),
-                p.frees.to_string(),
-                p.failed_calls.to_string(),
-                p.dropped_events.to_string(),
-                match (p.exited, p.exit_status) {
-                    (true, Some(s)) => format!("status {s}"),
-                    (true, None) => "exited".into(),
-                    _ => "running at end".into(),
-                },
-            ],
-            &[true, false, true, true, true, true, true, true, true, false],
-        ));
-    }
+    h.push_str(&rows(&r.processes, &[true, false, true, true, true, true, true, true, true, false], |p| {
+        vec![
+            p.pid.to_string(),
+            display_command(&p.command),
+            p.device.to_string(),
+            fmt_bytes(p.peak_bytes),
+            fmt_bytes(p.final_live_bytes),
+            p.allocations.to_string(),
+            p.frees.to_string(),
+            p.failed_calls.to_string(),
+            p.dropped_events.to_string(),
+            match (p.exited, p.exit_status) {
+                (true, Some(s)) => format!("status {s}"),
+                (true, None) => "exited".into(),
+                _ => "running at end".into(),
+            },
+        ]
+    }));
     h.push_str("</table>\n<h2>Devices</h2><table><tr><th>device<th>total<th>free (latest)<th>lowest free<th>traced live peak</tr>\n");
-    for d in &r.devices {
-        let o = |v: Option<u64>| v.map_or("?".to_string(), fmt_bytes);
-        h.push_str(&row(
-            &[
-                d.device.to_string(),
-                o(d.total_bytes),
-                o(d.free_bytes),
-                o(d.min_free_bytes),
-                fmt_bytes(d.peak_live_bytes),
-            ],
-            &[true, true, true, true, true],
-        ));
-    }
+    let opt = |v: Option<u64>| v.map_or("?".to_string(), fmt_bytes);
+    h.push_str(&rows(&r.devices, &[true, true, true, true, true], |d| {
+        vec![
+            d.device.to_string(),
+            opt(d.total_bytes),
+            opt(d.free_bytes),
+            opt(d.min_free_bytes),
+            fmt_bytes(d.peak_live_bytes),
+        ]
+    }));
     h.push_str("</table>\n<h2>Allocations live at exit</h2><table><tr><th>pid<th>sizes<th>ages</tr>\n");
-    for p in &r.processes {
-        h.push_str(&row(
-            &[
-                p.pid.to_string(),
-                crate::render::text::hist_line(&p.size_histogram, fmt_bytes),
-                crate::render::text::hist_line(&p.age_histogram, crate::render::text::dur),
-            ],
-            &[true, false, false],
-        ));
-    }
+    h.push_str(&rows(&r.processes, &[true, false, false], |p| {
+        vec![
+            p.pid.to_string(),
+            crate::render::text::hist_line(&p.size_histogram, fmt_bytes),
+            crate::render::text::hist_line(&p.age_histogram, crate::render::text::dur),
+        ]
+    }));
     h.push_str("</table>\n<h2>Leaks</h2>\n");
     if r.leaks.is_empty() {
         h.push_str("<p>None.</p>\n");
     } else {
         h.push_str("<table><tr><th>pid<th>command<th>kind<th>bytes<th>detail</tr>\n");
-        for l in &r.leaks {
-            h.push_str(&row(
-                &[
-                    l.pid.to_string(),
-                    display_command(&l.command),
-                    l.kind.to_string(),
-                    fmt_bytes(l.bytes),
-                    l.detail.clone(),
-                ],
-                &[true, false, false, true, false],
-            ));
-        }
+        h.push_str(&rows(&r.leaks, &[true, false, false, true, false], |l| {
+            vec![
+                l.pid.to_string(),
+                display_command(&l.command),
+                l.kind.to_string(),
+                fmt_bytes(l.bytes),
+                l.detail.clone(),
+            ]
+        }));
         h.push_str("</table>\n");
     }
     if !r.anomalies.is_empty() {

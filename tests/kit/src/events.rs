@@ -3,6 +3,9 @@
 
 use vramhook_protocol::record::{Api, Event, CUDA_ERROR_OUT_OF_MEMORY};
 
+/// Where [`Stream::allocs_a_gib_apart`] starts.
+pub const GIB_APART_BASE: u64 = 0x7f00_0000_0000;
+
 /// `e` made by `pid`'s main thread at `ts` on `device`.
 pub fn made(e: Event, pid: u32, ts: u64, device: i16) -> Event {
     e.by(pid, pid).at(ts).on_device(device)
@@ -35,6 +38,13 @@ impl Stream {
     }
     pub fn alloc(&mut self, api: Api, addr: u64, size: u64) -> &mut Self {
         self.push(Event::alloc(api, addr, size))
+    }
+    /// `n` plain allocations of `size` bytes, 1 GiB apart from 0x7f00_0000_0000.
+    pub fn allocs_a_gib_apart(&mut self, n: u64, size: u64) -> &mut Self {
+        for i in 0..n {
+            self.alloc(Api::cuMemAlloc_v2, GIB_APART_BASE + i * (1 << 30), size);
+        }
+        self
     }
     pub fn oom(&mut self, api: Api, size: u64) -> &mut Self {
         self.push(Event::alloc(api, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY))

@@ -22,6 +22,17 @@ fn rings_on_tmpfs(test: &str, bytes: u64) -> Option<(Tmpfs, std::path::PathBuf)>
     Some((fs, dir))
 }
 
+/// One traced run into a fresh private ring directory: the run succeeds and leaves one
+/// ring. Returns the directory (and what keeps it) and the ring.
+fn one_traced_ring(what: &str) -> (tempfile::TempDir, std::path::PathBuf, Vec<std::path::PathBuf>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = private_dir(tmp.path(), "rings", 0o700);
+    assert!(traced_workload(WORKLOAD, &dir).status().expect(what).success());
+    let found = rings(&dir);
+    assert_eq!(found.len(), 1);
+    (tmp, dir, found)
+}
+
 /// A 256 KiB tmpfs as the ring directory's file system: every one of 12 runs ends as the
 /// untraced run does (before the fix, runs died of SIGBUS writing to unbacked ring pages).
 #[test]
@@ -107,11 +118,7 @@ fn the_next_traced_process_removes_drained_rings_of_gone_processes() {
 /// is counted where `vramhook gc` reports it.
 #[test]
 fn undrained_rings_past_the_age_budget_are_removed_and_counted() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = private_dir(tmp.path(), "rings", 0o700);
-    assert!(traced_workload(WORKLOAD, &dir).status().expect("run 1").success());
-    let r1 = rings(&dir);
-    assert_eq!(r1.len(), 1);
+    let (_tmp, dir, r1) = one_traced_ring("run 1");
     assert!(pending(&r1[0]) > 0);
     let bytes = std::fs::metadata(&r1[0]).expect("ring").len();
     set_gone_since(&r1[0], 25 * 3600);
@@ -169,11 +176,7 @@ fn gc_applies_the_space_budget_oldest_first_and_dry_run_removes_nothing() {
 /// removes, when it starts, drained rings of gone processes it finds there.
 #[test]
 fn vramhook_run_leaves_nothing_in_the_ring_directory() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = private_dir(tmp.path(), "rings", 0o700);
-    assert!(traced_workload(WORKLOAD, &dir).status().expect("plain traced run").success());
-    let old = rings(&dir);
-    assert_eq!(old.len(), 1);
+    let (_tmp, dir, old) = one_traced_ring("plain traced run");
     mark_drained(&old[0]);
     let out = std::process::Command::new(vramhook_safety_tests::vramhook_bin())
         .arg("run")
