@@ -181,20 +181,31 @@ impl Event {
     /// anything else (an `alloc_async` comes from the device's current pool).
     #[inline(always)]
     pub fn pool(&self) -> u64 {
-        match EventKind::from_code(self.kind) {
-            Some(EventKind::Alloc) if self.is_explicit_pool_api() => self.stream,
-            Some(EventKind::PoolCreate | EventKind::PoolDestroy | EventKind::PoolTrim) => self.stream,
-            _ => 0,
+        // Raw code compares, not `EventKind::from_code`: this runs for every allocation the
+        // model applies, and the full decode cost about 25 instructions there.
+        let k = self.kind;
+        let pooled = if k == EventKind::Alloc as u8 {
+            self.is_explicit_pool_api()
+        } else {
+            k == EventKind::PoolCreate as u8 || k == EventKind::PoolDestroy as u8 || k == EventKind::PoolTrim as u8
+        };
+        if pooled {
+            self.stream
+        } else {
+            0
         }
     }
 
     /// The CUDA stream of a stream-ordered allocation or free (0: none, or the legacy stream).
     #[inline]
     pub fn cuda_stream(&self) -> u64 {
-        match EventKind::from_code(self.kind) {
-            Some(EventKind::Alloc) if self.is_explicit_pool_api() => self.aux,
-            Some(EventKind::Alloc | EventKind::Free) => self.stream,
-            _ => 0,
+        let k = self.kind;
+        if k == EventKind::Alloc as u8 && self.is_explicit_pool_api() {
+            self.aux
+        } else if k == EventKind::Alloc as u8 || k == EventKind::Free as u8 {
+            self.stream
+        } else {
+            0
         }
     }
 
