@@ -36,26 +36,29 @@ base=${DRAIN_BASELINE_BIN:-}
 base_kept=0 base_drop=0
 pct() { awk -v k="$1" -v d="$2" 'BEGIN { printf "%.2f", (k + d) ? 100 * k / (k + d) : 0 }'; }
 run_kept=0 run_drop=0 agent_kept=0 agent_drop=0
+# One `vramhook run` of the load with binary $2 (both with this build's libvramhook.so), as
+# mode $1 of round $r: prints its row and sets k (kept) and d (dropped).
+traced_run() {
+    local mode=$1 runner=$2 dir
+    dir=$(mktemp -d /dev/shm/vramhook-drain.XXXXXX)
+    VRAMHOOK_LIB="$PWD/$lib" "${reader_pin[@]}" "$runner" run --quiet --ring-dir "$dir" --record "$tmp/$mode.vhc" \
+        --summary-json "$tmp/$mode.json" -- sh -c "$load"
+    k=$(jq '.events' "$tmp/$mode.json")
+    d=$(jq '[.processes[].dropped_events] | add // 0' "$tmp/$mode.json")
+    printf '%-6s %-6s %12d %12d %8s\n' "$r" "$mode" "$k" "$d" "$(pct "$k" "$d")"
+    rm -rf "$dir" "$tmp/$mode.vhc"
+}
 for r in $(seq "$rounds"); do
     if [ -n "$base" ]; then
-        dir=$(mktemp -d /dev/shm/vramhook-drain.XXXXXX)
-        VRAMHOOK_LIB="$PWD/$lib" "${reader_pin[@]}" "$base" run --quiet --ring-dir "$dir" --record "$tmp/base.vhc" --summary-json "$tmp/base.json" -- sh -c "$load"
-        k=$(jq '.events' "$tmp/base.json")
-        d=$(jq '[.processes[].dropped_events] | add // 0' "$tmp/base.json")
+        traced_run base "$base"
         base_kept=$((base_kept + k)) base_drop=$((base_drop + d))
-        printf '%-6s %-6s %12d %12d %8s\n' "$r" base "$k" "$d" "$(pct "$k" "$d")"
-        rm -rf "$dir" "$tmp/base.vhc"
     fi
-    dir=$(mktemp -d /dev/shm/vramhook-drain.XXXXXX)
-    "${reader_pin[@]}" "$bin" run --quiet --ring-dir "$dir" --record "$tmp/run.vhc" --summary-json "$tmp/run.json" -- sh -c "$load"
-    k=$(jq '.events' "$tmp/run.json")
-    d=$(jq '[.processes[].dropped_events] | add // 0' "$tmp/run.json")
+    traced_run run "$bin"
     run_kept=$((run_kept + k)) run_drop=$((run_drop + d))
-    printf '%-6s %-6s %12d %12d %8s\n' "$r" run "$k" "$d" "$(pct "$k" "$d")"
-    rm -rf "$dir" "$tmp/run.vhc"
 
     dir=$(mktemp -d /dev/shm/vramhook-drain.XXXXXX)
     rm -rf "$tmp/captures"
+    : >"$tmp/agent.log" # exists before the background agent's redirection does (sed below reads it at once)
     "${reader_pin[@]}" "$bin" agent --ring-dir "$dir" --listen 127.0.0.1:0 --no-recover --capture-dir "$tmp/captures" 2>"$tmp/agent.log" &
     apid=$!
     until addr=$(sed -n 's/^vramhook agent: listening on //p' "$tmp/agent.log") && [ -n "$addr" ]; do sleep 0.1; done

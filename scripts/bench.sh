@@ -11,14 +11,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
 ((${#which[@]})) || which=(interposer model analyzer agent drain)
-cargo build --release --workspace --examples >/dev/null
+cargo build --release --workspace >/dev/null
+# The benchmarks live in each crate's benches/ (plain binaries, `harness = false`); cargo
+# builds them under target/release/deps with a hash in the name: ask it for the path.
+bench_bin() {
+    cargo bench -p "$1" --bench "$2" --no-run 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -n 1
+}
 for part in "${which[@]}"; do
     echo "=================== $part"
     case "$part" in
         interposer) VRAMHOOK_LIB=target/release/libvramhook.so bash scripts/bench-calls.sh ;;
-        model) target/release/examples/bench_model ;;
-        analyzer) target/release/examples/bench_replay ;;
-        agent) target/release/examples/bench_agent ;;
+        model) "$(bench_bin vramhook-model model)" ;;
+        analyzer) "$(bench_bin vramhook-analyzer replay)" ;;
+        agent) "$(bench_bin vramhook-agent agent)" ;;
         drain) bash scripts/bench-drain.sh ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
     esac

@@ -87,24 +87,53 @@ pub async fn serve(listener: tokio::net::TcpListener, state: HttpState) {
     }
 }
 
-/// Fetches `/api/v1/state` from an agent (a minimal HTTP/1.1 client for `vramhook top`).
-pub fn fetch_state(addr: &str, timeout: std::time::Duration) -> Result<State, String> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-    let sock = addr
-        .to_socket_addrs()
-        .map_err(|e| format!("{addr}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{addr}: no address"))?;
-    let mut s = std::net::TcpStream::connect_timeout(&sock, timeout).map_err(|e| format!("{addr}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    write!(s, "GET /api/v1/state HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).map_err(|e| format!("{addr}: {e}"))?;
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no HTTP header end")?;
-    let head = String::from_utf8_lossy(&buf[..split]);
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("{addr}: {}", head.lines().next().unwrap_or("")));
+/// Reads `/api/v1/state` from an agent (`vramhook top`) with hyper's HTTP/1.1 client
+/// (chunked bodies, status codes and headers as hyper parses them), on a runtime of its own
+/// kept for the client's life.
+pub struct StateClient {
+    addr: String,
+    rt: tokio::runtime::Runtime,
+}
+
+impl StateClient {
+    pub fn new(addr: &str) -> Result<StateClient, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start an HTTP client: {e}"))?;
+        Ok(StateClient { addr: addr.to_string(), rt })
     }
-    serde_json::from_slice(&buf[split + 4..]).map_err(|e| format!("{addr}: bad state JSON: {e}"))
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// One GET, the whole exchange bounded by `timeout`.
+    pub fn fetch(&self, timeout: std::time::Duration) -> Result<State, String> {
+        let addr = &self.addr;
+        self.rt
+            .block_on(async { tokio::time::timeout(timeout, get_state(addr)).await })
+            .map_err(|_| format!("{addr}: no answer within {timeout:?}"))?
+            .map_err(|e| format!("{addr}: {e}"))
+    }
+}
+
+async fn get_state(addr: &str) -> Result<State, String> {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    // The connection is driven beside the request; it ends when the answer is read.
+    let conn = tokio::spawn(conn);
+    let req = Request::get("/api/v1/state")
+        .header(hyper::header::HOST, addr)
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    if res.status() != StatusCode::OK {
+        return Err(format!("HTTP {}", res.status()));
+    }
+    let body = res.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    conn.abort();
+    serde_json::from_slice(&body).map_err(|e| format!("bad state JSON: {e}"))
 }

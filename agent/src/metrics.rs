@@ -7,7 +7,7 @@
 //! and `kind`: never an address, so cardinality stays bounded by processes × devices.
 
 use crate::stats::StatsView;
-use vramhook_model::ModelSnapshot;
+use vramhook_model::{DeviceView, ModelSnapshot, ProcessView};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -15,307 +15,327 @@ pub enum Kind {
     Counter,
 }
 
-/// One metric: OpenTelemetry name and unit, Prometheus name, meaning.
-#[derive(Clone, Copy, Debug)]
+impl Kind {
+    /// The name Prometheus's `# TYPE` line and the README use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        }
+    }
+}
+
+/// One data point: labels as (key, value), and the value.
+pub type Point = (Vec<(&'static str, String)>, f64);
+
+/// Every data point of one metric in a snapshot and the agent's counters.
+pub type Values = fn(&ModelSnapshot, &StatsView) -> Vec<Point>;
+
+/// One metric: OpenTelemetry name and unit, Prometheus name, kind, labels, meaning, and
+/// the function that produces its data points. `/metrics`, the OTLP exporter and the
+/// README's table (checked by a test) all come from [`ALL`].
+#[derive(Clone, Copy)]
 pub struct MetricDef {
     pub otel: &'static str,
     pub unit: &'static str,
     pub prom: &'static str,
     pub kind: Kind,
-    pub labels: &'static str,
+    pub labels: &'static [&'static str],
     pub help: &'static str,
+    pub values: Values,
 }
 
-macro_rules! m {
-    ($otel:literal, $unit:literal, $prom:literal, $kind:ident, $labels:literal, $help:literal) => {
-        MetricDef { otel: $otel, unit: $unit, prom: $prom, kind: Kind::$kind, labels: $labels, help: $help }
-    };
+impl std::fmt::Debug for MetricDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricDef").field("otel", &self.otel).field("prom", &self.prom).finish_non_exhaustive()
+    }
 }
 
-pub const DEVICE_TOTAL: MetricDef = m!(
-    "vramhook.device.memory.total",
-    "By",
-    "vramhook_device_memory_total_bytes",
-    Gauge,
-    "device",
-    "Device memory as the driver reports it (last cuMemGetInfo sample)."
-);
-pub const DEVICE_FREE: MetricDef = m!(
-    "vramhook.device.memory.free",
-    "By",
-    "vramhook_device_memory_free_bytes",
-    Gauge,
-    "device",
-    "Free device memory at the last driver sample."
-);
-pub const DEVICE_TRACED: MetricDef = m!(
-    "vramhook.device.memory.traced",
-    "By",
-    "vramhook_device_memory_traced_bytes",
-    Gauge,
-    "device",
-    "Device memory held by traced processes (the model's live bytes)."
-);
-pub const DEVICE_UNTRACED: MetricDef = m!(
-    "vramhook.device.memory.untraced",
-    "By",
-    "vramhook_device_memory_untraced_bytes",
-    Gauge,
-    "device",
-    "total - free - traced: untraced processes and driver contexts."
-);
-pub const PROC_LIVE: MetricDef = m!(
-    "vramhook.process.memory.live",
-    "By",
-    "vramhook_process_memory_live_bytes",
-    Gauge,
-    "pid, command, kind",
-    "Live device bytes of a process by kind (plain, pitch, managed, pool, vmm, array, ipc, import)."
-);
-pub const PROC_PEAK: MetricDef = m!(
-    "vramhook.process.memory.peak",
-    "By",
-    "vramhook_process_memory_peak_bytes",
-    Gauge,
-    "pid, command",
-    "Highest live bytes the process reached."
-);
-pub const PROC_LIVE_ALLOCS: MetricDef = m!(
-    "vramhook.process.allocations.live",
-    "{allocation}",
-    "vramhook_process_allocations_live",
-    Gauge,
-    "pid, command",
-    "Allocations currently live."
-);
-pub const PROC_ALLOCS: MetricDef = m!(
-    "vramhook.process.allocations",
-    "{allocation}",
-    "vramhook_process_allocations_total",
-    Counter,
-    "pid, command",
-    "Successful allocations since the process started."
-);
-pub const PROC_FAILED: MetricDef = m!(
-    "vramhook.process.failed_calls",
-    "{call}",
-    "vramhook_process_failed_calls_total",
-    Counter,
-    "pid, command",
-    "Memory calls that returned an error."
-);
-pub const PROC_OOMS: MetricDef = m!(
-    "vramhook.process.ooms",
-    "{oom}",
-    "vramhook_process_ooms_total",
-    Counter,
-    "pid, command",
-    "Out-of-memory failures (CUDA_ERROR_OUT_OF_MEMORY)."
-);
-pub const PROC_DROPPED: MetricDef = m!("vramhook.process.dropped_events", "{event}", "vramhook_process_dropped_events_total", Counter, "pid, command", "Events of this process that were lost (ring full, writer died, agent restart): its numbers are incomplete when > 0.");
-pub const PROC_SPAN: MetricDef = m!(
-    "vramhook.process.memory.largest_free_span",
-    "By",
-    "vramhook_process_memory_largest_free_span_bytes",
-    Gauge,
-    "pid, command",
-    "Largest free span inside the process's arenas (VMM reservations, pools)."
-);
-pub const PROC_FRAG: MetricDef = m!(
-    "vramhook.process.memory.fragmentation",
-    "1",
-    "vramhook_process_memory_fragmentation_ratio",
-    Gauge,
-    "pid, command",
-    "1 - largest_free_span / free_in_arenas (0 when nothing is free)."
-);
-pub const AGENT_EVENTS: MetricDef = m!(
-    "vramhook.agent.events.ingested",
-    "{event}",
-    "vramhook_agent_events_ingested_total",
-    Counter,
-    "",
-    "Events drained from rings and applied to the model."
-);
-pub const AGENT_RINGS: MetricDef =
-    m!("vramhook.agent.rings.open", "{ring}", "vramhook_agent_rings_open", Gauge, "", "Rings being drained.");
-pub const AGENT_REFUSED: MetricDef = m!(
-    "vramhook.agent.rings.refused",
-    "{ring}",
-    "vramhook_agent_rings_refused_total",
-    Counter,
-    "",
-    "Ring files refused (bad header, absurd capacity, wrong owner)."
-);
-pub const AGENT_HOSTILE: MetricDef = m!(
-    "vramhook.agent.rings.hostile",
-    "{ring}",
-    "vramhook_agent_rings_hostile_total",
-    Counter,
-    "",
-    "Rings closed for what no writer can do (impossible counters or cursors, file cut while mapped)."
-);
-pub const AGENT_EVENTS_REFUSED: MetricDef = m!(
-    "vramhook.agent.events.refused",
-    "{event}",
-    "vramhook_agent_events_refused_total",
-    Counter,
-    "",
-    "Events refused for naming another process than their ring's verified writer."
-);
-pub const AGENT_GC_REMOVED: MetricDef = m!(
-    "vramhook.agent.rings.gc_removed",
-    "{ring}",
-    "vramhook_agent_rings_gc_removed_total",
-    Counter,
-    "",
-    "Undrained rings of gone processes removed over the keep budget (VRAMHOOK_KEEP_PERCENT, VRAMHOOK_KEEP_HOURS): their events were never drained."
-);
-pub const AGENT_GC_REMOVED_BYTES: MetricDef = m!(
-    "vramhook.agent.rings.gc_removed_bytes",
-    "By",
-    "vramhook_agent_rings_gc_removed_bytes_total",
-    Counter,
-    "",
-    "Bytes of the undrained rings removed over the keep budget."
-);
-pub const AGENT_MALFORMED: MetricDef = m!(
-    "vramhook.agent.records.malformed",
-    "{record}",
-    "vramhook_agent_records_malformed_total",
-    Counter,
-    "",
-    "Ring records that made no sense (corrupted or hostile writer)."
-);
-pub const AGENT_DROPPED: MetricDef = m!("vramhook.agent.events.dropped", "{event}", "vramhook_agent_events_dropped_total", Counter, "kind", "Events the model counts as lost, by where: kind=writer (ring full or writer died), kind=restart (consumed by a killed agent, never recorded), kind=earlier_agent (counted by an earlier agent instance, in the model recovered from its capture), kind=in_ring (Dropped records a hostile or corrupted writer put in its ring). The kinds add up to the sum of vramhook_process_dropped_events_total over every process the model holds.");
-pub const AGENT_SINK_DROPPED: MetricDef = m!(
-    "vramhook.agent.sink.dropped",
-    "{item}",
-    "vramhook_agent_sink_dropped_total",
-    Counter,
-    "kind",
-    "Items a sink's bounded queue dropped: kind=capture (events), kind=otlp (OOM incidents)."
-);
-pub const AGENT_EXPORT_ERRORS: MetricDef = m!(
-    "vramhook.agent.export.errors",
-    "{error}",
-    "vramhook_agent_export_errors_total",
-    Counter,
-    "kind",
-    "Failed exports: kind=capture, otlp_metrics, otlp_traces, otlp_logs."
-);
+const DEVICE: &[&str] = &["device"];
+const PROCESS: &[&str] = &["pid", "command"];
+const NONE: &[&str] = &[];
+const KIND: &[&str] = &["kind"];
 
-pub const ALL: &[MetricDef] = &[
-    DEVICE_TOTAL,
-    DEVICE_FREE,
-    DEVICE_TRACED,
-    DEVICE_UNTRACED,
-    PROC_LIVE,
-    PROC_PEAK,
-    PROC_LIVE_ALLOCS,
-    PROC_ALLOCS,
-    PROC_FAILED,
-    PROC_OOMS,
-    PROC_DROPPED,
-    PROC_SPAN,
-    PROC_FRAG,
-    AGENT_EVENTS,
-    AGENT_RINGS,
-    AGENT_REFUSED,
-    AGENT_HOSTILE,
-    AGENT_EVENTS_REFUSED,
-    AGENT_GC_REMOVED,
-    AGENT_GC_REMOVED_BYTES,
-    AGENT_MALFORMED,
-    AGENT_DROPPED,
-    AGENT_SINK_DROPPED,
-    AGENT_EXPORT_ERRORS,
-];
+/// Live processes only: an exited process's series end with it.
+fn live(snap: &ModelSnapshot) -> impl Iterator<Item = &ProcessView> {
+    snap.processes.iter().filter(|p| p.alive)
+}
 
-/// One data point: labels as (key, value), and the value.
-pub type Point = (Vec<(&'static str, String)>, f64);
+fn who(p: &ProcessView) -> Vec<(&'static str, String)> {
+    vec![("pid", p.pid.to_string()), ("command", command_label(&p.command, &p.exe))]
+}
+
+fn per_process(snap: &ModelSnapshot, f: impl Fn(&ProcessView) -> f64) -> Vec<Point> {
+    live(snap).map(|p| (who(p), f(p))).collect()
+}
+
+fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
+    snap.devices.iter().filter_map(|d| Some((vec![("device", d.ordinal.to_string())], f(d)?))).collect()
+}
+
+fn one(v: u64) -> Vec<Point> {
+    vec![(vec![], v as f64)]
+}
+
+fn by_kind(parts: &[(&str, u64)]) -> Vec<Point> {
+    parts.iter().map(|(k, v)| (vec![("kind", k.to_string())], *v as f64)).collect()
+}
 
 pub const KINDS: [&str; 8] = ["plain", "pitch", "managed", "pool", "vmm", "array", "ipc", "import"];
 
-/// Every data point of `def` in this snapshot. Only live processes are exported: an
-/// exited process's series end with it.
-pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<Point> {
-    let dev = |d: i16| ("device", d.to_string());
-    let procs = || snap.processes.iter().filter(|p| p.alive);
-    let who = |p: &vramhook_model::ProcessView| {
-        vec![("pid", p.pid.to_string()), ("command", command_label(&p.command, &p.exe))]
-    };
-    let per_proc = |f: &dyn Fn(&vramhook_model::ProcessView) -> f64| procs().map(|p| (who(p), f(p))).collect();
-    match def.prom {
-        "vramhook_device_memory_total_bytes" => {
-            snap.devices.iter().filter_map(|d| Some((vec![dev(d.ordinal)], d.total? as f64))).collect()
-        }
-        "vramhook_device_memory_free_bytes" => {
-            snap.devices.iter().filter_map(|d| Some((vec![dev(d.ordinal)], d.free? as f64))).collect()
-        }
-        "vramhook_device_memory_traced_bytes" => {
-            snap.devices.iter().map(|d| (vec![dev(d.ordinal)], d.traced_bytes as f64)).collect()
-        }
-        "vramhook_device_memory_untraced_bytes" => {
-            snap.devices.iter().filter_map(|d| Some((vec![dev(d.ordinal)], d.untraced_bytes? as f64))).collect()
-        }
-        "vramhook_process_memory_live_bytes" => procs()
-            .flat_map(|p| {
-                let c = &p.live_by_class;
-                let v = [c.plain, c.pitch, c.managed, c.pool, c.vmm, c.array, c.ipc, c.import];
-                KINDS.iter().zip(v).map(move |(k, b)| {
-                    let mut l = who(p);
-                    l.push(("kind", k.to_string()));
-                    (l, b as f64)
+pub const ALL: &[MetricDef] = &[
+    MetricDef {
+        otel: "vramhook.device.memory.total",
+        unit: "By",
+        prom: "vramhook_device_memory_total_bytes",
+        kind: Kind::Gauge,
+        labels: DEVICE,
+        help: "Device memory as the driver reports it (last cuMemGetInfo sample).",
+        values: |s, _| per_device(s, |d| Some(d.total? as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.device.memory.free",
+        unit: "By",
+        prom: "vramhook_device_memory_free_bytes",
+        kind: Kind::Gauge,
+        labels: DEVICE,
+        help: "Free device memory at the last driver sample.",
+        values: |s, _| per_device(s, |d| Some(d.free? as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.device.memory.traced",
+        unit: "By",
+        prom: "vramhook_device_memory_traced_bytes",
+        kind: Kind::Gauge,
+        labels: DEVICE,
+        help: "Device memory held by traced processes (the model's live bytes).",
+        values: |s, _| per_device(s, |d| Some(d.traced_bytes as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.device.memory.untraced",
+        unit: "By",
+        prom: "vramhook_device_memory_untraced_bytes",
+        kind: Kind::Gauge,
+        labels: DEVICE,
+        help: "total - free - traced: untraced processes and driver contexts.",
+        values: |s, _| per_device(s, |d| Some(d.untraced_bytes? as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.live",
+        unit: "By",
+        prom: "vramhook_process_memory_live_bytes",
+        kind: Kind::Gauge,
+        labels: &["pid", "command", "kind"],
+        help: "Live device bytes of a process by kind (plain, pitch, managed, pool, vmm, array, ipc, import).",
+        values: |s, _| {
+            live(s)
+                .flat_map(|p| {
+                    let c = &p.live_by_class;
+                    let v = [c.plain, c.pitch, c.managed, c.pool, c.vmm, c.array, c.ipc, c.import];
+                    KINDS.iter().zip(v).map(move |(k, b)| {
+                        let mut l = who(p);
+                        l.push(("kind", k.to_string()));
+                        (l, b as f64)
+                    })
                 })
-            })
-            .collect(),
-        "vramhook_process_memory_peak_bytes" => per_proc(&|p| p.peak_bytes as f64),
-        "vramhook_process_allocations_live" => per_proc(&|p| p.live_allocations as f64),
-        "vramhook_process_allocations_total" => per_proc(&|p| p.allocations as f64),
-        "vramhook_process_failed_calls_total" => per_proc(&|p| p.failed_calls as f64),
-        "vramhook_process_ooms_total" => per_proc(&|p| p.oom_count as f64),
-        "vramhook_process_dropped_events_total" => per_proc(&|p| p.dropped_events as f64),
-        "vramhook_process_memory_largest_free_span_bytes" => per_proc(&|p| p.largest_free_span as f64),
-        "vramhook_process_memory_fragmentation_ratio" => per_proc(&|p| p.fragmentation),
-        "vramhook_agent_events_ingested_total" => vec![(vec![], stats.events_ingested as f64)],
-        "vramhook_agent_rings_open" => vec![(vec![], stats.rings_open as f64)],
-        "vramhook_agent_rings_refused_total" => vec![(vec![], stats.rings_refused as f64)],
-        "vramhook_agent_rings_hostile_total" => vec![(vec![], stats.rings_hostile as f64)],
-        "vramhook_agent_events_refused_total" => vec![(vec![], stats.events_refused as f64)],
-        "vramhook_agent_rings_gc_removed_total" => vec![(vec![], stats.rings_gc_removed as f64)],
-        "vramhook_agent_rings_gc_removed_bytes_total" => vec![(vec![], stats.rings_gc_removed_bytes as f64)],
-        "vramhook_agent_records_malformed_total" => vec![(vec![], stats.records_malformed as f64)],
-        "vramhook_agent_events_dropped_total" => vec![
-            (vec![("kind", "writer".into())], stats.writer_dropped as f64),
-            (vec![("kind", "restart".into())], stats.restart_lost as f64),
-            (vec![("kind", "earlier_agent".into())], stats.dropped_recovered as f64),
-            (vec![("kind", "in_ring".into())], stats.dropped_in_ring as f64),
-        ],
-        "vramhook_agent_sink_dropped_total" => vec![
-            (vec![("kind", "capture".into())], stats.capture_dropped_events as f64),
-            (vec![("kind", "otlp".into())], stats.otlp_incidents_dropped as f64),
-        ],
-        "vramhook_agent_export_errors_total" => vec![
-            (vec![("kind", "capture".into())], stats.capture_errors as f64),
-            (vec![("kind", "otlp_metrics".into())], stats.otlp_metric_errors as f64),
-            (vec![("kind", "otlp_traces".into())], stats.otlp_span_errors as f64),
-            (vec![("kind", "otlp_logs".into())], stats.otlp_log_errors as f64),
-        ],
-        _ => Vec::new(),
-    }
+                .collect()
+        },
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.peak",
+        unit: "By",
+        prom: "vramhook_process_memory_peak_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Highest live bytes the process reached.",
+        values: |s, _| per_process(s, |p| p.peak_bytes as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.allocations.live",
+        unit: "{allocation}",
+        prom: "vramhook_process_allocations_live",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Allocations currently live.",
+        values: |s, _| per_process(s, |p| p.live_allocations as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.allocations",
+        unit: "{allocation}",
+        prom: "vramhook_process_allocations_total",
+        kind: Kind::Counter,
+        labels: PROCESS,
+        help: "Successful allocations since the process started.",
+        values: |s, _| per_process(s, |p| p.allocations as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.failed_calls",
+        unit: "{call}",
+        prom: "vramhook_process_failed_calls_total",
+        kind: Kind::Counter,
+        labels: PROCESS,
+        help: "Memory calls that returned an error.",
+        values: |s, _| per_process(s, |p| p.failed_calls as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.ooms",
+        unit: "{oom}",
+        prom: "vramhook_process_ooms_total",
+        kind: Kind::Counter,
+        labels: PROCESS,
+        help: "Out-of-memory failures (CUDA_ERROR_OUT_OF_MEMORY).",
+        values: |s, _| per_process(s, |p| p.oom_count as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.dropped_events",
+        unit: "{event}",
+        prom: "vramhook_process_dropped_events_total",
+        kind: Kind::Counter,
+        labels: PROCESS,
+        help: "Events of this process that were lost (ring full, writer died, agent restart): its numbers are incomplete when > 0.",
+        values: |s, _| per_process(s, |p| p.dropped_events as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.largest_free_span",
+        unit: "By",
+        prom: "vramhook_process_memory_largest_free_span_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Largest free span inside the process's arenas (VMM reservations, pools).",
+        values: |s, _| per_process(s, |p| p.largest_free_span as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.fragmentation",
+        unit: "1",
+        prom: "vramhook_process_memory_fragmentation_ratio",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "1 - largest_free_span / free_in_arenas (0 when nothing is free).",
+        values: |s, _| per_process(s, |p| p.fragmentation),
+    },
+    MetricDef {
+        otel: "vramhook.agent.events.ingested",
+        unit: "{event}",
+        prom: "vramhook_agent_events_ingested_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Events drained from rings and applied to the model.",
+        values: |_, st| one(st.events_ingested),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.open",
+        unit: "{ring}",
+        prom: "vramhook_agent_rings_open",
+        kind: Kind::Gauge,
+        labels: NONE,
+        help: "Rings being drained.",
+        values: |_, st| one(st.rings_open),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.refused",
+        unit: "{ring}",
+        prom: "vramhook_agent_rings_refused_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Ring files refused (bad header, absurd capacity, wrong owner).",
+        values: |_, st| one(st.rings_refused),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.hostile",
+        unit: "{ring}",
+        prom: "vramhook_agent_rings_hostile_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Rings closed for what no writer can do (impossible counters or cursors, file cut while mapped).",
+        values: |_, st| one(st.rings_hostile),
+    },
+    MetricDef {
+        otel: "vramhook.agent.events.refused",
+        unit: "{event}",
+        prom: "vramhook_agent_events_refused_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Events refused for naming another process than their ring's verified writer.",
+        values: |_, st| one(st.events_refused),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.gc_removed",
+        unit: "{ring}",
+        prom: "vramhook_agent_rings_gc_removed_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Undrained rings of gone processes removed over the keep budget (VRAMHOOK_KEEP_PERCENT, VRAMHOOK_KEEP_HOURS): their events were never drained.",
+        values: |_, st| one(st.rings_gc_removed),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.gc_removed_bytes",
+        unit: "By",
+        prom: "vramhook_agent_rings_gc_removed_bytes_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Bytes of the undrained rings removed over the keep budget.",
+        values: |_, st| one(st.rings_gc_removed_bytes),
+    },
+    MetricDef {
+        otel: "vramhook.agent.records.malformed",
+        unit: "{record}",
+        prom: "vramhook_agent_records_malformed_total",
+        kind: Kind::Counter,
+        labels: NONE,
+        help: "Ring records that made no sense (corrupted or hostile writer).",
+        values: |_, st| one(st.records_malformed),
+    },
+    MetricDef {
+        otel: "vramhook.agent.events.dropped",
+        unit: "{event}",
+        prom: "vramhook_agent_events_dropped_total",
+        kind: Kind::Counter,
+        labels: KIND,
+        help: "Events the model counts as lost, by where: kind=writer (ring full or writer died), kind=restart (consumed by a killed agent, never recorded), kind=earlier_agent (counted by an earlier agent instance, in the model recovered from its capture), kind=in_ring (Dropped records a hostile or corrupted writer put in its ring). The kinds add up to the sum of vramhook_process_dropped_events_total over every process the model holds.",
+        values: |_, st| {
+            by_kind(&[
+                ("writer", st.writer_dropped),
+                ("restart", st.restart_lost),
+                ("earlier_agent", st.dropped_recovered),
+                ("in_ring", st.dropped_in_ring),
+            ])
+        },
+    },
+    MetricDef {
+        otel: "vramhook.agent.sink.dropped",
+        unit: "{item}",
+        prom: "vramhook_agent_sink_dropped_total",
+        kind: Kind::Counter,
+        labels: KIND,
+        help: "Items a sink's bounded queue dropped: kind=capture (events), kind=otlp (OOM incidents).",
+        values: |_, st| by_kind(&[("capture", st.capture_dropped_events), ("otlp", st.otlp_incidents_dropped)]),
+    },
+    MetricDef {
+        otel: "vramhook.agent.export.errors",
+        unit: "{error}",
+        prom: "vramhook_agent_export_errors_total",
+        kind: Kind::Counter,
+        labels: KIND,
+        help: "Failed exports: kind=capture, otlp_metrics, otlp_traces, otlp_logs.",
+        values: |_, st| {
+            by_kind(&[
+                ("capture", st.capture_errors),
+                ("otlp_metrics", st.otlp_metric_errors),
+                ("otlp_traces", st.otlp_span_errors),
+                ("otlp_logs", st.otlp_log_errors),
+            ])
+        },
+    },
+];
+
+/// Every data point of `def` in this snapshot.
+pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<Point> {
+    (def.values)(snap, stats)
 }
 
 /// The program's base name and arguments, at most 80 characters.
 pub fn command_label(command: &str, exe: &str) -> String {
-    let cmd = if command.is_empty() { exe } else { command };
-    let mut parts = cmd.splitn(2, ' ');
-    let first = parts.next().unwrap_or("");
-    let base = first.rsplit('/').next().unwrap_or(first);
-    let mut s = match parts.next() {
-        Some(rest) => format!("{base} {rest}"),
-        None => base.to_string(),
-    };
+    let mut s = vramhook_model::display_command(if command.is_empty() { exe } else { command });
     if s.chars().count() > 80 {
         s = s.chars().take(80).collect();
     }
@@ -339,10 +359,7 @@ pub fn render_prometheus(snap: &ModelSnapshot, stats: &StatsView) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(8192);
     for def in ALL {
-        let kind = match def.kind {
-            Kind::Gauge => "gauge",
-            Kind::Counter => "counter",
-        };
+        let kind = def.kind.name();
         let _ = writeln!(out, "# HELP {} {} (OpenTelemetry: {}, unit {})", def.prom, def.help, def.otel, def.unit);
         let _ = writeln!(out, "# TYPE {} {kind}", def.prom);
         for (labels, value) in points(def, snap, stats) {
@@ -367,17 +384,58 @@ pub fn render_prometheus(snap: &ModelSnapshot, stats: &StatsView) -> String {
 mod tests {
     use super::*;
 
+    /// The README's table: one row per metric, in the table's order, with the same
+    /// names, unit, type and labels. A metric renamed, added or removed in [`ALL`] and not
+    /// in the README (or the other way round) fails here.
     #[test]
-    fn the_readme_documents_every_metric_with_its_unit() {
+    fn the_readme_table_is_the_metric_table() {
         let readme = include_str!("../README.md");
+        let got: Vec<Vec<String>> = readme
+            .lines()
+            .filter(|l| l.starts_with("| `vramhook."))
+            .map(|l| l.trim_matches('|').split('|').take(5).map(|c| c.trim().to_string()).collect())
+            .collect();
+        let expected: Vec<Vec<String>> = ALL
+            .iter()
+            .map(|d| {
+                vec![
+                    format!("`{}`", d.otel),
+                    d.unit.to_string(),
+                    format!("`{}`", d.prom),
+                    d.kind.name().to_string(),
+                    d.labels.join(", "),
+                ]
+            })
+            .collect();
+        assert_eq!(got, expected, "agent/README.md's metric table (name, unit, Prometheus name, type, labels)");
+    }
+
+    /// Every metric yields points for a model with a sampled device and a live process,
+    /// each point carrying exactly the metric's labels: none exports nothing by mistake.
+    #[test]
+    fn every_metric_has_points_with_its_labels() {
+        use vramhook_protocol::{Api, Event};
+        let mut m = vramhook_model::Model::default();
+        m.apply(&Event::mem_info(1 << 30, 2 << 30).by(7, 7).at(1).on_device(0));
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        let snap = m.snapshot();
         for def in ALL {
-            let row = readme
-                .lines()
-                .find(|l| l.starts_with(&format!("| `{}` |", def.otel)))
-                .unwrap_or_else(|| panic!("README has no row for {}", def.otel));
-            assert!(row.contains(&format!("| {} |", def.unit)), "unit of {} in README", def.otel);
-            assert!(row.contains(&format!("`{}`", def.prom)), "Prometheus name of {} in README", def.otel);
+            let points = points(def, &snap, &StatsView::default());
+            assert!(!points.is_empty(), "{} has no points", def.prom);
+            for (labels, _) in points {
+                let keys: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+                assert_eq!(keys, def.labels, "labels of {}", def.prom);
+            }
         }
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names: Vec<&str> = ALL.iter().flat_map(|d| [d.otel, d.prom]).collect();
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
     }
 
     #[test]

@@ -309,7 +309,7 @@ fn resource(ring_dir: &str) -> Resource {
     Resource::builder()
         .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "vramhook-agent".into()))
         .with_attributes([
-            KeyValue::new("host.name", vramhook_protocol::capture::hostname()),
+            KeyValue::new("host.name", vramhook_protocol::host::hostname()),
             KeyValue::new("process.pid", i64::from(std::process::id())),
             KeyValue::new("process.executable.path", exe),
             KeyValue::new("process.command_line", cmdline.join(" ")),
@@ -421,42 +421,29 @@ fn register(
             .map(|(labels, v)| (labels.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect::<Vec<_>>(), v))
             .collect::<Vec<_>>()
     };
+    // The same callback for every instrument; only the instrument and the value type differ.
+    macro_rules! register_with {
+        ($builder:expr, $value:expr) => {
+            $builder
+                .with_unit(def.unit)
+                .with_description(def.help)
+                .with_callback(move |o| {
+                    for (attrs, v) in observe() {
+                        o.observe($value(v), &attrs);
+                    }
+                })
+                .build()
+        };
+    }
     match (def.kind, def.unit) {
         (Kind::Gauge, "1") => {
-            meter
-                .f64_observable_gauge(def.otel)
-                .with_unit(def.unit)
-                .with_description(def.help)
-                .with_callback(move |o| {
-                    for (attrs, v) in observe() {
-                        o.observe(v, &attrs);
-                    }
-                })
-                .build();
+            register_with!(meter.f64_observable_gauge(def.otel), |v: f64| v);
         }
         (Kind::Gauge, _) => {
-            meter
-                .u64_observable_gauge(def.otel)
-                .with_unit(def.unit)
-                .with_description(def.help)
-                .with_callback(move |o| {
-                    for (attrs, v) in observe() {
-                        o.observe(v as u64, &attrs);
-                    }
-                })
-                .build();
+            register_with!(meter.u64_observable_gauge(def.otel), |v: f64| v as u64);
         }
         (Kind::Counter, _) => {
-            meter
-                .u64_observable_counter(def.otel)
-                .with_unit(def.unit)
-                .with_description(def.help)
-                .with_callback(move |o| {
-                    for (attrs, v) in observe() {
-                        o.observe(v as u64, &attrs);
-                    }
-                })
-                .build();
+            register_with!(meter.u64_observable_counter(def.otel), |v: f64| v as u64);
         }
     }
 }
@@ -480,7 +467,7 @@ pub fn incident_attributes(i: &OomIncident) -> Vec<KeyValue> {
         KeyValue::new("device", i64::from(i.device)),
         KeyValue::new("vramhook.oom.verdict", format!("{:?}", i.verdict)),
         KeyValue::new("vramhook.oom.explanation", i.explanation.clone()),
-        KeyValue::new("vramhook.oom.api", i.api.clone()),
+        KeyValue::new("vramhook.oom.api", i.api.name()),
         KeyValue::new("vramhook.oom.caller", i.caller.clone()),
         KeyValue::new("vramhook.oom.requested_bytes", i.requested_bytes as i64),
         KeyValue::new("vramhook.oom.failures", i.failures as i64),

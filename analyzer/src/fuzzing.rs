@@ -1,7 +1,7 @@
 //! Bodies of the fuzz targets in `fuzz/` (cargo-fuzz), here so that ordinary tests run
 //! them over a seed corpus. Each must return normally on any input: a panic is a bug.
 
-use crate::{analyze_bytes, Options};
+use crate::{analyze_bytes, InputStatus, Options};
 use std::io::Cursor;
 use vramhook_protocol::capture::{Bytes, CaptureError, CaptureReader, Frame, Piped, SeekSource};
 
@@ -62,7 +62,7 @@ pub fn pytorch_snapshot(data: &[u8]) {
     for max_items in [crate::DEFAULT_MAX_ITEMS, 3] {
         if let Ok(report) = analyze_bytes("fuzz.pickle", &bytes, &Options { max_items, ..Options::default() }) {
             check_bounds(&report, max_items);
-            let _ = crate::text::render(&report);
+            let _ = crate::render::text::render(&report);
         }
     }
 }
@@ -76,7 +76,7 @@ fn check_bounds(r: &crate::Report, max_items: usize) {
     assert_eq!(r.folded.max_items, max_items as u64);
     for i in &r.inputs {
         // A gap is only ever reported with what is missing.
-        if i.status == "gap" {
+        if i.status == InputStatus::Gap {
             assert!(i.missing_frames.is_some() && i.missing_events.is_some(), "a gap without its size");
         }
     }
@@ -88,9 +88,9 @@ pub fn analyze_bytes_target(data: &[u8]) {
         let opts = Options { strict, max_points: 64, max_items, ..Options::default() };
         if let Ok(report) = analyze_bytes("fuzz.vhc", data, &opts) {
             check_bounds(&report, max_items);
-            let _ = crate::text::render(&report);
-            let _ = crate::html::render(&report);
-            let _ = crate::perfetto::render(&report);
+            let _ = crate::render::text::render(&report);
+            let _ = crate::render::html::render(&report);
+            let _ = crate::render::perfetto::render(&report);
             let _ = serde_json::to_string(&report);
         }
     }

@@ -71,14 +71,76 @@ impl Folded {
     }
 }
 
+/// Names in the JSON (snake case, as the schema lists them) and in the text and HTML
+/// reports: one enum per status instead of strings that must match by hand.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+        pub enum $name { $($(#[$vmeta])* #[serde(rename = $text)] $variant,)* }
+
+        impl $name {
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $text,)* }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// What an input file was read as.
+    InputKind {
+        Capture => "capture",
+        PytorchSnapshot => "pytorch_snapshot",
+        Log => "log",
+    }
+}
+
+named_enum! {
+    /// How far an input could be read.
+    InputStatus {
+        Complete => "complete",
+        /// The file stops without an end frame.
+        Truncated => "truncated",
+        /// Frames were skipped.
+        Corrupt => "corrupt",
+        /// Checksums were right but the end frame counts more frames or events than were read.
+        Gap => "gap",
+        Unreadable => "unreadable",
+    }
+}
+
+named_enum! {
+    /// Why a process is listed as a leak.
+    LeakKind {
+        /// Bytes still live when the process exited.
+        LiveAtExit => "live_at_exit",
+        /// Live bytes rose in every quarter of its life.
+        Growing => "growing",
+    }
+}
+
+named_enum! {
+    /// Why the layout shows this moment.
+    LayoutReason {
+        FirstOom => "first OOM",
+        /// The time given with `--at`.
+        At => "--at",
+        Peak => "peak",
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct InputReport {
     pub path: String,
-    /// "capture" or "pytorch_snapshot".
-    pub kind: String,
-    /// "complete", "truncated", "corrupt" (frames were skipped), "gap" (checksums were right but
-    /// the end frame counts more frames or events than were read), "unreadable".
-    pub status: String,
+    pub kind: InputKind,
+    pub status: InputStatus,
     pub host: Option<String>,
     pub format_version: Option<u16>,
     /// Wall-clock ns (Unix epoch) of the first event, when the capture says.
@@ -102,6 +164,31 @@ pub struct InputReport {
     /// or there is no end frame.
     pub missing_frames: Option<u64>,
     pub missing_events: Option<u64>,
+}
+
+impl InputReport {
+    /// An input of `kind` at `path` with nothing read yet.
+    pub fn new(path: &str, kind: InputKind, status: InputStatus) -> InputReport {
+        InputReport {
+            path: path.to_string(),
+            kind,
+            status,
+            host: None,
+            format_version: None,
+            wall_start_ns: None,
+            bytes_read: 0,
+            frames: 0,
+            events: 0,
+            truncated_at: None,
+            corrupt_frames: Vec::new(),
+            corrupt_frames_unlisted: 0,
+            unknown_frames: 0,
+            error: None,
+            pytorch: None,
+            missing_frames: None,
+            missing_events: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -252,8 +339,7 @@ pub struct ArenaReport {
 pub struct LeakReport {
     pub pid: u32,
     pub command: String,
-    /// "live_at_exit" or "growing".
-    pub kind: String,
+    pub kind: LeakKind,
     pub bytes: u64,
     pub allocations: u64,
     /// Growing: bytes per second over the process's life.
@@ -312,8 +398,8 @@ pub struct LayoutArena {
 #[derive(Clone, Debug, Serialize)]
 pub struct LayoutReport {
     pub ts_ns: u64,
-    /// Why this moment: "first OOM", "--at", "peak".
-    pub reason: String,
+    /// Why this moment.
+    pub reason: LayoutReason,
     pub entries: Vec<LayoutItem>,
     /// Entries left out to keep the report bounded (the smallest go first).
     pub entries_omitted: u64,

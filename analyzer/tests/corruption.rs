@@ -3,8 +3,8 @@
 
 mod common;
 use common::*;
-use vramhook_analyzer::{analyze_bytes, fuzzing, AnalyzeError, Options};
-use vramhook_protocol::record::{Api, EventKind};
+use vramhook_analyzer::{analyze_bytes, fuzzing, AnalyzeError, InputStatus, Options};
+use vramhook_protocol::record::{Api, Event};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);
@@ -33,10 +33,14 @@ fn truncation_at_every_byte() {
         let r = analyze_bytes("cut.vhc", &bytes[..cut], &Options::default()).expect("non-strict never fails");
         let i = &r.inputs[0];
         if cut < 64 + 8 {
-            assert!(i.status == "truncated" || i.status == "unreadable", "cut {cut}: {}", i.status);
+            assert!(
+                i.status == InputStatus::Truncated || i.status == InputStatus::Unreadable,
+                "cut {cut}: {}",
+                i.status
+            );
             continue;
         }
-        assert_eq!(i.status, "truncated", "cut at {cut}");
+        assert_eq!(i.status, InputStatus::Truncated, "cut at {cut}");
         let at = i.truncated_at.expect("truncated_at");
         assert!(at <= cut as u64, "cut {cut} reported at {at}");
         // The cut is reported at the start of the frame it falls in: a frame boundary.
@@ -85,7 +89,7 @@ fn a_corrupt_frame_is_skipped_and_the_rest_is_read() {
     b[frame as usize + 16 + 70] ^= 0xff;
     let r = analyze_bytes("bad.vhc", &b, &Options::default()).expect("non-strict");
     let i = &r.inputs[0];
-    assert_eq!(i.status, "corrupt");
+    assert_eq!(i.status, InputStatus::Corrupt);
     assert_eq!(i.corrupt_frames.len(), 1);
     assert_eq!(i.corrupt_frames[0].offset, frame);
     assert!(r.notes.iter().any(|n| n.contains(&format!("corrupt frame at byte {frame}"))));
@@ -98,7 +102,7 @@ fn a_corrupt_frame_is_skipped_and_the_rest_is_read() {
             assert_eq!(offset, frame);
             assert!(reason.contains("checksum"), "{reason}");
         }
-        other => panic!("strict mode must fail: {:?}", other.map(|r| r.inputs[0].status.clone())),
+        other => panic!("strict mode must fail: {:?}", other.map(|r| r.inputs[0].status)),
     }
 }
 
@@ -190,9 +194,13 @@ fn a_file_truncated_while_mapped_reads_as_cut() {
     let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
     let evs: Vec<_> = (0..200_000u64)
         .map(|i| {
-            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
-            let api = if i % 2 == 0 { Api::cuMemAlloc_v2 } else { Api::cuMemFree_v2 };
-            ev(7, 1_000 + i, kind, api, 0x1000 + (i / 2) * 4096, 4096, 0, 0)
+            let addr = 0x1000 + (i / 2) * 4096;
+            let e = if i % 2 == 0 {
+                Event::alloc(Api::cuMemAlloc_v2, addr, 4096)
+            } else {
+                Event::free(Api::cuMemFree_v2, addr)
+            };
+            ev(7, 1_000 + i, e)
         })
         .collect();
     for c in evs.chunks(1000) {
@@ -210,7 +218,7 @@ fn a_file_truncated_while_mapped_reads_as_cut() {
     r.capture("shrinking.vhc", mapped).expect("non-strict never fails");
     let rep = vramhook_analyzer::finish(r);
     let i = &rep.inputs[0];
-    assert_eq!(i.status, "truncated");
+    assert_eq!(i.status, InputStatus::Truncated);
     let at = i.truncated_at.expect("where");
     assert!((900_000..=1 << 20).contains(&at), "cut reported at {at}");
     assert!(i.error.as_deref().is_some_and(|e| e.contains("shrank")), "{:?}", i.error);
@@ -226,13 +234,13 @@ fn issue_9_seeds_hit_their_checks() {
     let e = analyze_bytes("n.pickle", &seed("nested_tuples_2000.pickle").expect("seed"), &opts).expect_err("too deep");
     assert!(e.to_string().contains("nested more than 1000 deep"), "{e}");
     let r = analyze_bytes("g.vhc", &seed("gap_frame_deleted.vhc").expect("seed"), &opts).expect("gap");
-    assert_eq!(r.inputs[0].status, "gap");
+    assert_eq!(r.inputs[0].status, InputStatus::Gap);
     assert_eq!(r.inputs[0].missing_frames, Some(1));
     let r = analyze_bytes("j", &seed("not_a_capture_6_bytes").expect("seed"), &opts).expect("junk");
-    assert_eq!(r.inputs[0].status, "unreadable");
+    assert_eq!(r.inputs[0].status, InputStatus::Unreadable);
     assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("not a capture"));
     let r = analyze_bytes("c.vhc", &seed("capture_cut_in_header.vhc").expect("seed"), &opts).expect("cut");
-    assert_eq!(r.inputs[0].status, "truncated");
+    assert_eq!(r.inputs[0].status, InputStatus::Truncated);
     let small = Options { max_items: 4, ..Options::default() };
     let r = analyze_bytes("d.vhc", &seed("many_devices.vhc").expect("seed"), &small).expect("devices");
     assert_eq!((r.devices.len(), r.folded.devices), (4, 36));

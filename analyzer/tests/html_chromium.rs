@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use vramhook_analyzer::{analyze_bytes, html, Options};
+use vramhook_analyzer::render::html;
+use vramhook_analyzer::{analyze_bytes, Options};
 
 fn chromium() -> PathBuf {
     if let Some(p) = std::env::var_os("CHROMIUM") {

@@ -224,7 +224,7 @@ fn journalctl_output_gzipped_reads_the_same_with_the_pid() {
 #[test]
 fn text_and_json_reports_carry_the_log_incidents() {
     let r = run(&[fixture("h200-oom/torch_default_fragmented.log")]);
-    let text = vramhook_analyzer::text::render(&r);
+    let text = vramhook_analyzer::render::text::render(&r);
     assert!(text.contains("FROM LOGS (1 incident(s) in 1 file(s))"), "{text}");
     assert!(text.contains("FRAMEWORK_FRAGMENTATION"), "{text}");
     let json = serde_json::to_value(&r).expect("json");

@@ -1,13 +1,13 @@
 //! Memory stays bounded whatever the capture's size: a 2-million-event capture (128 MB) is
 //! analysed with a small, bounded peak RSS, and every timeline stays within its point budget.
 //! (Own test binary, one test: VmHWM is per process.) The release-mode figure for a 1.28 GB
-//! capture comes from `examples/bench_replay.rs`.
+//! capture comes from `benches/replay.rs`.
 
 use std::fs::File;
 use std::io::BufWriter;
 use vramhook_analyzer::{analyze, Options};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessInfo};
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 #[path = "common/rss.rs"]
 mod rss;
@@ -37,17 +37,9 @@ fn large_capture_in_bounded_memory() {
         let slot = k % 512;
         let addr = 0x7000_0000_0000 + u64::from(pid) * (1 << 36) + slot * (1 << 24);
         let free = k >= 512 && (k / 512) % 2 == 1;
-        let ev = Event {
-            seq: k,
-            ts_ns: 1_000_000 + i * 100,
-            pid,
-            tid: pid,
-            kind: if free { EventKind::Free.code() } else { EventKind::Alloc.code() },
-            api: if free { Api::cuMemFree_v2.code() } else { Api::cuMemAlloc_v2.code() },
-            addr,
-            size: 1 << 20,
-            ..Event::default()
-        };
+        let ev =
+            if free { Event::free(Api::cuMemFree_v2, addr) } else { Event::alloc(Api::cuMemAlloc_v2, addr, 1 << 20) };
+        let ev = ev.by(pid, pid).at(1_000_000 + i * 100).with_seq(k).on_device(0);
         chunk.push(ev);
         if chunk.len() == 65_536 {
             w.write_events(&chunk).expect("w");

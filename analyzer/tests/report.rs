@@ -2,9 +2,10 @@
 
 mod common;
 use common::*;
-use vramhook_analyzer::{analyze_bytes, perfetto, text, Options};
+use vramhook_analyzer::render::{perfetto, text};
+use vramhook_analyzer::{analyze_bytes, InputStatus, LayoutReason, LeakKind, Options};
 use vramhook_protocol::capture::Bytes;
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 fn proc(r: &vramhook_analyzer::Report, pid: u32) -> &vramhook_analyzer::ProcessReport {
     r.processes.iter().find(|p| p.pid == pid).expect("process in report")
@@ -15,7 +16,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let (bytes, _) = scenario();
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
-    assert_eq!(r.inputs[0].status, "complete");
+    assert_eq!(r.inputs[0].status, InputStatus::Complete);
     assert_eq!(r.schema_version, 2);
     let p = proc(&r, 100);
     assert_eq!(p.command, "python train.py");
@@ -50,9 +51,9 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     assert_eq!(a.largest_free_span.last().map(|p| p.last), Some((512 * MIB) as f64));
     assert_eq!(r.anomalies.get("unmap_of_nothing"), Some(&1), "the scenario unmaps past the reservation once");
 
-    assert!(r.leaks.iter().any(|l| l.pid == 100 && l.kind == "live_at_exit" && l.bytes == 25 * 100 * MIB));
+    assert!(r.leaks.iter().any(|l| l.pid == 100 && l.kind == LeakKind::LiveAtExit && l.bytes == 25 * 100 * MIB));
     let l = r.layout.as_ref().expect("layout");
-    assert_eq!(l.reason, "first OOM");
+    assert_eq!(l.reason, LayoutReason::FirstOom);
     assert_eq!(l.entries.iter().filter(|e| e.pid == 100).map(|e| e.size).sum::<u64>(), 27 * 100 * MIB);
     assert!(r.timelines.processes.iter().all(|t| !t.live_bytes.is_empty()));
     assert!(r.timelines.devices[0].free_bytes.len() >= 2);
@@ -81,7 +82,7 @@ fn filters_by_pid_and_time() {
     // Layout at a chosen moment.
     let opts = Options { at_ns: Some(30_000_000), ..Options::default() };
     let r = analyze_bytes("s.vhc", &bytes, &opts).expect("analyze");
-    assert_eq!(r.layout.as_ref().map(|l| l.reason.as_str()), Some("--at"));
+    assert_eq!(r.layout.as_ref().map(|l| l.reason), Some(LayoutReason::At));
 }
 
 #[test]
@@ -91,7 +92,7 @@ fn truncated_capture_is_analysed_up_to_the_cut() {
     let cut = (offsets[offsets.len() - 4] + 40) as usize;
     let r = analyze_bytes("cut.vhc", &bytes[..cut], &Options::default()).expect("analyze");
     assert_valid(&r);
-    assert_eq!(r.inputs[0].status, "truncated");
+    assert_eq!(r.inputs[0].status, InputStatus::Truncated);
     let at = r.inputs[0].truncated_at.expect("truncated_at");
     assert_eq!(at, offsets[offsets.len() - 4]);
     assert!(r.notes.iter().any(|n| n.contains(&format!("truncated at byte {at}"))));
@@ -126,7 +127,7 @@ fn newer_version_and_garbage_say_so() {
     let (mut bytes, _) = scenario();
     bytes[8] = 9; // format version 9
     let r = analyze_bytes("new.vhc", &bytes, &Options::default()).expect("analyze");
-    assert_eq!(r.inputs[0].status, "unreadable");
+    assert_eq!(r.inputs[0].status, InputStatus::Unreadable);
     assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("version 9 is newer"), "{:?}", r.inputs[0].error);
     let r = analyze_bytes("junk", b"hello world, not a capture", &Options::default()).expect("analyze");
     assert!(r.inputs[0].error.as_deref().unwrap_or("").contains("bad magic"));
@@ -141,11 +142,16 @@ fn real_h200_captures_match_the_schema() {
         if p.extension().is_some_and(|x| x == "vhc" || x == "pickle") {
             let r = vramhook_analyzer::analyze(&[&p], &Options::default()).expect("analyze");
             assert_valid(&r);
-            assert!(r.inputs.iter().all(|i| i.status == "complete"), "{}: {:?}", p.display(), r.inputs[0].status);
+            assert!(
+                r.inputs.iter().all(|i| i.status == InputStatus::Complete),
+                "{}: {:?}",
+                p.display(),
+                r.inputs[0].status
+            );
             assert!(!r.ooms.is_empty(), "{}: every H200 fixture run ends in an OOM", p.display());
             // Every text and HTML rendering works on real data too.
             assert!(text::render(&r).contains("verdict:"));
-            assert!(vramhook_analyzer::html::render(&r).contains("report-data"));
+            assert!(vramhook_analyzer::render::html::render(&r).contains("report-data"));
             n += 1;
         }
     }
@@ -155,13 +161,13 @@ fn real_h200_captures_match_the_schema() {
 #[test]
 fn inputs_out_of_time_order_keep_every_timeline() {
     use vramhook_protocol::capture::CaptureWriter;
-    use vramhook_protocol::record::{Api, EventKind};
+    use vramhook_protocol::record::Api;
     let (bytes, _) = scenario();
     // A second capture whose only process ran before the first capture's.
     let mut w = CaptureWriter::new(Vec::new(), &header()).expect("w");
     w.write_events(&[
-        ev(300, 1_000, EventKind::Alloc, Api::cuMemAlloc_v2, 0x5000_0000, 64 * MIB, 0, 0),
-        ev(300, 2_000, EventKind::Free, Api::cuMemFree_v2, 0x5000_0000, 0, 0, 0),
+        ev(300, 1_000, Event::alloc(Api::cuMemAlloc_v2, 0x5000_0000, 64 * MIB)),
+        ev(300, 2_000, Event::free(Api::cuMemFree_v2, 0x5000_0000)),
     ])
     .expect("w");
     let early = w.finish().expect("finish");
@@ -204,14 +210,14 @@ fn timelines_keep_exact_extremes_of_every_process_and_device() {
             Some((d, size)) => {
                 *proc_live.entry(pid).or_default() -= size;
                 *dev_live.entry(d).or_default() -= size;
-                ev(pid, ts, EventKind::Free, Api::cuMemFree_v2, addr, 0, 0, 0)
+                ev(pid, ts, Event::free(Api::cuMemFree_v2, addr))
             }
             None => {
                 let size = 4096 << ((x >> 32) % 12);
                 live.insert((pid, addr), (device, size));
                 *proc_live.entry(pid).or_default() += size;
                 *dev_live.entry(device).or_default() += size;
-                Event { device, ..ev(pid, ts, EventKind::Alloc, Api::cuMemAlloc_v2, addr, size, 0, 0) }
+                ev(pid, ts, Event::alloc(Api::cuMemAlloc_v2, addr, size)).on_device(device)
             }
         };
         events.push(e);

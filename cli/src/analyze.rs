@@ -4,7 +4,8 @@ use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vramhook_analyzer::{analyze as run_analysis, html, perfetto, text, AnalyzeError, Options};
+use vramhook_analyzer::render::{html, perfetto, text};
+use vramhook_analyzer::{analyze as run_analysis, AnalyzeError, Options};
 
 #[derive(clap::Args, Debug)]
 pub struct AnalyzeArgs {
@@ -90,7 +91,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     // Nothing at all could be read (bad magic, newer version, I/O): say so and fail.
-    if report.logs.is_empty() && report.inputs.iter().all(|i| i.status == "unreadable") {
+    if report.logs.is_empty() && report.inputs.iter().all(|i| i.status == vramhook_analyzer::InputStatus::Unreadable) {
         let reasons: Vec<String> = report
             .inputs
             .iter()

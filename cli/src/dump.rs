@@ -25,7 +25,7 @@ pub struct DumpArgs {
 pub fn event_json(e: &Event) -> serde_json::Value {
     if e.kind() == Some(EventKind::HookMiss) {
         return json!({"seq": e.seq, "ts_ns": e.ts_ns, "pid": e.pid, "tid": e.tid, "kind": "hook_miss",
-            "api": "vramhook", "symbol": e.hook_miss_symbol(), "version": e.device, "flags": e.caller,
+            "api": "vramhook", "symbol": e.hook_miss_symbol(), "version": e.hook_miss_version(), "flags": e.hook_miss_flags(),
             "device": -1, "addr": 0, "size": 0, "result": 0});
     }
     json!({

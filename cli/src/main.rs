@@ -1,3 +1,5 @@
+#![doc = include_str!("../README.md")]
+//!
 //! `vramhook`: the one command users type.
 
 mod agent;

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use vramhook_agent::rings::SourceItem;
-use vramhook_model::{Model, ModelConfig};
+use vramhook_model::{display_command, fmt_bytes, Model, ModelConfig};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd};
 use vramhook_protocol::record::{Api, EventKind};
 
@@ -111,7 +111,8 @@ impl Recorder {
                 let tally = self.tallies.entry(info.pid).or_default();
                 tally.start_time = info.start_time;
                 tally.ppid = info.ppid;
-                tally.command = display_command(&info.exe, &info.cmdline);
+                tally.command =
+                    display_command(&if info.cmdline.is_empty() { info.exe.clone() } else { info.cmdline.join(" ") });
                 tally.at_exit = None; // a new image after exec
             }
             SourceItem::Events(events) => {
@@ -214,28 +215,6 @@ impl Recorder {
             dropped_events: dropped_total,
             processes,
         }
-    }
-}
-
-/// `name args…` with the program's base name, as people read commands.
-fn display_command(exe: &str, cmdline: &[String]) -> String {
-    let name = cmdline.first().map(String::as_str).unwrap_or(exe);
-    let base = name.rsplit('/').next().unwrap_or(name);
-    std::iter::once(base).chain(cmdline.iter().skip(1).map(String::as_str)).collect::<Vec<_>>().join(" ")
-}
-
-pub fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[unit])
     }
 }
 

@@ -1,7 +1,6 @@
 //! `vramhook top`: a live terminal view of devices, processes and recent OOMs, from the
 //! agent's state endpoint or, with no agent, from the rings directly.
 
-use crate::summary::fmt_bytes;
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind};
 use ratatui::layout::{Constraint, Layout};
@@ -12,9 +11,10 @@ use ratatui::Frame;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use vramhook_agent::http::{fetch_state, State};
+use vramhook_agent::http::{State, StateClient};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::StatsView;
+use vramhook_model::fmt_bytes;
 use vramhook_model::{Model, ModelConfig};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -46,7 +46,7 @@ enum Sort {
 }
 
 enum Source {
-    Agent(String),
+    Agent(StateClient),
     Direct { source: Box<RingSource>, model: Box<Model>, stats: Box<StatsView>, ring_dir: String },
 }
 
@@ -65,7 +65,7 @@ impl Source {
 
     fn refresh(&mut self) -> Result<State, String> {
         match self {
-            Source::Agent(addr) => fetch_state(addr, Duration::from_secs(2)),
+            Source::Agent(client) => client.fetch(Duration::from_secs(2)),
             Source::Direct { source, model, stats, ring_dir } => {
                 let mut marked = 0;
                 let summary = source.poll(&mut |item| match item {
@@ -94,7 +94,7 @@ impl Source {
 
     fn label(&self) -> String {
         match self {
-            Source::Agent(a) => format!("agent {a}"),
+            Source::Agent(client) => format!("agent {}", client.addr()),
             Source::Direct { ring_dir, .. } => format!("rings {ring_dir} (direct)"),
         }
     }
@@ -105,8 +105,9 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
     let mut source = if args.direct {
         Source::direct(ring_dir)
     } else {
-        match fetch_state(&args.agent, Duration::from_secs(2)) {
-            Ok(_) => Source::Agent(args.agent.clone()),
+        let client = StateClient::new(&args.agent).map_err(anyhow::Error::msg)?;
+        match client.fetch(Duration::from_secs(2)) {
+            Ok(_) => Source::Agent(client),
             Err(e) => {
                 eprintln!("vramhook top: no agent at {} ({e}); reading the rings directly", args.agent);
                 Source::direct(ring_dir)
@@ -201,7 +202,7 @@ fn status_line(a: &StatsView) -> String {
     )
 }
 
-fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
+fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
     let [head, devs, procs, ooms, help] = Layout::vertical([
         Constraint::Length(3),
         Constraint::Length(5),
@@ -289,7 +290,7 @@ fn draw(f: &mut Frame, label: &str, state: Option<&State>, error: Option<&str>, 
         procs,
     );
 
-    let lines: Vec<Line> = s
+    let lines: Vec<Line<'_>> = s
         .snapshot
         .incidents
         .iter()

@@ -17,10 +17,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn process(state: &Value, pid: u32) -> Option<&Value> {
-    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
-}
-
 /// A backend process and its scratch directory (config, data, log), removed with it.
 struct Backend(Child, tempfile::TempDir);
 

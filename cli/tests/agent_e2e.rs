@@ -14,15 +14,9 @@ use std::time::Duration;
 use vramhook_protocol::capture::{CaptureReader, Frame};
 use vramhook_protocol::record::{Event, EventKind};
 
-fn process(state: &Value, pid: u32) -> Option<&Value> {
-    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
-}
-
 #[test]
 fn endpoints_carry_the_models_numbers() {
-    let rings = ring_dir("http");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("http", &[]);
     let mut child = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "4"], rings.path(), &[]);
     let pid = child.id();
     // leak --n 4 leaves 6,295,456 bytes (the simulated driver's ground truth).
@@ -214,7 +208,7 @@ fn captured(dir: &Path, pid: u32) -> (Vec<u64>, u64, u64) {
     let mut dropped = 0;
     let mut calls = 0;
     for_each_event(dir, pid, |e| match e.kind() {
-        Some(EventKind::Dropped) => dropped += e.size,
+        Some(EventKind::Dropped) => dropped += e.dropped_count(),
         Some(EventKind::ProcessStart | EventKind::ProcessExit) => seqs.push(e.seq),
         _ => {
             seqs.push(e.seq);
@@ -312,22 +306,10 @@ fn sigkill_and_restart_mid_million_events_loses_nothing() {
 
 #[test]
 fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
-    let rings = ring_dir("rotate");
     let captures = tempfile::tempdir().expect("capture dir");
-    let bin = vramhook_bin();
-    let agent = Agent::start(
-        &bin,
-        &[
-            "--ring-dir",
-            rings.path().to_str().unwrap(),
-            "--capture-dir",
-            captures.path().to_str().unwrap(),
-            "--capture-max-mib",
-            "1",
-            "--capture-keep",
-            "1",
-        ],
-        &[],
+    let (rings, agent) = Agent::on_new_rings(
+        "rotate",
+        &["--capture-dir", captures.path().to_str().unwrap(), "--capture-max-mib", "1", "--capture-keep", "1"],
     );
     // A ring that holds all ~200,000 events (one lane of 262,144 slots), so that the bytes
     // captured, and the rotations, do not depend on how fast the agent drains: under a
@@ -369,7 +351,7 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
             }
             other => panic!("{} does not start with a checkpoint: {other:?}", f.display()),
         }
-        let out = std::process::Command::new(&bin).arg("dump").arg(f).output().expect("dump");
+        let out = std::process::Command::new(vramhook_bin()).arg("dump").arg(f).output().expect("dump");
         let stderr = String::from_utf8_lossy(&out.stderr);
         // The file being written has no end frame yet: dump reads it all and says so.
         assert!(out.status.success() || stderr.contains("truncated"), "vramhook dump reads {}: {stderr}", f.display());
@@ -378,13 +360,11 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
 
 #[test]
 fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
-    let rings = ring_dir("coexist");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("coexist", &[]);
     let out_dir = tempfile::tempdir().expect("dir");
     let summary = out_dir.path().join("summary.json");
     for _ in 0..5 {
-        let out = std::process::Command::new(&bin)
+        let out = std::process::Command::new(vramhook_bin())
             .args(["run", "--quiet", "--ring-dir", rings.path().to_str().unwrap(), "--summary-json"])
             .arg(&summary)
             .arg("--")
@@ -403,9 +383,7 @@ fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
 
 #[test]
 fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() {
-    let rings = ring_dir("forget");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap(), "--forget-exited-after", "0"], &[]);
+    let (rings, agent) = Agent::on_new_rings("forget", &["--forget-exited-after", "0"]);
     let mut child = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
     let pid = child.id();
     let _ = child.wait();

@@ -4,21 +4,12 @@
 mod agent_support;
 
 use agent_support::*;
-use serde_json::Value;
-use std::os::unix::io::AsRawFd;
 use std::time::Duration;
-use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
-
-fn process(state: &Value, pid: u32) -> Option<&Value> {
-    state["snapshot"]["processes"].as_array()?.iter().find(|p| p["pid"] == pid)
-}
+use vramhook_protocol::record::{Api, Event};
 
 #[test]
 fn a_writer_killed_mid_run_is_closed_and_its_ring_removed() {
-    let rings = ring_dir("killed");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("killed", &[]);
     let mut child = spawn_traced(&workload("threads16"), &["--threads", "8", "--iters", "5000000"], rings.path(), &[]);
     let pid = child.id();
     agent.wait_state(Duration::from_secs(30), "events flowing", |s| {
@@ -41,48 +32,14 @@ fn slots_reserved_by_a_writer_that_died_are_counted_as_lost() {
     let rings = ring_dir("inflight");
     let mut holder = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
     let pid = holder.id();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let start: u64 = stat[stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start");
-    let capacity = 64u64;
-    let path = rings.path().join(format!("{pid}-{start}-0.ring"));
-    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("ring");
-    let len = ring_file_size(capacity);
-    file.set_len(len as u64).expect("size");
-    // SAFETY: fresh shared mapping of the file we sized; unmapped at the end.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
-    assert!(base != libc::MAP_FAILED);
-    let init = RingInit {
-        capacity,
-        pid,
-        ppid: std::process::id(),
-        // SAFETY: no preconditions.
-        uid: unsafe { libc::geteuid() },
-        start_time: start,
-        run_id: 0,
-        clock_source: 0,
-        tsc_anchor: 0,
-        mono_anchor_ns: 0,
-        wall_anchor_ns: 0,
-    };
-    // SAFETY: the mapping is len bytes and writable.
-    let writer = unsafe { RingWriter::init(base as *mut u8, &init, &[]) };
+    let (writer, base, len) = vramhook_testkit::ring_file(rings.path(), pid, 64, &[]);
     for i in 0..10u64 {
-        let e = Event {
-            pid,
-            tid: pid,
-            kind: EventKind::Alloc.code(),
-            api: Api::cuMemAlloc_v2.code(),
-            addr: 0x1000_0000 + i * 0x10_0000,
-            size: 4096,
-            ..Event::default()
-        };
+        let e = Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 + i * 0x10_0000, 4096).by(pid, pid).on_device(0);
         assert!(writer.push(&e.to_raw()));
     }
     // Two slots reserved and never published: the writer "died" mid-write.
     // SAFETY: write_pos is the atomic at offset 256 of the header.
-    let write_pos = unsafe { &*((base as *mut u8).add(256) as *const std::sync::atomic::AtomicU64) };
+    let write_pos = unsafe { &*(base.add(256) as *const std::sync::atomic::AtomicU64) };
     write_pos.fetch_add(2, std::sync::atomic::Ordering::Release);
 
     let bin = vramhook_bin();
@@ -102,5 +59,5 @@ fn slots_reserved_by_a_writer_that_died_are_counted_as_lost() {
     let metrics = agent.get("/metrics");
     assert_eq!(prom_value(&metrics, "vramhook_agent_events_dropped_total{kind=\"writer\"}"), Some(2.0));
     // SAFETY: unmapping our own mapping.
-    unsafe { libc::munmap(base, len) };
+    unsafe { libc::munmap(base.cast(), len) };
 }

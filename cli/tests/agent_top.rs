@@ -48,9 +48,7 @@ impl Drop for Session {
 
 #[test]
 fn top_shows_processes_peaks_and_ooms_from_the_agent() {
-    let rings = ring_dir("top");
-    let bin = vramhook_bin();
-    let agent = Agent::start(&bin, &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let (rings, agent) = Agent::on_new_rings("top", &[]);
     let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "10"], rings.path(), &[]);
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let _ = oom.wait();
@@ -61,7 +59,7 @@ fn top_shows_processes_peaks_and_ooms_from_the_agent() {
                 .as_array()
                 .is_some_and(|ps| ps.iter().any(|p| p["pid"] == pid && p["live_bytes"] == 6_295_456u64))
     });
-    let session = Session::start(&format!("{} top --agent {} --interval 200", bin.display(), agent.addr));
+    let session = Session::start(&format!("{} top --agent {} --interval 200", vramhook_bin().display(), agent.addr));
     let screen = session.wait_screen("the leak's pid, live bytes and the OOM", |s| {
         s.contains(&pid.to_string())
             && s.contains("6.00 MiB")

@@ -4,36 +4,12 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
-}
-
-fn vramhook() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vramhook"))
-}
-
-fn sim_dir() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = repo_root().join("tests/simcuda");
-            let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().expect("cannot run make");
-            assert!(
-                out.status.success(),
-                "building the simulated driver failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            dir.join("build")
-        })
-        .clone()
-}
+use vramhook_testkit::{interposer, repo_root, sim_dir, vramhook_bin as vramhook};
 
 /// Traces a workload into `dir/<name>.vhc`.
 fn record(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let lib = vramhook().parent().expect("bin dir").join("libvramhook.so");
-    assert!(lib.is_file(), "MISSING {}: run `cargo build --workspace` first", lib.display());
+    let lib = interposer();
     let capture = dir.join(format!("{name}.vhc"));
     let out = Command::new(vramhook())
         .arg("run")

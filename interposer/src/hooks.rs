@@ -7,7 +7,7 @@ use crate::real::{self, F};
 use crate::sink::{self, Hook};
 use core::ffi::c_void;
 use libc::c_char;
-use vramhook_protocol::record::{Api, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 type CUresult = i32;
 const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
@@ -116,7 +116,7 @@ fn sample_meminfo(h: &Hook, device: i16) {
             &mut free, &mut total,
         )
     };
-    h.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, device, free as u64, total as u64, 0, 0);
+    h.emit(Event::mem_info(free as u64, total as u64).on_device(device).with_result(r as u32));
 }
 
 /// After an allocating call: every OOM gets a device sample, others a periodic one.
@@ -127,101 +127,104 @@ fn after_alloc(h: &Hook, result: CUresult, device: i16) {
     }
 }
 
+/// Records an allocation (made by one of `Event`'s allocation constructors) on the
+/// current device, then samples the device when due.
 #[inline(always)]
-fn alloc_event(h: &Hook, api: Api, r: CUresult, addr: u64, size: u64, aux: u64, stream: u64) {
+fn alloc_event(h: &Hook, r: CUresult, ev: Event) {
     let device = current_device();
-    h.emit(EventKind::Alloc, api, r, device, addr, size, aux, stream);
+    h.emit(ev.on_device(device).with_result(r as u32));
     after_alloc(h, r, device);
 }
 
+/// Records a free (its device is the allocation's, known to the model).
 #[inline(always)]
-fn free_event(h: &Hook, api: Api, r: CUresult, addr: u64, stream: u64) {
-    h.emit(EventKind::Free, api, r, -1, addr, 0, 0, stream);
+fn free_event(h: &Hook, r: CUresult, ev: Event) {
+    h.emit(ev.with_result(r as u32));
 }
 
 hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r, h| {
-    alloc_event(&h, Api::cuMemAlloc_v2, r, read_ptr(dptr, r == 0), size as u64, 0, 0);
+    alloc_event(&h, r, Event::alloc(Api::cuMemAlloc_v2, read_ptr(dptr, r == 0), size as u64));
 });
 
 hook!(cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) |r, h| {
     let _ = elem;
     let pitch_bytes = if r == 0 && !pitch.is_null() { *pitch } else { 0 };
     let size = if r == 0 { pitch_bytes * height } else { width * height };
-    alloc_event(&h, Api::cuMemAllocPitch_v2, r, read_ptr(dptr, r == 0), size as u64, pitch_bytes as u64, 0);
+    alloc_event(&h, r, Event::alloc_pitch(read_ptr(dptr, r == 0), size as u64, pitch_bytes as u64));
 });
 
 hook!(cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) |r, h| {
-    alloc_event(&h, Api::cuMemAllocManaged, r, read_ptr(dptr, r == 0), size as u64, u64::from(flags), 0);
+    alloc_event(&h, r, Event::alloc_managed(read_ptr(dptr, r == 0), size as u64, u64::from(flags)));
 });
 
 hook!(cuMemFree_v2(dptr: u64) |r, h| {
-    free_event(&h, Api::cuMemFree_v2, r, dptr, 0);
+    free_event(&h, r, Event::free(Api::cuMemFree_v2, dptr));
 });
 
 hook!(cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
-    alloc_event(&h, Api::cuMemAllocAsync, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+    alloc_event(&h, r, Event::alloc_async(Api::cuMemAllocAsync, read_ptr(dptr, r == 0), size as u64, stream as u64));
 });
 
 hook!(cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
-    alloc_event(&h, Api::cuMemAllocAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, 0, stream as u64);
+    alloc_event(&h, r, Event::alloc_async(Api::cuMemAllocAsync_ptsz, read_ptr(dptr, r == 0), size as u64, stream as u64));
 });
 
 hook!(cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
-    alloc_event(&h, Api::cuMemAllocFromPoolAsync, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+    alloc_event(&h, r, Event::pool_alloc(Api::cuMemAllocFromPoolAsync, read_ptr(dptr, r == 0), size as u64, pool as u64, stream as u64));
 });
 
 hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
-    alloc_event(&h, Api::cuMemAllocFromPoolAsync_ptsz, r, read_ptr(dptr, r == 0), size as u64, stream as u64, pool as u64);
+    alloc_event(&h, r, Event::pool_alloc(Api::cuMemAllocFromPoolAsync_ptsz, read_ptr(dptr, r == 0), size as u64, pool as u64, stream as u64));
 });
 
 hook!(cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r, h| {
-    free_event(&h, Api::cuMemFreeAsync, r, dptr, stream as u64);
+    free_event(&h, r, Event::free_async(Api::cuMemFreeAsync, dptr, stream as u64));
 });
 
 hook!(cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r, h| {
-    free_event(&h, Api::cuMemFreeAsync_ptsz, r, dptr, stream as u64);
+    free_event(&h, r, Event::free_async(Api::cuMemFreeAsync_ptsz, dptr, stream as u64));
 });
 
 hook!(cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) |r, h| {
-    h.emit(EventKind::PoolTrim, Api::cuMemPoolTrimTo, r, -1, 0, min_bytes_to_keep as u64, 0, pool as u64);
+    h.emit(Event::pool_trim(pool as u64, min_bytes_to_keep as u64).with_result(r as u32));
 });
 
 hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r, h| {
     let handle = if r == 0 && !pool.is_null() { *pool as u64 } else { 0 };
-    h.emit(EventKind::PoolCreate, Api::cuMemPoolCreate, r, location_id(props), 0, 0, 0, handle);
+    h.emit(Event::pool_create(handle).on_device(location_id(props)).with_result(r as u32));
 });
 
 hook!(cuMemPoolDestroy(pool: *mut c_void) |r, h| {
-    h.emit(EventKind::PoolDestroy, Api::cuMemPoolDestroy, r, -1, 0, 0, 0, pool as u64);
+    h.emit(Event::pool_destroy(pool as u64).with_result(r as u32));
 });
 
 hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r, h| {
     let _ = flags;
     let device = location_id(prop);
-    h.emit(EventKind::VmmCreate, Api::cuMemCreate, r, device, 0, size as u64, read_ptr(handle, r == 0), 0);
+    h.emit(Event::vmm_create(Api::cuMemCreate, read_ptr(handle, r == 0), size as u64).on_device(device).with_result(r as u32));
     after_alloc(&h, r, device);
 });
 
 hook!(cuMemRelease(handle: u64) |r, h| {
-    h.emit(EventKind::VmmRelease, Api::cuMemRelease, r, -1, 0, 0, handle, 0);
+    h.emit(Event::vmm_release(handle).with_result(r as u32));
 });
 
 hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r, h| {
     let _ = flags;
-    h.emit(EventKind::VmmMap, Api::cuMemMap, r, -1, ptr, size as u64, handle, offset as u64);
+    h.emit(Event::vmm_map(ptr, size as u64, handle, offset as u64).with_result(r as u32));
 });
 
 hook!(cuMemUnmap(ptr: u64, size: usize) |r, h| {
-    h.emit(EventKind::VmmUnmap, Api::cuMemUnmap, r, -1, ptr, size as u64, 0, 0);
+    h.emit(Event::vmm_unmap(ptr, size as u64).with_result(r as u32));
 });
 
 hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u64, flags: u64) |r, h| {
     let _ = flags;
-    h.emit(EventKind::VmmReserve, Api::cuMemAddressReserve, r, -1, read_ptr(ptr, r == 0), size as u64, addr, alignment as u64);
+    h.emit(Event::vmm_reserve(read_ptr(ptr, r == 0), size as u64, addr, alignment as u64).with_result(r as u32));
 });
 
 hook!(cuMemAddressFree(ptr: u64, size: usize) |r, h| {
-    h.emit(EventKind::VmmAddressFree, Api::cuMemAddressFree, r, -1, ptr, size as u64, 0, 0);
+    h.emit(Event::vmm_address_free(ptr, size as u64).with_result(r as u32));
 });
 
 /// Bytes per element of a `CUarray_format` times channels; arrays are opaque, so array
@@ -249,7 +252,7 @@ hook!(cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const ArrayDescriptor) |
         array_bytes(d.width, d.height, 1, d.format, d.channels)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(&h, Api::cuArrayCreate_v2, r, addr, size, 0, 0);
+    alloc_event(&h, r, Event::alloc(Api::cuArrayCreate_v2, addr, size));
 });
 
 hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescriptor) |r, h| {
@@ -258,7 +261,7 @@ hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescripto
         array_bytes(d.width, d.height, d.depth, d.format, d.channels)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(&h, Api::cuArray3DCreate_v2, r, addr, size, 0, 0);
+    alloc_event(&h, r, Event::alloc(Api::cuArray3DCreate_v2, addr, size));
 });
 
 hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescriptor, levels: u32) |r, h| {
@@ -272,15 +275,15 @@ hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescr
             .fold(0u64, u64::saturating_add)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
-    alloc_event(&h, Api::cuMipmappedArrayCreate, r, addr, size, u64::from(levels), 0);
+    alloc_event(&h, r, Event::mipmapped_array(addr, size, u64::from(levels)));
 });
 
 hook!(cuArrayDestroy(handle: *mut c_void) |r, h| {
-    free_event(&h, Api::cuArrayDestroy, r, handle as u64, 0);
+    free_event(&h, r, Event::free(Api::cuArrayDestroy, handle as u64));
 });
 
 hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r, h| {
-    free_event(&h, Api::cuMipmappedArrayDestroy, r, handle as u64, 0);
+    free_event(&h, r, Event::free(Api::cuMipmappedArrayDestroy, handle as u64));
 });
 
 /// Records an IPC import, sized with `cuMemGetAddressRange` (IPC opens are rare).
@@ -298,7 +301,7 @@ fn ipc_open_event(h: &Hook, api: Api, r: CUresult, dptr: *mut u64) {
             size = 0;
         }
     }
-    alloc_event(h, api, r, addr, size as u64, 0, 0);
+    alloc_event(h, r, Event::alloc(api, addr, size as u64));
 }
 
 hook!(cuIpcOpenMemHandle(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r, h| {
@@ -312,18 +315,18 @@ hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r
 });
 
 hook!(cuIpcCloseMemHandle(dptr: u64) |r, h| {
-    free_event(&h, Api::cuIpcCloseMemHandle, r, dptr, 0);
+    free_event(&h, r, Event::free(Api::cuIpcCloseMemHandle, dptr));
 });
 
 hook!(cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: i32) |r, h| {
     let _ = (os_handle, handle_type);
-    h.emit(EventKind::VmmCreate, Api::cuMemImportFromShareableHandle, r, -1, 0, 0, read_ptr(handle, r == 0), 0);
+    h.emit(Event::vmm_create(Api::cuMemImportFromShareableHandle, read_ptr(handle, r == 0), 0).with_result(r as u32));
 });
 
 hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r, h| {
     // The program's own queries are free samples for us; keep them rate-limited.
     if r == 0 && !free.is_null() && !total.is_null() && h.periodic_sample_due() {
-        h.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, r, current_device(), *free as u64, *total as u64, 0, 0);
+        h.emit(Event::mem_info(*free as u64, *total as u64).on_device(current_device()).with_result(r as u32));
     }
 });
 

@@ -1,6 +1,8 @@
+#![doc = include_str!("../README.md")]
+//!
 //! `libvramhook.so`: records every device-memory call of an unmodified CUDA process.
 //!
-//! How calls are caught (see ../shared/design/cuda-facts.md for why all three exist):
+//! How calls are caught (see docs/how-programs-reach-the-driver.md for why all three exist):
 //! - we export the driver's memory functions, for programs linked with `-lcuda`;
 //! - we export `dlsym`, for programs that look driver functions up by name;
 //! - we export `cuGetProcAddress` and `cuGetProcAddress_v2`, through which cudart gets

@@ -6,12 +6,11 @@ use core::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vramhook_protocol::clock::{self, ClockSource};
-use vramhook_protocol::record::{saturate_result, Api, EventKind, RawRecord};
+use vramhook_protocol::record::{Event, RawRecord};
 use vramhook_protocol::ring::{
     encode_meta, lanes_for_cpus, ring_file_size_lanes, RingInit, RingWriter, META_CAPACITY, MIN_CAPACITY,
 };
 use vramhook_protocol::ringdir;
-use zerocopy::little_endian::{I16, U16, U32, U64};
 
 const UNINIT: u8 = 0;
 const CREATING: u8 = 1;
@@ -99,22 +98,12 @@ impl Hook {
         s.tid
     }
 
-    /// Records one event. Never blocks: a full ring drops and counts it.
-    #[allow(clippy::too_many_arguments)]
+    /// Records one event (built by one of `Event`'s per-kind constructors) as made by
+    /// this thread, now. Never blocks: a full ring drops and counts it.
     #[inline(always)]
-    pub fn emit(
-        &self,
-        kind: EventKind,
-        api: Api,
-        result: i32,
-        device: i16,
-        addr: u64,
-        size: u64,
-        aux: u64,
-        stream: u64,
-    ) {
+    pub fn emit(&self, ev: Event) {
         if let Some(w) = ring() {
-            w.push(&record(self.tid(), kind, api, result as u32, device, addr, size, aux, stream));
+            w.push(&stamp(ev, self.tid()));
         }
     }
 
@@ -544,17 +533,7 @@ fn create_ring() -> bool {
     }
     // SAFETY: just written above.
     let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
-    writer.push(&record(
-        current_tid(),
-        EventKind::ProcessStart,
-        Api::Interposer,
-        0,
-        -1,
-        u64::from(ppid),
-        0,
-        start_time,
-        0,
-    ));
+    writer.push(&stamp(Event::process_start(ppid, start_time), current_tid()));
     true
 }
 
@@ -573,57 +552,17 @@ extern "C" fn after_fork_in_child() {
     RING.state.store(UNINIT, Ordering::Release);
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The record of `ev` made by thread `tid` of this process, stamped now.
 #[inline(always)]
-fn record(
-    tid: u32,
-    kind: EventKind,
-    api: Api,
-    result: u32,
-    device: i16,
-    addr: u64,
-    size: u64,
-    aux: u64,
-    stream: u64,
-) -> RawRecord {
-    RawRecord {
-        seq: U64::new(0),
-        ts_ns: U64::new(now()),
-        addr: U64::new(addr),
-        size: U64::new(size),
-        aux: U64::new(aux),
-        stream: U64::new(stream),
-        pid: U32::new(RING.pid.load(Ordering::Relaxed)),
-        tid: U32::new(tid),
-        result: U16::new(saturate_result(result)),
-        device: I16::new(device),
-        kind: kind.code(),
-        caller: 0,
-        api: U16::new(api.code()),
-    }
+fn stamp(ev: Event, tid: u32) -> RawRecord {
+    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(now()).to_raw()
 }
 
 /// Counts an entry point we could not wrap and records its name (init time only).
 pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     let Some(w) = ring() else { return };
     w.count_hook_miss();
-    let mut packed = [0u8; 32];
-    let n = name.len().min(32);
-    packed[..n].copy_from_slice(&name[..n]);
-    let word = |i: usize| u64::from_le_bytes(packed[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    let mut rec = record(
-        current_tid(),
-        EventKind::HookMiss,
-        Api::Interposer,
-        0,
-        version.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16,
-        word(0),
-        word(1),
-        word(2),
-        word(3),
-    );
-    rec.caller = flags.min(255) as u8;
-    w.push(&rec);
+    w.push(&stamp(Event::hook_miss(name, version, flags), current_tid()));
 }
 
 #[cold]
@@ -642,7 +581,7 @@ pub fn process_exit() {
     if RING.state.load(Ordering::Acquire) == READY && RING.pid.load(Ordering::Relaxed) == pid {
         // SAFETY: READY.
         let w = unsafe { (*RING.writer.get()).assume_init_ref() };
-        w.push(&record(current_tid(), EventKind::ProcessExit, Api::Interposer, 0, -1, 0, 0, 0, 0));
+        w.push(&stamp(Event::process_exit(), current_tid()));
         w.mark_exited();
     }
 }

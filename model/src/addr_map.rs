@@ -2,10 +2,11 @@
 //!
 //! Every alloc and free event does one operation here, so it is the replay's hottest
 //! structure. Open addressing with linear probing over 32-byte slots (two per cache line),
-//! at most 3/4 full, with backward-shift deletion: no tombstones, so probe runs stay short
-//! under endless alloc/free churn. Against std's `HashMap` (hashbrown's SIMD groups plus a
-//! separate hasher) it needs about a third of the instructions per operation; see
-//! `model/examples/bench_model.rs` and `scripts/bench.sh analyzer`.
+//! at most half full (it doubles before an insert would pass half), with backward-shift
+//! deletion: no tombstones, so probe runs stay short under endless alloc/free churn. It
+//! replaced std's `HashMap` (hashbrown's SIMD groups plus a separate hasher), which took
+//! more instructions per operation in the replay; see `model/benches/model.rs` and
+//! `scripts/bench.sh analyzer`.
 //!
 //! The hash is fixed (replays are deterministic). A capture crafted so that many keys
 //! collide slows the replay down; it cannot make it wrong.
@@ -233,7 +234,7 @@ impl<'de> Deserialize<'de> for AddrMap {
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = AddrMap;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a map of (pid, address) to allocations")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<AddrMap, A::Error> {

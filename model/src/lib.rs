@@ -7,6 +7,6 @@ mod model;
 mod types;
 mod verdict;
 
-pub use model::{IntHasher, Model, ModelError, CHECKPOINT_VERSION};
+pub use model::{Model, ModelError, CHECKPOINT_VERSION};
 pub use types::*;
 pub use verdict::decide_verdict;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use vramhook_protocol::{Event, MemClass};
+use vramhook_protocol::{Api, Event, MemClass};
 
 /// Model configuration. Part of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,68 +44,8 @@ impl Default for ModelConfig {
     }
 }
 
-/// Memory class, mirrored from the protocol's [`MemClass`] so that it serialises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Class {
-    Plain,
-    Pitch,
-    Managed,
-    Pool,
-    Vmm,
-    Array,
-    Ipc,
-    Import,
-}
-
-impl Class {
-    pub const ALL: [Class; 8] =
-        [Class::Plain, Class::Pitch, Class::Managed, Class::Pool, Class::Vmm, Class::Array, Class::Ipc, Class::Import];
-
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    pub fn from_index(i: u8) -> Class {
-        Class::ALL[(i as usize) % 8]
-    }
-
-    /// Bytes this process owns (counted in `live_bytes`): everything but IPC-opened and
-    /// imported memory, which belongs to the exporting process.
-    pub fn owned(self) -> bool {
-        !matches!(self, Class::Ipc | Class::Import)
-    }
-
-    /// Bytes counted as resident on the device (`traced_bytes`): owned, and not managed
-    /// (managed memory migrates and may live in host memory).
-    pub fn resident(self) -> bool {
-        self.owned() && self != Class::Managed
-    }
-
-    pub fn name(self) -> &'static str {
-        MemClass::from(self).name()
-    }
-}
-
-impl From<MemClass> for Class {
-    fn from(c: MemClass) -> Class {
-        match c {
-            MemClass::Plain => Class::Plain,
-            MemClass::Pitch => Class::Pitch,
-            MemClass::Managed => Class::Managed,
-            MemClass::Pool => Class::Pool,
-            MemClass::Vmm => Class::Vmm,
-            MemClass::Array => Class::Array,
-            MemClass::Ipc => Class::Ipc,
-            MemClass::Import => Class::Import,
-        }
-    }
-}
-
-impl From<Class> for MemClass {
-    fn from(c: Class) -> MemClass {
-        MemClass::ALL[c.index()]
-    }
-}
+/// Memory class: the protocol's [`MemClass`] (serialised by its variant names).
+pub type Class = MemClass;
 
 /// Live bytes by memory class.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,43 +116,37 @@ pub struct EventRecord {
     pub stream: u64,
 }
 
-impl From<&Event> for EventRecord {
-    fn from(e: &Event) -> Self {
-        EventRecord {
-            seq: e.seq,
-            ts_ns: e.ts_ns,
-            pid: e.pid,
-            tid: e.tid,
-            kind: e.kind,
-            api: e.api,
-            caller: e.caller,
-            result: e.result,
-            device: e.device,
-            addr: e.addr,
-            size: e.size,
-            aux: e.aux,
-            stream: e.stream,
+/// `EventRecord` and `Event` have the same fields: one list, both directions.
+macro_rules! mirror_event {
+    ($($field:ident),*) => {
+        impl From<&Event> for EventRecord {
+            fn from(e: &Event) -> Self {
+                EventRecord { $($field: e.$field),* }
+            }
         }
-    }
+        impl From<&EventRecord> for Event {
+            fn from(e: &EventRecord) -> Self {
+                Event { $($field: e.$field),* }
+            }
+        }
+    };
 }
+mirror_event!(seq, ts_ns, pid, tid, kind, api, caller, result, device, addr, size, aux, stream);
 
-impl From<&EventRecord> for Event {
-    fn from(e: &EventRecord) -> Self {
-        Event {
-            seq: e.seq,
-            ts_ns: e.ts_ns,
-            pid: e.pid,
-            tid: e.tid,
-            kind: e.kind,
-            api: e.api,
-            caller: e.caller,
-            result: e.result,
-            device: e.device,
-            addr: e.addr,
-            size: e.size,
-            aux: e.aux,
-            stream: e.stream,
-        }
+/// An [`Api`] as its name, in JSON and in checkpoints: the bytes of the `String` the field
+/// used to be, so reports and older checkpoints read the same.
+pub(crate) mod api_by_name {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vramhook_protocol::Api;
+
+    pub fn serialize<S: Serializer>(api: &Api, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(api.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Api, D::Error> {
+        let name = String::deserialize(d)?;
+        Api::from_name(&name).ok_or_else(|| D::Error::custom(format!("unknown driver function {name:?}")))
     }
 }
 
@@ -417,7 +351,9 @@ pub struct OomIncident {
     pub device: i16,
     /// Time of the first failure.
     pub ts_ns: u64,
-    pub api: String,
+    /// The driver function that failed (its name in JSON and checkpoints).
+    #[serde(with = "api_by_name")]
+    pub api: Api,
     pub caller: String,
     pub requested_bytes: u64,
     pub device_free_bytes: Option<u64>,
@@ -556,16 +492,33 @@ impl Anomaly {
     }
 }
 
-/// Human-readable bytes: "200.00 GiB", "20.00 MiB", "512 B".
+/// Human-readable bytes: "200.00 GiB", "20.00 MiB", "512 B", up to TiB. The one copy:
+/// the text reports, `run`'s summary and `top` use it, and the HTML report's script
+/// (`analyzer/assets/report.js`, `fb`) writes bytes the same way.
 pub fn fmt_bytes(b: u64) -> String {
-    if b >= GIB {
-        format!("{:.2} GiB", b as f64 / GIB as f64)
-    } else if b >= MIB {
-        format!("{:.2} MiB", b as f64 / MIB as f64)
-    } else if b >= KIB {
-        format!("{:.2} KiB", b as f64 / KIB as f64)
-    } else {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
         format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
+}
+
+/// A command as people read it: the program's file name, then its arguments
+/// (`/usr/bin/python3 train.py` → `python3 train.py`).
+pub fn display_command(command: &str) -> String {
+    let mut parts = command.splitn(2, ' ');
+    let prog = parts.next().unwrap_or("");
+    let base = prog.rsplit('/').next().unwrap_or(prog);
+    match parts.next() {
+        Some(rest) => format!("{base} {rest}"),
+        None => base.to_string(),
     }
 }
 
@@ -586,5 +539,26 @@ pub fn round_up(v: u64, g: u64) -> u64 {
     match v % g {
         0 => v,
         r => v.saturating_add(g - r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_the_same_everywhere() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(200 * GIB), "200.00 GiB");
+        // Past GiB it goes on to TiB (one copy used to stop at GiB: "2048.00 GiB").
+        assert_eq!(fmt_bytes(2048 * GIB), "2.00 TiB");
+    }
+
+    #[test]
+    fn commands_show_the_program_name_and_arguments() {
+        assert_eq!(display_command("/usr/bin/python3 train.py --x"), "python3 train.py --x");
+        assert_eq!(display_command("llama-server"), "llama-server");
+        assert_eq!(display_command(""), "");
     }
 }

@@ -1,6 +1,7 @@
 //! The OOM verdict rule and its explanation text.
 
 use crate::types::*;
+use vramhook_protocol::Api;
 
 /// Decides a verdict from what was known at the failure.
 ///
@@ -52,7 +53,7 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
 pub(crate) struct ExplainCtx<'a> {
     pub pid: u32,
     pub command: &'a str,
-    pub api: &'a str,
+    pub api: Api,
     pub device: i16,
     pub ts_ns: u64,
     pub sample_ts_ns: Option<u64>,

@@ -1,12 +1,10 @@
 //! Property tests: random event streams against the brute-force reference model.
 
-mod reference;
-
 use proptest::prelude::*;
-use reference::Reference;
 use std::collections::BTreeMap;
 use vramhook_model::*;
 use vramhook_protocol::{Api, Event, EventKind, ProcessInfo};
+use vramhook_testkit::reference::Reference;
 
 #[derive(Clone, Debug)]
 enum Op {

@@ -2,89 +2,12 @@
 //! memory mechanism.
 
 use vramhook_model::*;
-use vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY;
-use vramhook_protocol::{Api, Event, EventKind, ProcessInfo};
+use vramhook_protocol::{Api, Event, ProcessInfo};
 
 const TOTAL: u64 = 150_110_011_392; // 139.80 GiB
 
-/// Builds one process's stream with a running clock and sequence.
-struct Proc {
-    pid: u32,
-    seq: u64,
-    ts: u64,
-    out: Vec<Event>,
-}
-
-impl Proc {
-    fn new(pid: u32, start_ts: u64) -> Proc {
-        let mut p = Proc { pid, seq: 0, ts: start_ts, out: vec![] };
-        p.push(EventKind::ProcessStart, Api::Interposer, 0, 1, 1000 + pid as u64, 0, 0);
-        p
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        kind: EventKind,
-        api: Api,
-        result: u32,
-        addr: u64,
-        aux: u64,
-        size: u64,
-        stream: u64,
-    ) -> &mut Self {
-        self.ts += 1_000_000; // 1 ms
-        self.out.push(Event {
-            seq: self.seq,
-            ts_ns: self.ts,
-            pid: self.pid,
-            tid: self.pid,
-            kind: kind.code(),
-            api: api.code(),
-            caller: 0,
-            result,
-            device: 0,
-            addr,
-            size,
-            aux,
-            stream,
-        });
-        self.seq += 1;
-        self
-    }
-    fn alloc(&mut self, api: Api, addr: u64, size: u64) -> &mut Self {
-        self.push(EventKind::Alloc, api, 0, addr, 0, size, 0)
-    }
-    fn oom(&mut self, api: Api, size: u64) -> &mut Self {
-        self.push(EventKind::Alloc, api, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
-    }
-    fn free(&mut self, api: Api, addr: u64) -> &mut Self {
-        self.push(EventKind::Free, api, 0, addr, 0, 0, 0)
-    }
-    fn meminfo(&mut self, free: u64) -> &mut Self {
-        self.push(EventKind::MemInfo, Api::cuMemGetInfo_v2, 0, free, 0, TOTAL, 0)
-    }
-    fn reserve(&mut self, base: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmReserve, Api::cuMemAddressReserve, 0, base, 0, size, 0)
-    }
-    fn create(&mut self, handle: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmCreate, Api::cuMemCreate, 0, 0, handle, size, 0)
-    }
-    fn create_oom(&mut self, size: u64) -> &mut Self {
-        self.push(EventKind::VmmCreate, Api::cuMemCreate, CUDA_ERROR_OUT_OF_MEMORY, 0, 0, size, 0)
-    }
-    fn map(&mut self, addr: u64, size: u64, handle: u64) -> &mut Self {
-        self.push(EventKind::VmmMap, Api::cuMemMap, 0, addr, handle, size, 0)
-    }
-    fn unmap(&mut self, addr: u64, size: u64) -> &mut Self {
-        self.push(EventKind::VmmUnmap, Api::cuMemUnmap, 0, addr, 0, size, 0)
-    }
-    fn release(&mut self, handle: u64) -> &mut Self {
-        self.push(EventKind::VmmRelease, Api::cuMemRelease, 0, 0, handle, 0, 0)
-    }
-    fn trim(&mut self, pool: u64, keep: u64) -> &mut Self {
-        self.push(EventKind::PoolTrim, Api::cuMemPoolTrimTo, 0, 0, 0, keep, pool)
-    }
-}
+/// One process's stream with a running clock (1 ms a step) and sequence, on device 0.
+use vramhook_testkit::events::Stream as Proc;
 
 fn run(streams: &[&Proc]) -> Model {
     let mut all: Vec<Event> = streams.iter().flat_map(|p| p.out.iter().copied()).collect();
@@ -122,12 +45,12 @@ fn pytorch_retry_is_one_capacity_incident() {
         p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), size);
         cached += if i % 2 == 0 { size } else { 0 };
     }
-    p.meminfo(TOTAL - (2 << 30));
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612); // 138.53 GiB
+    p.meminfo(TOTAL - (2 << 30), TOTAL);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612, TOTAL); // 138.53 GiB
     for i in (0..20u64).step_by(2) {
         p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
     }
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612 + cached);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(148_746_798_612 + cached, TOTAL);
     let m = run(&[&p]);
     let s = m.snapshot();
     assert_eq!(s.incidents.len(), 1, "{:#?}", s.incidents);
@@ -157,12 +80,10 @@ fn pytorch_retry_is_one_capacity_incident() {
 #[test]
 fn a_failure_of_another_request_is_a_new_incident() {
     let mut p = Proc::new(468, 0);
-    for i in 0..4u64 {
-        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 1 << 30);
-    }
-    p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20);
+    p.allocs_a_gib_apart(4, 1 << 30);
+    p.oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(300 << 20, TOTAL);
     p.oom(Api::cuMemAlloc_v2, 1 << 30);
-    p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20);
+    p.oom(Api::cuMemAlloc_v2, 2 << 30).meminfo(300 << 20, TOTAL);
     p.oom(Api::cuMemAlloc_v2, 2 << 30);
     let m = run(&[&p]);
     let s = m.snapshot();
@@ -181,7 +102,7 @@ fn expandable_segments_recover() {
     for i in 0..50u64 {
         p.create(100 + i, PAGE).map(base + i * PAGE, PAGE, 100 + i);
     }
-    p.create_oom(PAGE).meminfo(10 << 20);
+    p.create_oom(PAGE).meminfo(10 << 20, TOTAL);
     for i in 40..50u64 {
         p.unmap(base + i * PAGE, PAGE).release(100 + i);
     }
@@ -249,8 +170,8 @@ fn async_pool_reclaimable_then_trim() {
     assert_eq!(s.devices[0].traced_bytes, 8 << 30);
     assert_eq!(s.devices[0].pool_idle_bytes, 8 << 30);
 
-    p.meminfo(1 << 30);
-    p.oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    p.meminfo(1 << 30, TOTAL);
+    p.oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30, TOTAL);
     p.trim(0xdead, 0); // the default pool's handle never appears in allocs
     p.alloc(Api::cuMemAlloc_v2, 0x2000_0000_0000, 3 << 30);
     let m = run(&[&p]);
@@ -271,7 +192,7 @@ fn other_process_idle_pool() {
     a.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000, 8 << 30).free(Api::cuMemFreeAsync, 0x1000_0000_0000);
     let mut b = Proc::new(32, 500_000);
     b.ts = 100_000_000;
-    b.meminfo(1 << 30).oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30);
+    b.meminfo(1 << 30, TOTAL).oom(Api::cuMemAlloc_v2, 3 << 30).meminfo(1 << 30, TOTAL);
     let m = run(&[&a, &b]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.pid, 32);
@@ -289,7 +210,7 @@ fn vmm_arena_fragmentation() {
     for i in 0..16u64 {
         p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
     }
-    p.meminfo(4 << 20).create_oom(8 << 20).meminfo(4 << 20);
+    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
     let m = run(&[&p]);
     let s = m.snapshot();
     let a = &s.arenas[0];
@@ -319,7 +240,7 @@ fn framework_segment_fragmentation_and_reclaimable() {
     assert_eq!(pv.largest_free_span, 64 << 20);
     assert_eq!(pv.live_bytes, 1 << 30, "segment bytes are not counted twice");
     let mut q = Proc { out: vec![], ..p };
-    q.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 200 << 20).meminfo(100 << 20);
+    q.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 200 << 20).meminfo(100 << 20, TOTAL);
     for e in &q.out {
         m.apply(e);
     }
@@ -329,7 +250,7 @@ fn framework_segment_fragmentation_and_reclaimable() {
     m.framework_segment(51, 0, seg, 1 << 30, &blocks, 0);
     let mut r = Proc { out: vec![], ..q };
     r.ts += 10_000_000_000; // outside the incident window
-    r.meminfo(100 << 20).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20);
+    r.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20, TOTAL);
     for e in &r.out {
         m.apply(e);
     }
@@ -348,8 +269,8 @@ fn framework_segment_fragmentation_and_reclaimable() {
 #[test]
 fn granularity_and_unknown() {
     let mut p = Proc::new(61, 0);
-    p.meminfo(3 * (1 << 20) + (1 << 19)); // 3.5 MiB free
-    p.oom(Api::cuMemAlloc_v2, 3 * (1 << 20) + 4096).meminfo(3 * (1 << 20) + (1 << 19));
+    p.meminfo(3 * (1 << 20) + (1 << 19), TOTAL); // 3.5 MiB free
+    p.oom(Api::cuMemAlloc_v2, 3 * (1 << 20) + 4096).meminfo(3 * (1 << 20) + (1 << 19), TOTAL);
     let m = run(&[&p]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.verdict, Verdict::Granularity, "{}", inc.explanation);
@@ -362,7 +283,7 @@ fn granularity_and_unknown() {
     assert!(inc.unknown_reason.as_deref().unwrap().contains("no device memory sample"));
 
     let mut r = Proc::new(63, 0);
-    r.meminfo(100 << 30).oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(100 << 30);
+    r.meminfo(100 << 30, TOTAL).oom(Api::cuMemAlloc_v2, 1 << 30).meminfo(100 << 30, TOTAL);
     let m = run(&[&r]);
     let inc = &m.snapshot().incidents[0];
     assert_eq!(inc.verdict, Verdict::Unknown);
@@ -419,14 +340,7 @@ fn exit_releases_everything_and_pid_reuse() {
     let mut m = run(&[&p]);
     assert_eq!(proc_view(&m, 71).live_bytes, 4 << 20);
     // pid reuse: a ProcessStart with a new start time closes the old process.
-    m.apply(&Event {
-        pid: 71,
-        kind: EventKind::ProcessStart.code(),
-        api: Api::Interposer.code(),
-        aux: 99_999,
-        ts_ns: p.ts + 1,
-        ..Event::default()
-    });
+    m.apply(&Event::process_start(0, 99_999).by(71, 0).at(p.ts + 1).on_device(0));
     let s = m.snapshot();
     let old: Vec<_> = s.processes.iter().filter(|x| x.pid == 71).collect();
     assert_eq!(old.len(), 2);
@@ -455,18 +369,10 @@ fn anomalies_are_counted_not_applied() {
     let mut m = run(&[&p]);
     // Another thread's event older than the process's latest: threads reach the ring
     // concurrently, so this is normal and not an anomaly.
-    m.apply(&Event { pid: 81, tid: 82, kind: 1, api: 1, addr: 0x3000, size: 1, ts_ns: 6, ..Event::default() });
-    m.apply(&Event { pid: 81, tid: 82, kind: 2, api: 4, addr: 0x3000, ts_ns: 7, ..Event::default() });
-    m.apply(&Event {
-        pid: 81,
-        tid: 81,
-        kind: 1,
-        api: 1,
-        addr: 0x2000,
-        size: 1,
-        ts_ns: 5, // time going backwards within a thread: counted, applied at the latest time
-        ..Event::default()
-    });
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x3000, 1).by(81, 82).at(6).on_device(0));
+    m.apply(&Event::free(Api::cuMemFree_v2, 0x3000).by(81, 82).at(7).on_device(0));
+    // Time going backwards within a thread: counted, applied at the latest time.
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x2000, 1).by(81, 81).at(5).on_device(0));
     let s = m.snapshot();
     let a = &s.anomalies;
     assert_eq!(a["free_unknown_address"], 2);
@@ -483,7 +389,7 @@ fn anomalies_are_counted_not_applied() {
 #[test]
 fn device_view_untraced_and_stale() {
     let mut p = Proc::new(91, 0);
-    p.meminfo(TOTAL - (10 << 30)).alloc(Api::cuMemAlloc_v2, 0x1000, 4 << 30);
+    p.meminfo(TOTAL - (10 << 30), TOTAL).alloc(Api::cuMemAlloc_v2, 0x1000, 4 << 30);
     p.alloc(Api::cuMemAllocManaged, 0x10_0000_0000, 1 << 30);
     let m = run(&[&p]);
     let d = &m.snapshot().devices[0];
@@ -505,7 +411,7 @@ fn device_view_untraced_and_stale() {
 #[test]
 fn dropped_events_flag_incomplete() {
     let mut p = Proc::new(95, 0);
-    p.push(EventKind::Dropped, Api::Interposer, 0, 0, 0, 12, 0);
+    p.push(Event::dropped(12, 0));
     let m = run(&[&p]);
     let pv = proc_view(&m, 95);
     assert_eq!(pv.dropped_events, 12);
@@ -515,10 +421,8 @@ fn dropped_events_flag_incomplete() {
 #[test]
 fn checkpoint_round_trip_mid_incident() {
     let mut p = Proc::new(4242, 0);
-    for i in 0..10u64 {
-        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * (1 << 30), 100 << 20);
-    }
-    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30);
+    p.allocs_a_gib_apart(10, 100 << 20);
+    p.oom(Api::cuMemAlloc_v2, 200 << 30).meminfo(1 << 30, TOTAL);
     for i in 0..10u64 {
         p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * (1 << 30));
     }
@@ -549,8 +453,8 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     let mut gone = Proc::new(1, 0);
     gone.alloc(Api::cuMemAlloc_v2, 0x1000, 4096);
     let mut live = Proc::new(2, 0);
-    live.meminfo(1 << 30).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
-    live.push(EventKind::Alloc, Api::cuMemAlloc_v2, 2, 0, 0, 200 << 30, 0);
+    live.meminfo(1 << 30, TOTAL).alloc(Api::cuMemAlloc_v2, 0x9000, 8192);
+    live.oom(Api::cuMemAlloc_v2, 200 << 30);
     let mut m = run(&[&gone, &live]);
     m.process_exit(1, 0, Some(0), 1);
     let before = m.snapshot();
@@ -563,17 +467,8 @@ fn forgetting_exited_processes_keeps_the_rest_exact() {
     assert_eq!(after.processes[0], before.processes.iter().find(|p| p.pid == 2).expect("pid 2").clone());
     assert_eq!(after.incidents, before.incidents.iter().filter(|i| i.pid == 2).cloned().collect::<Vec<_>>());
     // The kept process goes on exactly; a new process of the forgotten pid starts afresh.
-    m.apply(&Event { pid: 2, tid: 2, kind: 2, api: 4, addr: 0x9000, ts_ns: u64::MAX / 2, ..Event::default() });
-    m.apply(&Event {
-        pid: 1,
-        tid: 1,
-        kind: 1,
-        api: 1,
-        addr: 0x2000,
-        size: 10,
-        ts_ns: u64::MAX / 2,
-        ..Event::default()
-    });
+    m.apply(&Event::free(Api::cuMemFree_v2, 0x9000).by(2, 2).at(u64::MAX / 2).on_device(0));
+    m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x2000, 10).by(1, 1).at(u64::MAX / 2).on_device(0));
     let s = m.snapshot();
     assert_eq!(proc_view(&m, 2).live_bytes, 0);
     assert_eq!(proc_view(&m, 1).live_bytes, 10);
@@ -588,7 +483,7 @@ fn windows_span_what_happened_since_the_last_take() {
     let mut p = Proc::new(7, 0);
     p.alloc(Api::cuMemAlloc_v2, 0x1000, 4096)
         .alloc(Api::cuMemAlloc_v2, 0x9000, 100)
-        .meminfo(1 << 30)
+        .meminfo(1 << 30, TOTAL)
         .free(Api::cuMemFree_v2, 0x1000);
     let mut m = Model::default();
     for e in &p.out {
@@ -603,7 +498,7 @@ fn windows_span_what_happened_since_the_last_take() {
     assert_eq!((live, w.map(|w| (w.min, w.max))), (100, Some((0, 4196))));
     assert_eq!(m.take_device_windows()[0].window, None, "taken");
     assert_eq!(m.take_process_window(0), Some((100, None)), "taken");
-    p.push(EventKind::ProcessExit, Api::Interposer, 0, 0, 0, 0, 0);
+    p.push(Event::process_exit());
     m.apply(p.out.last().expect("exit"));
     let w = m.take_device_windows()[0].window.expect("the exit moved it");
     assert_eq!((w.min, w.max), (0, 100), "from its value at the take down to nothing");

@@ -7,9 +7,17 @@
 //! frame   : "VRFM" | type u16 | flags u16 | payload_len u32 | crc u32 | payload, padded to 8
 //! ```
 //! The header's reserved area starts with a CRC-32 of the header's other bytes; a
-//! frame's crc covers its type, flags, length and payload.
+//! frame's crc covers its type, flags, length and payload. Frame types and payloads:
+//!
 //! ```text
+//! 1  events      : 64-byte records (`RawRecord`), at most FRAME_EVENTS per frame
+//! 2  process     : `ProcessInfo::encode` (pid, ppid, uid, start time, run id, exe, argv)
+//! 3  process end : `ProcessEnd::encode` (exit status, delivered, dropped, lost in flight, …)
+//! 4  checkpoint  : a model checkpoint (the model's own versioned bytes)
+//! 5  note        : UTF-8 text
+//! 0xFFFF end     : events u64 | frames u64 (counting the end frame itself)
 //! ```
+//!
 //! All integers are little-endian. Event frames carry whole 64-byte records, the same
 //! bytes as in the ring. A file without an end frame was cut short (a crash, a full
 //! disk, or a writer still running): readers report "truncated at byte N" and keep
@@ -67,32 +75,10 @@ pub struct CaptureHeader {
 }
 
 impl CaptureHeader {
-    /// A header anchored at this moment on this host.
-    pub fn now() -> CaptureHeader {
-        CaptureHeader {
-            version: CAPTURE_VERSION,
-            mono_anchor_ns: crate::clock::monotonic_ns(),
-            wall_anchor_ns: crate::clock::wall_ns(),
-            flags: 0,
-            host: hostname(),
-        }
-    }
-
     /// Wall-clock ns for a monotonic timestamp of this capture.
     pub fn wall_time_ns(&self, mono_ns: u64) -> u64 {
         (self.wall_anchor_ns as i128 + mono_ns as i128 - self.mono_anchor_ns as i128).max(0) as u64
     }
-}
-
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buffer and its length.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if rc != 0 {
-        return String::new();
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// A traced process, as far as the interposer could tell at its first CUDA call.

@@ -1,19 +1,15 @@
 use crate::capture::*;
-use crate::record::{Api, Event, EventKind};
+use crate::record::{Api, Event};
 use std::io::Cursor;
 
 pub(crate) fn sample_events(n: u64) -> Vec<Event> {
     (0..n)
-        .map(|i| Event {
-            seq: i,
-            ts_ns: 1000 + i,
-            pid: 42,
-            tid: 43,
-            kind: EventKind::Alloc.code(),
-            api: Api::cuMemAlloc_v2.code(),
-            addr: 0x7000_0000 + i * 512,
-            size: 512,
-            ..Event::default()
+        .map(|i| {
+            Event::alloc(Api::cuMemAlloc_v2, 0x7000_0000 + i * 512, 512)
+                .by(42, 43)
+                .at(1000 + i)
+                .with_seq(i)
+                .on_device(0)
         })
         .collect()
 }

@@ -1,13 +1,22 @@
-//! vramhook's bytes on the wire and on disk, versioned:
+#![doc = include_str!("../README.md")]
+//!
+//! Pure formats (bytes in, bytes out; no system calls):
 //! - [`record`]: the fixed 64-byte little-endian event record;
-//! - [`ring`]: the per-process shared-memory ring (bounded multi-producer queue);
+//! - [`kinds`]: what each event kind keeps in the record's words (typed constructors and accessors);
 //! - [`capture`]: the capture-file format (header, checksummed frames, end marker);
-//! - [`mapped`]: a capture file read through a memory map;
-//! - [`clock`]: timestamps and their conversion;
 //! - [`seqset`]: sets of event sequence numbers kept as ranges (what a capture holds).
+//!
+//! What touches the operating system:
+//! - [`clock`]: the TSC and the monotonic and wall clocks, and conversion between them;
+//! - [`host`]: the host name and a capture header stamped now;
+//! - [`mapped`]: a capture file read through a memory map (SIGBUS-safe);
+//! - [`ring`]: the per-process shared-memory ring (layout, writer, reader);
+//! - [`ringdir`]: the ring directory (names, ownership rules, flock, gc).
 
 pub mod capture;
 pub mod clock;
+pub mod host;
+pub mod kinds;
 pub mod mapped;
 pub mod record;
 pub mod ring;

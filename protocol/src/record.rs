@@ -20,9 +20,9 @@ pub struct RawRecord {
     pub ts_ns: U64,
     pub addr: U64,
     pub size: U64,
-    /// Second size or handle: pitch, VMM handle, pool trim target, device total.
+    /// Second size or handle: pitch, VMM handle, start time (see `kinds` for each kind).
     pub aux: U64,
-    /// Stream, pool, or mapping offset.
+    /// Stream, pool, or mapping offset (see `kinds`).
     pub stream: U64,
     pub pid: U32,
     pub tid: U32,
@@ -161,6 +161,7 @@ code_enum! {
 
 /// What kind of device memory an allocation API hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum MemClass {
     Plain,
     Pitch,
@@ -183,6 +184,27 @@ impl MemClass {
         MemClass::Ipc,
         MemClass::Import,
     ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The class of an index (taken modulo the number of classes).
+    pub fn from_index(i: u8) -> MemClass {
+        MemClass::ALL[(i as usize) % 8]
+    }
+
+    /// Bytes the process owns (counted in its live bytes): everything but IPC-opened and
+    /// imported memory, which belongs to the exporting process.
+    pub fn owned(self) -> bool {
+        !matches!(self, MemClass::Ipc | MemClass::Import)
+    }
+
+    /// Bytes resident on the device: owned, and not managed (managed memory migrates and
+    /// may live in host memory).
+    pub fn resident(self) -> bool {
+        self.owned() && self != MemClass::Managed
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -224,6 +246,12 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
 
 /// A decoded record with native types. Unknown codes are kept raw so that nothing is lost.
 /// Laid out as [`RawRecord`] up to `tid`, so decoding is mostly a block copy.
+///
+/// `addr`, `size`, `aux` and `stream` are the record's four payload words; what each
+/// holds depends on the kind (and, for allocations, on the API). Write and read them
+/// through the per-kind constructors (`Event::pool_alloc`, `Event::vmm_map`, …) and
+/// accessors (`ev.pool()`, `ev.handle()`, …) below: only code that moves whole records
+/// (ring, capture, checkpoints) touches the words directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct Event {
@@ -389,21 +417,8 @@ mod tests {
 
     #[test]
     fn hook_miss_symbol_round_trips_up_to_32_bytes() {
-        let pack = |name: &[u8]| {
-            let mut b = [0u8; 32];
-            b[..name.len().min(32)].copy_from_slice(&name[..name.len().min(32)]);
-            let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-            Event {
-                kind: EventKind::HookMiss.code(),
-                addr: w(0),
-                size: w(1),
-                aux: w(2),
-                stream: w(3),
-                ..Event::default()
-            }
-        };
-        assert_eq!(pack(b"cuIpcOpenMemHandle").hook_miss_symbol(), "cuIpcOpenMemHandle");
-        assert_eq!(pack(b"cuMemAllocFromPoolAsync_ptsz_and_more").hook_miss_symbol().len(), 32);
+        assert_eq!(Event::hook_miss(b"cuIpcOpenMemHandle", 0, 0).hook_miss_symbol(), "cuIpcOpenMemHandle");
+        assert_eq!(Event::hook_miss(b"cuMemAllocFromPoolAsync_ptsz_and_more", 0, 0).hook_miss_symbol().len(), 32);
     }
 
     #[test]

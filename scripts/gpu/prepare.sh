@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook -p vramhook-interposer
-# Separately: target flags such as --example apply to every -p package.
-cargo build --release -p vramhook-model --example bench_model
-cargo build --release -p vramhook-analyzer --example bench_replay
-cargo build --release -p vramhook-agent --example bench_agent
 mkdir -p .gpu
 cp target/release/vramhook target/release/libvramhook.so .gpu/
-cp target/release/examples/{bench_model,bench_replay,bench_agent} .gpu/
+# The benchmarks (each crate's benches/), under the names the GPU scripts use.
+bench_bin() {
+    cargo bench -p "$1" --bench "$2" --no-run 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -n 1
+}
+cp "$(bench_bin vramhook-model model)" .gpu/bench_model
+cp "$(bench_bin vramhook-analyzer replay)" .gpu/bench_replay
+cp "$(bench_bin vramhook-agent agent)" .gpu/bench_agent
 ls -la .gpu

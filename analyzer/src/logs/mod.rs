@@ -311,27 +311,13 @@ pub fn is_log(head: &[u8]) -> bool {
 /// parser understood.
 pub fn unrecognised(path: &str, bytes: u64) -> crate::InputReport {
     crate::InputReport {
-        path: path.to_string(),
-        kind: "log".into(),
-        status: "unreadable".into(),
-        host: None,
-        format_version: None,
-        wall_start_ns: None,
         bytes_read: bytes,
-        frames: 0,
-        events: 0,
-        truncated_at: None,
-        corrupt_frames: Vec::new(),
-        corrupt_frames_unlisted: 0,
-        unknown_frames: 0,
         error: Some(
             "not a capture (bad magic: a vramhook capture starts with VRHKCAPT), nor a PyTorch snapshot, nor a log \
              with a line vramhook reads (OOM messages of PyTorch, XLA, ggml, vLLM or the NVIDIA driver)"
                 .into(),
         ),
-        pytorch: None,
-        missing_frames: None,
-        missing_events: None,
+        ..crate::InputReport::new(path, crate::InputKind::Log, crate::InputStatus::Unreadable)
     }
 }
 

@@ -2,28 +2,15 @@
 #![allow(dead_code)]
 
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd, ProcessInfo};
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
 
-#[allow(clippy::too_many_arguments)]
-pub fn ev(pid: u32, ts: u64, kind: EventKind, api: Api, addr: u64, size: u64, aux: u64, result: u32) -> Event {
-    Event {
-        seq: 0,
-        ts_ns: ts,
-        pid,
-        tid: pid,
-        kind: kind.code(),
-        api: api.code(),
-        caller: 0,
-        result,
-        device: 0,
-        addr,
-        size,
-        aux,
-        stream: 0,
-    }
+/// `e` (built by one of `Event`'s per-kind constructors) made by `pid`'s main thread at
+/// `ts`, on device 0.
+pub fn ev(pid: u32, ts: u64, e: Event) -> Event {
+    vramhook_testkit::events::made(e, pid, ts, 0)
 }
 
 pub fn header() -> CaptureHeader {
@@ -71,23 +58,14 @@ pub fn scenario() -> (Vec<u8>, Vec<u64>) {
     let t0 = 2_000_000_000u64;
     let ms = 1_000_000u64;
     let mut t = t0;
-    let mut evs = vec![ev(100, t, EventKind::MemInfo, Api::cuMemGetInfo_v2, 16 * GIB, 16 * GIB, 0, 0)];
+    let mut evs = vec![ev(100, t, Event::mem_info(16 * GIB, 16 * GIB))];
     // pid 200: a 4 GiB reservation with 8 × 512 MiB chunks, every other one unmapped later.
     t += ms;
-    evs.push(ev(200, t, EventKind::VmmReserve, Api::cuMemAddressReserve, 0x7000_0000_0000, 4 * GIB, 0, 0));
+    evs.push(ev(200, t, Event::vmm_reserve(0x7000_0000_0000, 4 * GIB, 0, 0)));
     for i in 0..8u64 {
         t += ms;
-        evs.push(ev(200, t, EventKind::VmmCreate, Api::cuMemCreate, 0, 512 * MIB, 0x900 + i, 0));
-        evs.push(ev(
-            200,
-            t,
-            EventKind::VmmMap,
-            Api::cuMemMap,
-            0x7000_0000_0000 + i * 512 * MIB,
-            512 * MIB,
-            0x900 + i,
-            0,
-        ));
+        evs.push(ev(200, t, Event::vmm_create(Api::cuMemCreate, 0x900 + i, 512 * MIB)));
+        evs.push(ev(200, t, Event::vmm_map(0x7000_0000_0000 + i * 512 * MIB, 512 * MIB, 0x900 + i, 0)));
     }
     frame(&mut w, &evs);
     offsets.push(w.bytes_written());
@@ -97,26 +75,17 @@ pub fn scenario() -> (Vec<u8>, Vec<u64>) {
     for i in 0..40u64 {
         t += 10 * ms;
         let a = 0x2000_0000_0000 + i * 128 * MIB;
-        evs.push(ev(100, t, EventKind::Alloc, Api::cuMemAlloc_v2, a, 100 * MIB, 0, 0));
+        evs.push(ev(100, t, Event::alloc(Api::cuMemAlloc_v2, a, 100 * MIB)));
         addrs.push(a);
         if i % 3 == 2 {
             t += ms;
-            evs.push(ev(100, t, EventKind::Free, Api::cuMemFree_v2, addrs[(i - 1) as usize], 0, 0, 0));
+            evs.push(ev(100, t, Event::free(Api::cuMemFree_v2, addrs[(i - 1) as usize])));
         }
         if i % 8 == 7 {
             let j = i / 8;
             t += ms;
-            evs.push(ev(
-                200,
-                t,
-                EventKind::VmmUnmap,
-                Api::cuMemUnmap,
-                0x7000_0000_0000 + (j * 2 + 1) * 512 * MIB,
-                512 * MIB,
-                0,
-                0,
-            ));
-            evs.push(ev(200, t, EventKind::VmmRelease, Api::cuMemRelease, 0, 0, 0x900 + j * 2 + 1, 0));
+            evs.push(ev(200, t, Event::vmm_unmap(0x7000_0000_0000 + (j * 2 + 1) * 512 * MIB, 512 * MIB)));
+            evs.push(ev(200, t, Event::vmm_release(0x900 + j * 2 + 1)));
         }
         if i % 10 == 9 {
             frame(&mut w, &evs);
@@ -126,11 +95,11 @@ pub fn scenario() -> (Vec<u8>, Vec<u64>) {
     }
     // The OOM: 200 GiB fails, the driver sample follows, two frees, the retry fails.
     t += 10 * ms;
-    evs.push(ev(100, t, EventKind::Alloc, Api::cuMemAlloc_v2, 0, 200 * GIB, 0, 2));
-    evs.push(ev(100, t + 1000, EventKind::MemInfo, Api::cuMemGetInfo_v2, 9 * GIB, 16 * GIB, 0, 0));
-    evs.push(ev(100, t + 2000, EventKind::Free, Api::cuMemFree_v2, addrs[0], 0, 0, 0));
-    evs.push(ev(100, t + 3000, EventKind::Free, Api::cuMemFree_v2, addrs[3], 0, 0, 0));
-    evs.push(ev(100, t + 4000, EventKind::Alloc, Api::cuMemAlloc_v2, 0, 200 * GIB, 0, 2));
+    evs.push(ev(100, t, Event::alloc(Api::cuMemAlloc_v2, 0, 200 * GIB).with_result(2)));
+    evs.push(ev(100, t + 1000, Event::mem_info(9 * GIB, 16 * GIB)));
+    evs.push(ev(100, t + 2000, Event::free(Api::cuMemFree_v2, addrs[0])));
+    evs.push(ev(100, t + 3000, Event::free(Api::cuMemFree_v2, addrs[3])));
+    evs.push(ev(100, t + 4000, Event::alloc(Api::cuMemAlloc_v2, 0, 200 * GIB).with_result(2)));
     frame(&mut w, &evs);
     offsets.push(w.bytes_written());
     t += 50 * ms;

@@ -6,52 +6,8 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
-}
-
-/// Builds the simulated driver once per test binary; a build failure fails loudly.
-pub fn sim_dir() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = repo_root().join("tests/simcuda");
-            let out = Command::new("make")
-                .arg("-s")
-                .arg("-C")
-                .arg(&dir)
-                .output()
-                .expect("cannot run make (is it installed?)");
-            assert!(
-                out.status.success(),
-                "building the simulated CUDA driver failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            dir.join("build")
-        })
-        .clone()
-}
-
-pub fn workload(name: &str) -> PathBuf {
-    sim_dir().join("workloads").join(name)
-}
-
-pub fn vramhook_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_vramhook"))
-}
-
-/// libvramhook.so from the same build as the binary under test.
-pub fn interposer() -> PathBuf {
-    let lib = vramhook_bin().parent().expect("bin dir").join("libvramhook.so");
-    assert!(
-        lib.is_file(),
-        "MISSING {}: these tests need the interposer built in the same profile; run `cargo build --workspace` (scripts/test.sh does)",
-        lib.display()
-    );
-    lib
-}
+pub use vramhook_testkit::{interposer, vramhook_bin, workload};
 
 pub struct Traced {
     pub dir: tempfile::TempDir,

@@ -2,15 +2,15 @@
 //! more than their size (memory, time, stack), written straight to disk a piece at a time
 //! (so that the process that makes them stays small: a child forked from it starts with
 //! its memory, and the peak memory measured for the child would include it). Shared by
-//! `tests/hostile_files.rs` (bounds in counts and peak memory) and the `hostile_bench`
-//! example (times, never asserted).
+//! `tests/hostile_files.rs` (bounds in counts and peak memory) and the `hostile` benchmark
+//! (times, never asserted).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::{Command, Output};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd, ProcessInfo};
-use vramhook_protocol::record::{Api, Event, EventKind, CUDA_ERROR_OUT_OF_MEMORY};
+use vramhook_protocol::record::{Api, Event, CUDA_ERROR_OUT_OF_MEMORY};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -50,33 +50,21 @@ pub fn write_capture(path: &Path, n: u64, event: impl Fn(u64) -> Event) -> u64 {
     size + 32
 }
 
+/// `e` made by `pid`'s main thread at `ts` (also its sequence number) on `device`.
+pub fn made(e: Event, pid: u32, ts: u64, device: i16) -> Event {
+    e.by(pid, pid).at(ts).with_seq(ts).on_device(device)
+}
+
 pub fn alloc(pid: u32, ts: u64, device: i16, addr: u64, size: u64) -> Event {
-    Event {
-        seq: ts,
-        ts_ns: ts,
-        pid,
-        tid: pid,
-        kind: EventKind::Alloc.code(),
-        api: Api::cuMemAlloc_v2.code(),
-        device,
-        addr,
-        size,
-        ..Event::default()
-    }
+    made(Event::alloc(Api::cuMemAlloc_v2, addr, size), pid, ts, device)
 }
 
 pub fn oom(pid: u32, ts: u64, device: i16, size: u64) -> Event {
-    Event { result: CUDA_ERROR_OUT_OF_MEMORY, addr: 0, ..alloc(pid, ts, device, 0, size) }
+    made(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), pid, ts, device)
 }
 
 pub fn meminfo(pid: u32, ts: u64, device: i16, free: u64, total: u64) -> Event {
-    Event {
-        kind: EventKind::MemInfo.code(),
-        api: Api::cuMemGetInfo_v2.code(),
-        addr: free,
-        size: total,
-        ..alloc(pid, ts, device, 0, 0)
-    }
+    made(Event::mem_info(free, total), pid, ts, device)
 }
 
 /// `n` OOM failures of one process, each followed by the device sample the interposer
@@ -104,7 +92,7 @@ pub fn many_processes_exiting(path: &Path, n: u64) -> u64 {
         if i % 2 == 0 {
             alloc(pid, ts, 0, 0x7000_0000_0000 + i * 4096, 4096)
         } else {
-            Event { kind: EventKind::ProcessExit.code(), api: Api::Interposer.code(), ..alloc(pid, ts, 0, 0, 0) }
+            made(Event::process_exit(), pid, ts, 0)
         }
     })
 }
@@ -300,14 +288,7 @@ pub fn nested_tuples(path: &Path, depth: usize) -> u64 {
 /// A `Dropped` marker as the agent writes them: `size` events lost, `aux` of them slots
 /// (lost in flight, or skipped by a restarted reader).
 pub fn dropped(pid: u32, ts: u64, size: u64, aux: u64) -> Event {
-    Event {
-        kind: EventKind::Dropped.code(),
-        api: Api::Interposer.code(),
-        device: -1,
-        size,
-        aux,
-        ..alloc(pid, ts, -1, 0, 0)
-    }
+    made(Event::dropped(size, aux), pid, ts, -1)
 }
 
 /// A process-end frame payload helper: a capture of one process that restarted its reader.

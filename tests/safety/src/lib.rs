@@ -9,71 +9,11 @@ pub mod files_kit;
 pub mod load_kit;
 pub mod ring_kit;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
-}
-
-/// The profile directory this test binary was built into (target/<profile>).
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test>-<hash>
-    exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf()
-}
-
-fn built(name: &str) -> PathBuf {
-    let path = profile_dir().join(name);
-    assert!(
-        path.is_file(),
-        "MISSING {}: the safety suite needs the workspace built in the same profile; run `cargo build --workspace` (scripts/test.sh does)",
-        path.display()
-    );
-    path
-}
-
-/// The `vramhook` binary of the same build.
-pub fn vramhook_bin() -> PathBuf {
-    built("vramhook")
-}
-
-/// `libvramhook.so` of the same build.
-pub fn interposer() -> PathBuf {
-    built("libvramhook.so")
-}
-
-/// Builds the simulated CUDA driver (once per test binary) and returns its build dir.
-pub fn sim_dir() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = repo_root().join("tests/simcuda");
-            let out = Command::new("make").arg("-s").arg("-C").arg(&dir).output().expect("cannot run make");
-            assert!(
-                out.status.success(),
-                "building the simulated driver failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            dir.join("build")
-        })
-        .clone()
-}
-
-pub fn workload(name: &str) -> PathBuf {
-    sim_dir().join("workloads").join(name)
-}
-
-/// A command for a simulated-driver workload, traced with `LD_PRELOAD` into `ring_dir`.
-pub fn traced_workload(name: &str, ring_dir: &Path) -> Command {
-    let sim = sim_dir();
-    let mut cmd = Command::new(workload(name));
-    cmd.env("LD_LIBRARY_PATH", &sim)
-        .env("LD_PRELOAD", interposer())
-        .env("VRAMHOOK_DIR", ring_dir)
-        .env_remove("VRAMHOOK_RUN_ID");
-    cmd
-}
+// Where the built binaries and the simulated driver are: shared with every crate's tests.
+pub use vramhook_testkit::{interposer, profile_dir, repo_root, sim_dir, traced_workload, vramhook_bin, workload};
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -57,8 +57,8 @@ pub fn captured(files: &[std::path::PathBuf]) -> BTreeMap<u32, Captured> {
                 let c = out.entry(e.pid).or_default();
                 match e.kind() {
                     Some(EventKind::Dropped) => {
-                        c.dropped += e.size;
-                        c.markers.push((e.size, e.aux));
+                        c.dropped += e.dropped_count();
+                        c.markers.push((e.dropped_count(), e.lost_in_flight()));
                     }
                     Some(EventKind::ProcessStart | EventKind::ProcessExit) => {
                         c.frames += 1;

@@ -5,15 +5,14 @@
 
 use crate::{as_uid, vramhook_bin, HOSTILE_UID};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 use vramhook_protocol::ring::{ring_file_size_lanes, RingHeader, RingInit, RingWriter};
+use vramhook_testkit::{http_get, spawn_agent, StderrLog};
 
 /// A ring file mapped read-write by the test, written through the protocol's writer.
 pub struct RingFile {
@@ -106,21 +105,12 @@ impl Drop for RingFile {
 
 /// An allocation event of `pid`.
 pub fn alloc(pid: u32, addr: u64, size: u64) -> Event {
-    Event {
-        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-        pid,
-        tid: pid,
-        kind: EventKind::Alloc.code(),
-        api: Api::cuMemAlloc_v2.code(),
-        addr,
-        size,
-        ..Event::default()
-    }
+    Event::alloc(Api::cuMemAlloc_v2, addr, size).by(pid, pid).at(vramhook_protocol::clock::monotonic_ns()).on_device(0)
 }
 
 /// A failed allocation (CUDA_ERROR_OUT_OF_MEMORY) of `size` by `pid`.
 pub fn oom(pid: u32, size: u64) -> Event {
-    Event { result: 2, addr: 0, ..alloc(pid, 0, size) }
+    alloc(pid, 0, size).with_result(vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// Start time (clock ticks since boot) of a running process.
@@ -193,7 +183,7 @@ impl UserDir {
 pub struct Agent {
     pub child: Child,
     pub addr: SocketAddr,
-    log: Arc<Mutex<String>>,
+    log: StderrLog,
 }
 
 impl Agent {
@@ -202,36 +192,10 @@ impl Agent {
     /// older build).
     pub fn start(ring_dir: &Path, args: &[&str]) -> Agent {
         let bin = std::env::var_os("VRAMHOOK_SAFETY_AGENT_BIN").map(PathBuf::from).unwrap_or_else(vramhook_bin);
-        let mut child = Command::new(bin)
-            .arg("agent")
-            .arg("--ring-dir")
-            .arg(ring_dir)
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start vramhook agent");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("vramhook agent: listening on ") {
-                    let _ = tx.send(a.trim().to_string());
-                }
-                if let Ok(mut l) = log2.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
-            panic!("agent did not start listening: {}", log.lock().map(|l| l.clone()).unwrap_or_default())
-        });
-        Agent { child, addr: addr.parse().expect("addr"), log }
+        let mut cmd = Command::new(bin);
+        cmd.arg("agent").arg("--ring-dir").arg(ring_dir).args(args).stdin(Stdio::null());
+        let (child, log, addr) = spawn_agent(cmd, Duration::from_secs(60));
+        Agent { child, addr, log }
     }
 
     pub fn pid(&self) -> u32 {
@@ -240,7 +204,7 @@ impl Agent {
 
     /// GET `path`; `Err` when the agent does not answer.
     pub fn get(&self, path: &str) -> Result<String, String> {
-        http_get(&self.addr, path)
+        http_get(self.addr, path)
     }
 
     pub fn state(&self) -> Value {
@@ -253,7 +217,7 @@ impl Agent {
     }
 
     pub fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        self.log.text()
     }
 
     /// The agent's exit status if it is no longer running.
@@ -316,37 +280,6 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn dechunk(mut body: &str) -> Result<String, String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = body.split_once("\r\n").ok_or("bad chunk header")?;
-        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).map_err(|e| e.to_string())?;
-        if size == 0 {
-            return Ok(out);
-        }
-        out.push_str(rest.get(..size).ok_or("short chunk")?);
-        body = rest.get(size + 2..).ok_or("short chunk")?;
-    }
-}
-
-/// The body of `GET path` from an HTTP server on `addr` (status 200 only).
-pub fn http_get(addr: &std::net::SocketAddr, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("no header end")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(head.to_string());
-    }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return dechunk(body);
-    }
-    Ok(body.to_string())
 }
 
 /// The process `pid` in an agent state, if the model knows it.

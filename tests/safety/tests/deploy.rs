@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use vramhook_safety_tests::ring_kit::{http_get, process};
+use vramhook_safety_tests::ring_kit::process;
 use vramhook_safety_tests::{as_uid, not_run, profile_dir, repo_root, require_root, sim_dir, workload};
+use vramhook_testkit::http_get;
 
 /// The units with `ExecStart` pointing at the built binary (verify checks that it exists).
 fn units_with_built_binary(dir: &Path) -> Vec<PathBuf> {
@@ -198,7 +199,7 @@ fn agent_image_tree_runs_the_agent_as_its_non_root_user() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut seen = None;
     while std::time::Instant::now() < deadline {
-        if let Ok(body) = http_get(&state_addr, "/api/v1/state") {
+        if let Ok(body) = http_get(state_addr, "/api/v1/state") {
             if let Ok(state) = serde_json::from_str::<serde_json::Value>(&body) {
                 if let Some(p) = process(&state, pid) {
                     if p["peak_bytes"].as_u64().unwrap_or(0) > 0 && p["alive"] == false {

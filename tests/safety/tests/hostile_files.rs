@@ -1,7 +1,7 @@
 //! Hostile files for `vramhook analyze` (issue 9): each is generated here, analysed by the
 //! real binary, and its cost is asserted in counts (items kept ≤ the limit, the rest
 //! reported as folded) and in the child's peak memory (`wait4`'s `ru_maxrss`), never in
-//! wall time (`cargo run --release -p vramhook-safety-tests --example hostile_bench` times
+//! wall time (`cargo bench -p vramhook-safety-tests --bench hostile` times
 //! them). Also: pipes and FIFOs, six bytes that are not a capture, frames deleted whole,
 //! and the agent-restart losses counted once.
 

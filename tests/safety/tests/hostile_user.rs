@@ -33,15 +33,23 @@ fn as_hostile(dir: &Path, script: &str) {
     assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// As root: a ring directory of the hostile user (tagged `tag`) and a live process of
+/// that user to name; otherwise `None` (the test is reported not run).
+fn hostile_user(test: &str, tag: &str) -> Option<(UserDir, Sleeper)> {
+    if !require_root(test) {
+        return None;
+    }
+    Some((UserDir::new(tag), Sleeper::start()))
+}
+
 /// Events of a verified ring that name pid 1, and a ring named after pid 1 with its start
 /// time off by one: neither makes pid 1 appear, hold memory or have an OOM.
 #[test]
 fn events_naming_another_pid_are_refused_and_pid_1_never_appears() {
-    if !require_root("events_naming_another_pid_are_refused_and_pid_1_never_appears") {
+    let Some((user, me)) = hostile_user("events_naming_another_pid_are_refused_and_pid_1_never_appears", "forge")
+    else {
         return;
-    }
-    let user = UserDir::new("forge");
-    let me = Sleeper::start();
+    };
     // The user's own, valid ring: its writer is verified (alive, /proc owned by the user),
     // but two of its events claim to be pid 1's: 1 TiB live and an OOM.
     let own = RingFile::create(&user.dir, me.pid, me.start, HOSTILE_UID, 64);
@@ -77,11 +85,9 @@ fn events_naming_another_pid_are_refused_and_pid_1_never_appears() {
 /// with a line and lives on (it died of SIGBUS, exit 135).
 #[test]
 fn a_ring_cut_while_mapped_is_closed_and_the_agent_lives() {
-    if !require_root("a_ring_cut_while_mapped_is_closed_and_the_agent_lives") {
+    let Some((user, me)) = hostile_user("a_ring_cut_while_mapped_is_closed_and_the_agent_lives", "cut") else {
         return;
-    }
-    let user = UserDir::new("cut");
-    let me = Sleeper::start();
+    };
     let ring = RingFile::create(&user.dir, me.pid, me.start, HOSTILE_UID, 1 << 12);
     ring.push(alloc(me.pid, 0x1000, 4096));
     let path = ring.path.clone();
@@ -106,11 +112,10 @@ fn a_ring_cut_while_mapped_is_closed_and_the_agent_lives() {
 /// A FIFO named like a ring: the agent neither blocks on it nor ignores SIGTERM.
 #[test]
 fn a_fifo_named_like_a_ring_neither_blocks_the_agent_nor_its_stop() {
-    if !require_root("a_fifo_named_like_a_ring_neither_blocks_the_agent_nor_its_stop") {
+    let Some((user, me)) = hostile_user("a_fifo_named_like_a_ring_neither_blocks_the_agent_nor_its_stop", "fifo")
+    else {
         return;
-    }
-    let user = UserDir::new("fifo");
-    let me = Sleeper::start();
+    };
     let fifo = format!("{}-{}-0.ring", me.pid, me.start);
     as_hostile(&user.dir, &format!("mkfifo -m 600 {fifo}"));
     // A valid ring scanned after the FIFO (higher pid), of a process that is gone.
@@ -166,11 +171,10 @@ fn a_swapped_directory_never_makes_the_agent_touch_files_outside_it() {
 /// size before it is mapped; one under the size bound costs bounded work per poll.
 #[test]
 fn a_sparse_gigabyte_ring_is_refused_and_a_sparse_ring_costs_little() {
-    if !require_root("a_sparse_gigabyte_ring_is_refused_and_a_sparse_ring_costs_little") {
+    let Some((user, me)) = hostile_user("a_sparse_gigabyte_ring_is_refused_and_a_sparse_ring_costs_little", "sparse")
+    else {
         return;
-    }
-    let user = UserDir::new("sparse");
-    let me = Sleeper::start();
+    };
     let big = RingFile::create(&user.dir, me.pid, me.start, HOSTILE_UID, 1 << 24); // 1 GiB
     big.set_write_pos(1 << 24);
     let big_path = big.path.clone();

@@ -17,6 +17,23 @@ const ITERS: usize = 100;
 /// the drop path is exercised along with the delivery path.
 const SLOTS: &str = "1024";
 
+/// Stops the agent with SIGTERM (it must exit 0), then checks every process of the ground
+/// truth in `truth` against the capture files in `captures`: (issued, delivered, dropped).
+fn stop_and_check(
+    agent: &mut Agent,
+    truth: &std::path::Path,
+    captures: &std::path::Path,
+    procs: usize,
+    what: &str,
+) -> (u64, u64, u64) {
+    let exit = agent.terminate(Duration::from_secs(120)).expect("the agent stops on SIGTERM");
+    assert_eq!(exit.code(), Some(0), "SIGTERM: a clean stop\n{}", agent.log());
+    let truth = load_kit::truth_calls(truth);
+    assert_eq!(truth.len(), procs);
+    let got = load_kit::captured(&load_kit::capture_files(captures));
+    load_kit::assert_exact(&truth, &got, what)
+}
+
 #[test]
 fn sixty_four_processes_of_sixteen_threads_under_run_account_exactly() {
     let rings = load_kit::ring_dir("run64");
@@ -65,12 +82,7 @@ fn sixty_four_processes_of_sixteen_threads_under_the_agent_account_exactly() {
     agent.wait_state(Duration::from_secs(300), "every ring drained and closed", |s| {
         s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"].as_u64().unwrap_or(0) >= PROCS as u64
     });
-    let exit = agent.terminate(Duration::from_secs(120)).expect("the agent stops on SIGTERM");
-    assert_eq!(exit.code(), Some(0), "SIGTERM: a clean stop\n{}", agent.log());
-    let truth = load_kit::truth_calls(&truth);
-    assert_eq!(truth.len(), PROCS);
-    let got = load_kit::captured(&load_kit::capture_files(&captures));
-    let (issued, delivered, dropped) = load_kit::assert_exact(&truth, &got, "agent");
+    let (issued, delivered, dropped) = stop_and_check(&mut agent, &truth, &captures, PROCS, "agent");
     eprintln!("agent: {PROCS} processes x {THREADS} threads: {issued} calls, {delivered} delivered, {dropped} dropped");
 }
 
@@ -117,13 +129,9 @@ fn agent_sigkill_and_restart_under_load_loses_nothing() {
     });
     let stats = second.state()["agent"].clone();
     eprintln!("last agent's stats before stopping: {stats}");
-    let exit = second.terminate(Duration::from_secs(120)).expect("the agent stops on SIGTERM");
-    assert_eq!(exit.code(), Some(0), "{}", second.log());
-    let truth = load_kit::truth_calls(&truth);
-    assert_eq!(truth.len(), procs);
-    let got = load_kit::captured(&load_kit::capture_files(&captures));
-    let (issued, delivered, dropped) = load_kit::assert_exact(&truth, &got, "agent killed and restarted");
-    for (pid, c) in &got {
+    let (issued, delivered, dropped) =
+        stop_and_check(&mut second, &truth, &captures, procs, "agent killed and restarted");
+    for (pid, c) in &load_kit::captured(&load_kit::capture_files(&captures)) {
         let slots_lost: u64 = c.markers.iter().map(|(_, aux)| aux).sum();
         assert_eq!(slots_lost, 0, "pid {pid}: events that reached its ring were lost to a restart: {:?}", c.markers);
     }

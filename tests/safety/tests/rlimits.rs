@@ -6,17 +6,24 @@ use vramhook_safety_tests::{not_run, require_root, traced_workload};
 
 const WORKLOAD: &str = "torch_caching";
 
-/// `ulimit -f 1024` (1 MiB): the ring shrinks to fit instead of SIGXFSZ killing the
-/// program when the 4 MiB ring file was sized.
-#[test]
-fn ulimit_f_shrinks_the_ring_instead_of_killing_the_program() {
+/// The workload traced into a private ring directory under a file-size limit of `bytes`;
+/// it must end as the untraced run does. Returns the directory (and what keeps it).
+fn run_with_file_size_limit(bytes: u64, what: &str) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = private_dir(tmp.path(), "rings", 0o700);
     let expected = untraced(WORKLOAD);
     let mut cmd = traced_workload(WORKLOAD, &dir);
-    limit_file_size(&mut cmd, 1 << 20);
+    limit_file_size(&mut cmd, bytes);
     let out = cmd.output().expect("run");
-    assert_same_as_untraced(&out, &expected, "ulimit -f 1024");
+    assert_same_as_untraced(&out, &expected, what);
+    (tmp, dir, out)
+}
+
+/// `ulimit -f 1024` (1 MiB): the ring shrinks to fit instead of SIGXFSZ killing the
+/// program when the 4 MiB ring file was sized.
+#[test]
+fn ulimit_f_shrinks_the_ring_instead_of_killing_the_program() {
+    let (_tmp, dir, _out) = run_with_file_size_limit(1 << 20, "ulimit -f 1024");
     let rings = rings(&dir);
     assert_eq!(rings.len(), 1, "{:?}", names(&dir));
     let size = std::fs::metadata(&rings[0]).expect("ring").len();
@@ -28,13 +35,7 @@ fn ulimit_f_shrinks_the_ring_instead_of_killing_the_program() {
 /// with one line instead of dying of SIGXFSZ.
 #[test]
 fn ulimit_f_below_the_smallest_ring_runs_untraced_with_one_line() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = private_dir(tmp.path(), "rings", 0o700);
-    let expected = untraced(WORKLOAD);
-    let mut cmd = traced_workload(WORKLOAD, &dir);
-    limit_file_size(&mut cmd, 16 << 10);
-    let out = cmd.output().expect("run");
-    assert_same_as_untraced(&out, &expected, "ulimit -f 16");
+    let (_tmp, dir, out) = run_with_file_size_limit(16 << 10, "ulimit -f 16");
     let lines = vramhook_lines(&out);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("ulimit -f"), "the line names the limit: {lines:?}");

@@ -11,15 +11,35 @@ fn ring_dir_on(fs: &Path) -> std::path::PathBuf {
     private_dir(fs, "rings", 0o700)
 }
 
+/// As root: a tmpfs of `bytes` with a ring directory on it; otherwise `None` (the test is
+/// reported not run).
+fn rings_on_tmpfs(test: &str, bytes: u64) -> Option<(Tmpfs, std::path::PathBuf)> {
+    if !require_root(test) {
+        return None;
+    }
+    let fs = Tmpfs::mount(bytes).expect("tmpfs");
+    let dir = ring_dir_on(fs.path());
+    Some((fs, dir))
+}
+
+/// One traced run into a fresh private ring directory: the run succeeds and leaves one
+/// ring. Returns the directory (and what keeps it) and the ring.
+fn one_traced_ring(what: &str) -> (tempfile::TempDir, std::path::PathBuf, Vec<std::path::PathBuf>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = private_dir(tmp.path(), "rings", 0o700);
+    assert!(traced_workload(WORKLOAD, &dir).status().expect(what).success());
+    let found = rings(&dir);
+    assert_eq!(found.len(), 1);
+    (tmp, dir, found)
+}
+
 /// A 256 KiB tmpfs as the ring directory's file system: every one of 12 runs ends as the
 /// untraced run does (before the fix, runs died of SIGBUS writing to unbacked ring pages).
 #[test]
 fn a_tiny_shm_never_kills_the_traced_program() {
-    if !require_root("a_tiny_shm_never_kills_the_traced_program") {
+    let Some((_fs, dir)) = rings_on_tmpfs("a_tiny_shm_never_kills_the_traced_program", 256 << 10) else {
         return;
-    }
-    let fs = Tmpfs::mount(256 << 10).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     let expected = untraced(WORKLOAD);
     for run in 0..12 {
         let out = traced_workload(WORKLOAD, &dir).output().expect("run");
@@ -33,11 +53,9 @@ fn a_tiny_shm_never_kills_the_traced_program() {
 /// with exactly one line and leaves no file behind.
 #[test]
 fn a_full_shm_runs_untraced_with_one_line_and_no_file() {
-    if !require_root("a_full_shm_runs_untraced_with_one_line_and_no_file") {
+    let Some((fs, dir)) = rings_on_tmpfs("a_full_shm_runs_untraced_with_one_line_and_no_file", 4 << 20) else {
         return;
-    }
-    let fs = Tmpfs::mount(4 << 20).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     fs.fill_leaving(0);
     let expected = untraced(WORKLOAD);
     let out = traced_workload(WORKLOAD, &dir).output().expect("run");
@@ -52,11 +70,9 @@ fn a_full_shm_runs_untraced_with_one_line_and_no_file() {
 /// before), and still records.
 #[test]
 fn a_new_ring_takes_at_most_a_tenth_of_the_free_space() {
-    if !require_root("a_new_ring_takes_at_most_a_tenth_of_the_free_space") {
+    let Some((_fs, dir)) = rings_on_tmpfs("a_new_ring_takes_at_most_a_tenth_of_the_free_space", 16 << 20) else {
         return;
-    }
-    let fs = Tmpfs::mount(16 << 20).expect("tmpfs");
-    let dir = ring_dir_on(fs.path());
+    };
     let free = free_bytes(&dir);
     let expected = untraced(WORKLOAD);
     let out = traced_workload(WORKLOAD, &dir).output().expect("run");
@@ -102,11 +118,7 @@ fn the_next_traced_process_removes_drained_rings_of_gone_processes() {
 /// is counted where `vramhook gc` reports it.
 #[test]
 fn undrained_rings_past_the_age_budget_are_removed_and_counted() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = private_dir(tmp.path(), "rings", 0o700);
-    assert!(traced_workload(WORKLOAD, &dir).status().expect("run 1").success());
-    let r1 = rings(&dir);
-    assert_eq!(r1.len(), 1);
+    let (_tmp, dir, r1) = one_traced_ring("run 1");
     assert!(pending(&r1[0]) > 0);
     let bytes = std::fs::metadata(&r1[0]).expect("ring").len();
     set_gone_since(&r1[0], 25 * 3600);
@@ -164,11 +176,7 @@ fn gc_applies_the_space_budget_oldest_first_and_dry_run_removes_nothing() {
 /// removes, when it starts, drained rings of gone processes it finds there.
 #[test]
 fn vramhook_run_leaves_nothing_in_the_ring_directory() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = private_dir(tmp.path(), "rings", 0o700);
-    assert!(traced_workload(WORKLOAD, &dir).status().expect("plain traced run").success());
-    let old = rings(&dir);
-    assert_eq!(old.len(), 1);
+    let (_tmp, dir, old) = one_traced_ring("plain traced run");
     mark_drained(&old[0]);
     let out = std::process::Command::new(vramhook_safety_tests::vramhook_bin())
         .arg("run")

@@ -13,13 +13,13 @@
 //!
 //! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range).
 
-use crate::pickle::{self, Value};
-use crate::report::{InputReport, PytorchTotals};
+use crate::input::pickle::{self, Value};
+use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals};
 use crate::{AnalyzeError, Replayer};
 use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::Block;
 use vramhook_protocol::capture::ProcessInfo;
-use vramhook_protocol::record::{Api, Event, EventKind, CUDA_ERROR_OUT_OF_MEMORY};
+use vramhook_protocol::record::{Api, Event, CUDA_ERROR_OUT_OF_MEMORY};
 
 /// Largest snapshot file read.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -72,25 +72,10 @@ struct Importer<'r> {
 }
 
 impl Importer<'_> {
-    #[allow(clippy::too_many_arguments)]
-    fn emit(&mut self, kind: EventKind, api: Api, device: i16, addr: u64, size: u64, result: u32, ts: u64) {
+    /// Replays `ev` (built by one of `Event`'s constructors) as this process's next event.
+    fn emit(&mut self, ev: Event, device: i16, ts: u64) {
         self.seq += 1;
-        let ev = Event {
-            seq: self.seq,
-            ts_ns: ts,
-            pid: self.pid,
-            tid: self.pid,
-            kind: kind.code(),
-            api: api.code(),
-            caller: 0,
-            result,
-            device,
-            addr,
-            size,
-            aux: 0,
-            stream: 0,
-        };
-        self.r.event(&ev);
+        self.r.event(&ev.by(self.pid, self.pid).at(ts).with_seq(self.seq).on_device(device));
     }
 
     /// The segment holding `addr`, marked changed.
@@ -249,7 +234,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         if *size == 0 || !imp.add_seg(*base, *d, *size) {
             continue;
         }
-        imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, *base, *size, 0, t_start);
+        imp.emit(Event::alloc(Api::cuMemAlloc_v2, *base, *size), *d, t_start);
     }
     let mut allocated_seen: BTreeSet<u64> = BTreeSet::new();
     for (_, _, e) in &trace {
@@ -282,12 +267,12 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 if size > 0 && !imp.live.contains_key(&addr) && imp.add_seg(addr, *d, size) =>
             {
                 imp.dirty.remove(&addr);
-                imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, addr, size, 0, ts);
+                imp.emit(Event::alloc(Api::cuMemAlloc_v2, addr, size), *d, ts);
                 imp.r.framework_segment(pid, *d, addr, size, &[], ts);
             }
             "segment_free" | "segment_unmap" if imp.remove_seg(addr).is_some() => {
                 imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
-                imp.emit(EventKind::Free, Api::cuMemFree_v2, *d, addr, 0, 0, ts);
+                imp.emit(Event::free(Api::cuMemFree_v2, addr), *d, ts);
             }
             "alloc" => {
                 if let Some(seg) = imp.seg_of(addr) {
@@ -303,9 +288,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
                 let reserved = imp.reserved.get(d).copied().unwrap_or(0);
-                imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, *d, 0, size, CUDA_ERROR_OUT_OF_MEMORY, ts);
+                imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
                 // The sample PyTorch took: free bytes; the total is not in the snapshot.
-                imp.emit(EventKind::MemInfo, Api::cuMemGetInfo_v2, *d, free, free.saturating_add(reserved), 0, ts);
+                imp.emit(Event::mem_info(free, free.saturating_add(reserved)), *d, ts);
             }
             _ => {}
         }
@@ -319,7 +304,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     for (b, d) in gone {
         imp.remove_seg(b);
         imp.r.framework_segment(pid, d, b, 0, &[], t_end);
-        imp.emit(EventKind::Free, Api::cuMemFree_v2, d, b, 0, 0, t_end);
+        imp.emit(Event::free(Api::cuMemFree_v2, b), d, t_end);
     }
     let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
     for s in &segments {
@@ -332,7 +317,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             if !imp.add_seg(base, d, size) {
                 continue; // folded
             }
-            imp.emit(EventKind::Alloc, Api::cuMemAlloc_v2, d, base, size, 0, t_end);
+            imp.emit(Event::alloc(Api::cuMemAlloc_v2, base, size), d, t_end);
         }
         if !imp.live.contains_key(&base) {
             continue;
@@ -359,23 +344,11 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
     r.sample(r.last_ts);
     r.inputs.push(InputReport {
-        path: path.to_string(),
-        kind: "pytorch_snapshot".into(),
-        status: "complete".into(),
-        host: None,
-        format_version: None,
         wall_start_ns: wall_start,
         bytes_read: bytes.len() as u64,
-        frames: 0,
         events: entries,
-        truncated_at: None,
-        corrupt_frames: Vec::new(),
-        corrupt_frames_unlisted: 0,
-        unknown_frames: 0,
-        error: None,
         pytorch: Some(totals),
-        missing_frames: None,
-        missing_events: None,
+        ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
     });
     drop(parsed);
     Ok(())

@@ -1,4 +1,4 @@
-//! Agent benchmarks (run with `cargo run --release -p vramhook-agent --example bench_agent`,
+//! Agent benchmarks (run with `cargo bench -p vramhook-agent --bench agent`,
 //! or `scripts/bench.sh`):
 //!
 //! 1. ingest: events drained from a ring and applied to the model per second, on one core
@@ -20,65 +20,25 @@ use vramhook_agent::rings::{RingFilter, RingSource, SourceItem};
 use vramhook_agent::AgentConfig;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
-
-fn start_time(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
-    after.split(' ').nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
-}
+use vramhook_protocol::ring::RingWriter;
 
 /// A ring file for `pid`, mapped; the mapping is leaked on purpose (lives to exit).
 fn make_ring(dir: &Path, pid: u32, capacity: u64) -> RingWriter {
-    use std::os::unix::io::AsRawFd;
-    let start = start_time(pid);
-    let path = dir.join(format!("{pid}-{start}-0.ring"));
-    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("ring file");
-    let len = ring_file_size(capacity);
-    file.set_len(len as u64).expect("size");
-    // SAFETY: a fresh shared mapping of the file we just sized.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
-    assert!(base != libc::MAP_FAILED, "mmap");
-    let init = RingInit {
-        capacity,
-        pid,
-        ppid: std::process::id(),
-        // SAFETY: no preconditions.
-        uid: unsafe { libc::geteuid() },
-        start_time: start,
-        run_id: 0,
-        clock_source: 0,
-        tsc_anchor: 0,
-        mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
-        wall_anchor_ns: vramhook_protocol::clock::wall_ns(),
-    };
     let mut meta = vec![0u8; 64];
     let n = vramhook_protocol::ring::encode_meta(b"/bin/bench", b"bench\0", &mut meta);
     meta.truncate(n);
-    // SAFETY: the mapping is `len` bytes, writable, and never unmapped.
-    unsafe { RingWriter::init(base as *mut u8, &init, &meta) }
+    vramhook_testkit::ring_file(dir, pid, capacity, &meta).0
 }
 
 fn event(pid: u32, i: u64) -> vramhook_protocol::record::RawRecord {
     // Alternating alloc/free of the same address: a steady live set.
     let addr = 0x7f00_0000_0000 + (i / 2 % 4096) * 0x10_0000;
-    let (kind, api) =
-        if i.is_multiple_of(2) { (EventKind::Alloc, Api::cuMemAlloc_v2) } else { (EventKind::Free, Api::cuMemFree_v2) };
-    Event {
-        seq: 0,
-        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-        pid,
-        tid: pid,
-        kind: kind.code(),
-        api: api.code(),
-        device: 0,
-        addr,
-        size: if i.is_multiple_of(2) { 1 << 20 } else { 0 },
-        ..Event::default()
-    }
-    .to_raw()
+    let ev = if i.is_multiple_of(2) {
+        Event::alloc(Api::cuMemAlloc_v2, addr, 1 << 20)
+    } else {
+        Event::free(Api::cuMemFree_v2, addr)
+    };
+    ev.by(pid, pid).at(vramhook_protocol::clock::monotonic_ns()).on_device(0).to_raw()
 }
 
 fn sleeper(secs: u32) -> std::process::Child {
@@ -153,6 +113,17 @@ fn bench_ingest() -> f64 {
     N as f64 / cpu.max(1e-9)
 }
 
+/// Stops the agent, ends the processes that held the rings, and removes the ring directory.
+fn stop_all(agent: (Arc<AtomicBool>, std::thread::JoinHandle<()>), children: Vec<std::process::Child>, dir: &Path) {
+    agent.0.store(true, Ordering::Relaxed);
+    let _ = agent.1.join();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 fn run_agent(dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let stop = Arc::new(AtomicBool::new(false));
     let cfg = AgentConfig {
@@ -195,13 +166,7 @@ fn bench_steady_cpu() -> f64 {
     }
     let wall = t0.elapsed().as_secs_f64();
     let agent_cpu = (process_cpu() - cpu0).saturating_sub(thread_cpu() - writer_cpu0).as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = join.join();
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    stop_all((stop, join), children, &dir);
     println!("steady: {i} events in {wall:.2} s ({:.0}/s); agent CPU {agent_cpu:.3} s", i as f64 / wall);
     100.0 * agent_cpu / wall
 }
@@ -228,13 +193,7 @@ fn bench_rss_64() -> (u64, u64, u64) {
     std::thread::sleep(Duration::from_secs(3));
     let rss = status_kib("VmRSS:");
     let anon = status_kib("RssAnon:");
-    stop.store(true, Ordering::Relaxed);
-    let _ = join.join();
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    stop_all((stop, join), children, &dir);
     (rss, anon, anon.saturating_sub(before))
 }
 

@@ -1,6 +1,6 @@
 //! Replay speed, side by side with a raw read of the same file.
 //!
-//!     cargo run --release -p vramhook-analyzer --example bench_replay -- \
+//!     cargo bench -p vramhook-analyzer --bench replay -- \
 //!         [--events N] [--dir DIR] [--keep] [--file CAPTURE] [--rounds R]
 //!
 //! Writes a synthetic capture of N alloc/free events (default 20,000,000: about 1.3 GB; check
@@ -17,7 +17,7 @@ use std::time::Instant;
 use vramhook_analyzer::{analyze, Options};
 use vramhook_protocol::capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessInfo};
 use vramhook_protocol::mapped::Mapped;
-use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_protocol::record::{Api, Event};
 
 #[path = "../tests/common/rss.rs"]
 mod rss;
@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--keep" => keep = true,
             "--rounds" => rounds = args.next().ok_or("--rounds N")?.parse::<usize>()?.max(1),
             "--file" => given = Some(args.next().ok_or("--file CAPTURE")?.into()),
+            "--bench" => {} // what `cargo bench` passes
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -161,7 +162,6 @@ fn generate(path: &std::path::Path, events: u64) -> Result<std::path::PathBuf, B
     let mut live = vec![0u64; SLOTS as usize];
     let mut chunk: Vec<Event> = Vec::with_capacity(65_536);
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let base = Event { pid: 4242, tid: 4242, device: 0, ..Event::default() };
     for i in 0..events {
         x ^= x << 13;
         x ^= x >> 7;
@@ -169,25 +169,18 @@ fn generate(path: &std::path::Path, events: u64) -> Result<std::path::PathBuf, B
         let slot = (x % SLOTS) as usize;
         let ts = 1_000_000_000 + i * 50;
         let ev = if i % 100_000 == 0 {
-            Event {
-                ts_ns: ts,
-                kind: EventKind::MemInfo.code(),
-                api: Api::cuMemGetInfo_v2.code(),
-                addr: 40 << 30,
-                size: 80 << 30,
-                ..base
-            }
+            Event::mem_info(40 << 30, 80 << 30)
         } else if live[slot] != 0 {
             let a = live[slot];
             live[slot] = 0;
-            Event { ts_ns: ts, kind: EventKind::Free.code(), api: Api::cuMemFree_v2.code(), addr: a, ..base }
+            Event::free(Api::cuMemFree_v2, a)
         } else {
             let a = 0x7f00_0000_0000 + (slot as u64) * (1 << 27) + ((i & 0xff) << 12);
             live[slot] = a;
             let size = 4096u64 << (x >> 60);
-            Event { ts_ns: ts, kind: EventKind::Alloc.code(), api: Api::cuMemAlloc_v2.code(), addr: a, size, ..base }
+            Event::alloc(Api::cuMemAlloc_v2, a, size)
         };
-        chunk.push(Event { seq: i, ..ev });
+        chunk.push(ev.by(4242, 4242).at(ts).with_seq(i).on_device(0));
         if chunk.len() == 65_536 {
             w.write_events(&chunk)?;
             chunk.clear();

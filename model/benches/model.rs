@@ -1,20 +1,17 @@
 //! Model vs brute-force reference, side by side:
-//! `cargo run --release -p vramhook-model --example bench_model`
+//! `cargo bench -p vramhook-model --bench model` (or `scripts/bench.sh model`)
 //!
 //! 1. events/s for an alloc/free stream holding 100,000 live allocations;
 //! 2. heap bytes per live allocation (counting global allocator);
 //! 3. `largest_free_span` query time at 10, 1,000 and 100,000 gaps.
 
-#[path = "../tests/reference/mod.rs"]
-mod reference;
-
-use reference::Reference;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 use vramhook_model::*;
-use vramhook_protocol::{Api, Event, EventKind};
+use vramhook_protocol::{Api, Event};
+use vramhook_testkit::reference::Reference;
 
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -50,8 +47,9 @@ impl Rng {
     }
 }
 
-fn ev(kind: EventKind, api: Api, addr: u64, size: u64, ts: u64) -> Event {
-    Event { seq: ts, ts_ns: ts, pid: 1, tid: 1, kind: kind.code(), api: api.code(), addr, size, ..Event::default() }
+/// `e` made by process 1 at `ts` (also its sequence number), on device 0.
+fn ev(e: Event, ts: u64) -> Event {
+    e.by(1, 1).at(ts).with_seq(ts).on_device(0)
 }
 
 /// Populate events, then a stream that frees a random live allocation and allocates a new one.
@@ -63,7 +61,7 @@ fn workload(stream_len: usize) -> (Vec<Event>, Vec<Event>) {
     let mut ts = 1;
     for _ in 0..LIVE_ALLOCS {
         let size = 512 << (rng.next() % 16);
-        populate.push(ev(EventKind::Alloc, Api::cuMemAlloc_v2, next_addr, size, ts));
+        populate.push(ev(Event::alloc(Api::cuMemAlloc_v2, next_addr, size), ts));
         slots.push(next_addr);
         next_addr += 1 << 24;
         ts += 1;
@@ -71,9 +69,9 @@ fn workload(stream_len: usize) -> (Vec<Event>, Vec<Event>) {
     let mut stream = Vec::with_capacity(stream_len);
     while stream.len() < stream_len {
         let i = (rng.next() % LIVE_ALLOCS as u64) as usize;
-        stream.push(ev(EventKind::Free, Api::cuMemFree_v2, slots[i], 0, ts));
+        stream.push(ev(Event::free(Api::cuMemFree_v2, slots[i]), ts));
         let size = 512 << (rng.next() % 16);
-        stream.push(ev(EventKind::Alloc, Api::cuMemAlloc_v2, next_addr, size, ts + 1));
+        stream.push(ev(Event::alloc(Api::cuMemAlloc_v2, next_addr, size), ts + 1));
         slots[i] = next_addr;
         next_addr += 1 << 24;
         ts += 2;
@@ -108,7 +106,7 @@ fn main() {
     for round in 0..3 {
         let before = LIVE.load(Relaxed);
         let mut m = Model::default();
-        m.apply(&ev(EventKind::ProcessStart, Api::Interposer, 0, 0, 0));
+        m.apply(&ev(Event::process_start(0, 0), 0));
         for e in &populate {
             m.apply(e);
         }

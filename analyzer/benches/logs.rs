@@ -1,4 +1,4 @@
-//! Log-reading speed: `cargo run --release -p vramhook-analyzer --example bench_logs [MiB]`.
+//! Log-reading speed: `cargo bench -p vramhook-analyzer --bench logs [-- MiB]`.
 //! Reads MiB (default 512) of log text from memory through every parser — a service's
 //! ordinary lines with the real H200 OOM logs of `tests/fixtures/h200-oom/` woven in — and
 //! prints MB/s for plain text and for the same text gzipped. Five interleaved rounds; the

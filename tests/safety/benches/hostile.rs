@@ -3,7 +3,7 @@
 //!
 //!     cargo build --release -p vramhook && \
 //!     cargo build --release -p vramhook-safety-tests --bins && \
-//!     cargo run --release -p vramhook-safety-tests --example hostile_bench [-- VRAMHOOK_BIN]
+//!     cargo bench -p vramhook-safety-tests --bench hostile [-- VRAMHOOK_BIN]
 //!
 //! (The `peak_rss` helper, built with `--bins`, measures each run apart from this process;
 //! `HOSTILE_LIMIT_S` (default 120) stops a run that takes longer.)
@@ -12,7 +12,8 @@ use vramhook_safety_tests::files_kit::*;
 
 fn main() {
     let bin = std::env::args()
-        .nth(1)
+        .skip(1)
+        .find(|a| a != "--bench") // what `cargo bench` passes
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| vramhook_safety_tests::repo_root().join("target/release/vramhook"));
     let limit = std::env::var("HOSTILE_LIMIT_S").unwrap_or_else(|_| "120".into());

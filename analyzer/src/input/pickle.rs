@@ -525,24 +525,18 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
                 let items = vm.keep(0, items);
                 vm.push_d(Value::Tuple(Rc::new(Seq(items))), depth.saturating_add(1))?
             }
-            b'q' => {
-                let i = vm.le(1)? as usize;
-                vm.memo_put(i)?
-            }
-            b'r' => {
-                let i = vm.le(4)? as usize;
+            // BINPUT / LONG_BINPUT: a 1- or 4-byte memo index.
+            b'q' | b'r' => {
+                let i = vm.le(if op == b'q' { 1 } else { 4 })? as usize;
                 vm.memo_put(i)?
             }
             0x94 => {
                 let i = vm.memo.len();
                 vm.memo_put(i)?
             }
-            b'h' => {
-                let i = vm.le(1)? as usize;
-                vm.memo_get(i)?
-            }
-            b'j' => {
-                let i = vm.le(4)? as usize;
+            // BINGET / LONG_BINGET.
+            b'h' | b'j' => {
+                let i = vm.le(if op == b'h' { 1 } else { 4 })? as usize;
                 vm.memo_get(i)?
             }
             b'0' => {

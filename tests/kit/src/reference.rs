@@ -304,9 +304,9 @@ impl Reference {
         };
         if kind == EventKind::ProcessStart {
             self.now = self.now.max(ev.ts_ns);
-            if let Some(s) = self.attach(ev.pid, ev.aux, ev.ts_ns, true) {
-                if ev.addr as u32 != 0 {
-                    self.procs[s].ppid = ev.addr as u32;
+            if let Some(s) = self.attach(ev.pid, ev.start_time(), ev.ts_ns, true) {
+                if ev.ppid() != 0 {
+                    self.procs[s].ppid = ev.ppid();
                 }
             }
             return;
@@ -355,14 +355,16 @@ impl Reference {
                     }
                 }
                 EventKind::VmmCreate => self.create(slot, ev, api, ts),
-                EventKind::VmmRelease => match self.handles.iter().position(|h| h.pid == ev.pid && h.h == ev.aux) {
-                    None => self.anom(Some(slot), Anomaly::ReleaseUnknown),
-                    Some(i) if self.handles[i].released => self.anom(Some(slot), Anomaly::DoubleRelease),
-                    Some(i) => {
-                        self.handles[i].released = true;
-                        self.gc_handles(slot);
+                EventKind::VmmRelease => {
+                    match self.handles.iter().position(|h| h.pid == ev.pid && h.h == ev.handle()) {
+                        None => self.anom(Some(slot), Anomaly::ReleaseUnknown),
+                        Some(i) if self.handles[i].released => self.anom(Some(slot), Anomaly::DoubleRelease),
+                        Some(i) => {
+                            self.handles[i].released = true;
+                            self.gc_handles(slot);
+                        }
                     }
-                },
+                }
                 EventKind::VmmReserve => {
                     if ev.size == 0 {
                         self.anom(Some(slot), Anomaly::ZeroSize)
@@ -392,13 +394,13 @@ impl Reference {
                 EventKind::VmmMap => self.map(slot, ev, ts),
                 EventKind::VmmUnmap => self.unmap(slot, ev),
                 EventKind::PoolCreate => {
-                    if ev.stream == 0 || self.pools.iter().any(|p| p.pid == ev.pid && !p.default && p.id == ev.stream) {
+                    if ev.pool() == 0 || self.pools.iter().any(|p| p.pid == ev.pid && !p.default && p.id == ev.pool()) {
                         self.anom(Some(slot), Anomaly::PoolDuplicate)
                     } else {
                         self.pools.push(Pl {
                             pid: ev.pid,
                             default: false,
-                            id: ev.stream,
+                            id: ev.pool(),
                             device: ev.device,
                             hwm: 0,
                             destroyed: false,
@@ -413,21 +415,21 @@ impl Reference {
                         if kind == EventKind::PoolDestroy {
                             p.destroyed = true;
                         } else {
-                            p.hwm = live.max(p.hwm.min(ev.size));
+                            p.hwm = live.max(p.hwm.min(ev.keep_bytes()));
                         }
                     }
                 },
                 EventKind::MemInfo => {
                     self.samples.retain(|s| s.0 != ev.device);
-                    self.samples.push((ev.device, ev.size, ev.addr, ts));
+                    self.samples.push((ev.device, ev.total_bytes(), ev.free_bytes(), ts));
                     if let Some((idx, tid)) = self.procs[slot].awaiting {
                         if tid == ev.tid && self.incidents[idx].view.device == ev.device {
                             self.procs[slot].awaiting = None;
                             let inc = &mut self.incidents[idx];
-                            inc.inputs.device_free = Some(ev.addr);
-                            inc.inputs.device_total = Some(ev.size);
-                            inc.view.device_free_bytes = Some(ev.addr);
-                            inc.view.device_total_bytes = Some(ev.size);
+                            inc.inputs.device_free = Some(ev.free_bytes());
+                            inc.inputs.device_total = Some(ev.total_bytes());
+                            inc.view.device_free_bytes = Some(ev.free_bytes());
+                            inc.view.device_total_bytes = Some(ev.total_bytes());
                             inc.view.sample_ts_ns = Some(ts);
                             inc.view.sample_after_failure = true;
                             let (v, r) = decide_verdict(&inc.inputs);
@@ -440,7 +442,9 @@ impl Reference {
                     self.close(slot, ts);
                     return;
                 }
-                EventKind::Dropped => self.procs[slot].dropped = self.procs[slot].dropped.saturating_add(ev.size),
+                EventKind::Dropped => {
+                    self.procs[slot].dropped = self.procs[slot].dropped.saturating_add(ev.dropped_count())
+                }
                 EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }
@@ -486,7 +490,7 @@ impl Reference {
     fn resolve_pool(&self, ev: &Event) -> Option<usize> {
         self.pools
             .iter()
-            .position(|p| p.pid == ev.pid && !p.default && p.id == ev.stream)
+            .position(|p| p.pid == ev.pid && !p.default && p.id == ev.pool())
             .or_else(|| self.pools.iter().position(|p| p.pid == ev.pid && p.default && p.id == ev.device as u16 as u64))
     }
 
@@ -572,7 +576,7 @@ impl Reference {
     }
 
     fn alloc(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
-        let Some(class) = api.mem_class().map(Class::from) else {
+        let Some(class) = api.mem_class() else {
             return self.anom(Some(slot), Anomaly::AllocUnknownApi);
         };
         if class == Class::Vmm || class == Class::Import {
@@ -585,10 +589,7 @@ impl Reference {
             self.anom(Some(slot), Anomaly::AllocOverLive);
             self.remove_alloc(slot, i);
         }
-        let pool = match api {
-            Api::cuMemAllocFromPoolAsync | Api::cuMemAllocFromPoolAsync_ptsz => ev.stream,
-            _ => 0,
-        };
+        let pool = ev.pool();
         if class == Class::Pool {
             let (default, id) = if pool == 0 { (true, ev.device as u16 as u64) } else { (false, pool) };
             if !self.pools.iter().any(|p| p.pid == ev.pid && p.default == default && p.id == id) {
@@ -625,10 +626,18 @@ impl Reference {
 
     fn create(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
         let class = if api == Api::cuMemImportFromShareableHandle { Class::Import } else { Class::Vmm };
-        if self.handles.iter().any(|h| h.pid == ev.pid && h.h == ev.aux) {
+        if self.handles.iter().any(|h| h.pid == ev.pid && h.h == ev.handle()) {
             return self.anom(Some(slot), Anomaly::VmmCreateDuplicate);
         }
-        self.handles.push(H { pid: ev.pid, h: ev.aux, size: ev.size, ts, device: ev.device, class, released: false });
+        self.handles.push(H {
+            pid: ev.pid,
+            h: ev.handle(),
+            size: ev.size,
+            ts,
+            device: ev.device,
+            class,
+            released: false,
+        });
         self.procs[slot].allocations += 1;
     }
 
@@ -657,7 +666,7 @@ impl Reference {
         let Some(end) = ev.addr.checked_add(ev.size) else {
             return self.anom(Some(slot), Anomaly::AddressOverflow);
         };
-        match self.handles.iter().find(|h| h.pid == ev.pid && h.h == ev.aux) {
+        match self.handles.iter().find(|h| h.pid == ev.pid && h.h == ev.handle()) {
             None => return self.anom(Some(slot), Anomaly::MapUnknownHandle),
             Some(h) if h.released => return self.anom(Some(slot), Anomaly::MapReleasedHandle),
             _ => {}
@@ -671,7 +680,7 @@ impl Reference {
         if self.maps.iter().any(|m| m.pid == ev.pid && m.addr < end && m.addr + m.size > ev.addr) {
             return self.anom(Some(slot), Anomaly::MapOverlap);
         }
-        self.maps.push(M { pid: ev.pid, addr: ev.addr, size: ev.size, h: ev.aux, offset: ev.stream, ts });
+        self.maps.push(M { pid: ev.pid, addr: ev.addr, size: ev.size, h: ev.handle(), offset: ev.map_offset(), ts });
     }
 
     fn unmap(&mut self, slot: usize, ev: &Event) {
@@ -760,7 +769,7 @@ impl Reference {
             }
             if matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
                 && ev.size == inc.view.requested_bytes
-                && Some(ev.api) == Api::from_name(&inc.view.api).map(|a| a.code())
+                && ev.api == inc.view.api.code()
             {
                 inc.view.retries += 1;
                 inc.view.freed_bytes_between = freed - inc.freed_mark;
@@ -812,7 +821,7 @@ impl Reference {
             command: p.command.clone(),
             device: ev.device,
             ts_ns: ts,
-            api: api.name().into(),
+            api,
             caller: ev.caller().map(Caller::name).unwrap_or("").into(),
             requested_bytes: ev.size,
             device_free_bytes: inputs.device_free,

@@ -2,7 +2,7 @@
 
 use crate::report::*;
 use std::fmt::Write;
-use vramhook_model::fmt_bytes;
+use vramhook_model::{display_command, fmt_bytes};
 
 /// Seconds since the first event, "+1.234567s".
 pub fn rel(report: &Report, ts: u64) -> String {
@@ -31,17 +31,6 @@ pub fn utc(ns: u64) -> String {
 
 fn opt_bytes(v: Option<u64>) -> String {
     v.map_or_else(|| "?".to_string(), fmt_bytes)
-}
-
-/// A command for a narrow column: the program's file name, then its arguments.
-pub fn display_command(cmd: &str) -> String {
-    let mut parts = cmd.splitn(2, ' ');
-    let prog = parts.next().unwrap_or("");
-    let base = prog.rsplit('/').next().unwrap_or(prog);
-    match parts.next() {
-        Some(rest) => format!("{base} {rest}"),
-        None => base.to_string(),
-    }
 }
 
 fn short(s: &str, n: usize) -> String {

@@ -1,0 +1,64 @@
+(function(){
+const D=JSON.parse(document.getElementById('report-data').textContent);
+const NS='http://www.w3.org/2000/svg';
+const COLORS=['#0969da','#1a7f37','#8250df','#bf3989','#bc4c00','#0550ae','#116329','#6639ba','#953800','#4d2d00'];
+function el(n,a,p){const e=document.createElementNS(NS,n);for(const k in a)e.setAttribute(k,a[k]);if(p)p.appendChild(e);return e;}
+function txt(p,x,y,s,a){const t=el('text',Object.assign({x:x,y:y,'font-size':11,fill:'#57606a'},a||{}),p);t.textContent=s;return t;}
+// Bytes as vramhook_model::fmt_bytes writes them (the text report's numbers): whole bytes, else two decimals up to TiB.
+function fb(b){const u=['B','KiB','MiB','GiB','TiB'];let i=0;while(b>=1024&&i<4){b/=1024;i++;}return (i?b.toFixed(2):b.toFixed(0))+' '+u[i];}
+function fs(ns){return (ns/1e9).toFixed(ns<1e7?6:3)+'s';}
+const T0=D.t0,T1=Math.max(D.t1,D.t0+1);
+function plot(id,title,series,fmt,opt){
+  opt=opt||{};const host=document.getElementById(id);const rows=Math.ceil(series.filter(s=>s.pts.length).length/4);const W=1300,B=34+18*rows,H=(opt.h||240)+18*rows,L=80,R=20,TP=28;
+  const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,class:'plot','data-plot':id},host);
+  txt(svg,L,18,title,{'font-size':13,fill:'#1d2329','font-weight':600});
+  let ymax=opt.ymax||0;for(const s of series)for(const p of s.pts)ymax=Math.max(ymax,p[2]);
+  if(!(ymax>0))ymax=1;
+  const x=t=>L+(W-L-R)*(t-T0)/(T1-T0),y=v=>H-B-(H-B-TP)*v/ymax;
+  el('rect',{x:L,y:TP,width:W-L-R,height:H-B-TP,fill:'#fbfcfd',stroke:'#d0d7de'},svg);
+  for(let i=0;i<=4;i++){const v=ymax*i/4;el('line',{x1:L,x2:W-R,y1:y(v),y2:y(v),stroke:'#eaeef2'},svg);txt(svg,L-6,y(v)+4,fmt(v),{'text-anchor':'end'});}
+  for(let i=0;i<=6;i++){const t=T0+(T1-T0)*i/6;txt(svg,x(t),H-B+16,'+'+fs(t-T0),{'text-anchor':i==0?'start':i==6?'end':'middle'});}
+  for(const o of (opt.markers||[])){el('line',{x1:x(o[0]),x2:x(o[0]),y1:TP,y2:H-B,stroke:'#d1242f','stroke-width':2,'stroke-dasharray':'5,3',class:'oom-marker'},svg);
+    const right=x(o[0])>W-160;txt(svg,x(o[0])+(right?-4:4),TP+12,o[1],{fill:'#d1242f','text-anchor':right?'end':'start'});}
+  if(series.every(s=>!s.pts.length)){txt(svg,W/2,H/2,'no data for this plot in the capture',{'text-anchor':'middle','font-size':13});return svg;}
+  series.forEach((s,i)=>{const c=s.color||COLORS[i%COLORS.length];if(!s.pts.length)return;
+    let d='';s.pts.forEach((p,j)=>{const X=x(p[0]).toFixed(1);d+=(j?'H'+X+'V':'M'+X+' ')+y(p[3]).toFixed(1);
+      if(p[1]!==p[2])el('line',{x1:X,x2:X,y1:y(p[1]),y2:y(p[2]),stroke:c,'stroke-opacity':0.35},svg);});
+    const last=s.pts[s.pts.length-1];d+='H'+x(Math.max(last[0],opt.extend?T1:last[0])).toFixed(1);
+    el('path',{d:d,fill:'none',stroke:c,'stroke-width':2,'stroke-dasharray':s.dash||'',class:'series'},svg);
+    const k=series.filter(q=>q.pts.length).indexOf(s),lx=L+(k%4)*300,ly=H-B+36+Math.floor(k/4)*18;el('rect',{x:lx,y:ly-9,width:10,height:10,fill:c},svg);txt(svg,lx+14,ly,s.name,{fill:'#1d2329'});});
+  return svg;}
+const marks=D.ooms.map(o=>[o[0],'OOM pid '+o[1]]);
+const live=[];D.timelines.processes.forEach(p=>live.push({name:'pid '+p.pid+' '+p.command.split(' ')[0].split('/').pop(),pts:p.live_bytes}));
+D.timelines.devices.forEach(d=>live.push({name:'device '+d.device+' (all traced)',pts:d.live_bytes,dash:'6,3',color:'#57606a'}));
+plot('plot-live','Live bytes per process and per device',live,fb,{markers:marks});
+const free=[];let tot=0;D.timelines.devices.forEach(d=>{free.push({name:'device '+d.device+' free (driver)',pts:d.free_bytes});tot=Math.max(tot,d.total_bytes||0);});
+plot('plot-free','Device free bytes (driver samples)'+(tot?' — total '+fb(tot):''),free,fb,{markers:marks,ymax:tot,extend:true});
+const fr=D.fragmentation.slice(0,10);
+plot('plot-frag','Fragmentation per arena (1 − largest free span / free in arena)',fr.map(a=>({name:a.kind+' '+a.base.toString(16)+' pid '+a.pid,pts:a.fragmentation})),v=>v.toFixed(2),{markers:marks,ymax:1});
+plot('plot-span','Largest free span per arena',fr.map(a=>({name:a.kind+' 0x'+a.base.toString(16),pts:a.largest_free_span})),fb,{markers:marks});
+(function(){const host=document.getElementById('plot-layout');const L=D.layout;const W=1300;
+  const ents=L?L.entries:[];const ar=L?L.arenas:[];
+  const rows=[];const bydev={};ents.forEach(e=>{(bydev[e.device]=bydev[e.device]||[]).push(e);});
+  const devs=Object.keys(bydev);const H=60+devs.length*70+ar.length*26+(ents.length?0:30);
+  const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,class:'plot','data-plot':'plot-layout'},host);
+  txt(svg,20,18,L?('Address layout at +'+fs(L.ts_ns-T0)+' ('+L.reason+'): '+ents.length+' live allocations'):'Address layout: no moment captured',{'font-size':13,fill:'#1d2329','font-weight':600});
+  txt(svg,20,34,'Width ∝ size. Hatched gaps between plain allocations are virtual address gaps, NOT free VRAM; only gaps inside arenas are free space.');
+  const defs=el('defs',{},svg);const pat=el('pattern',{id:'hatch',width:6,height:6,patternUnits:'userSpaceOnUse',patternTransform:'rotate(45)'},defs);el('line',{x1:0,y1:0,x2:0,y2:6,stroke:'#8c959f','stroke-width':2},pat);
+  const CC={plain:'#0969da',pitch:'#1a7f37',managed:'#8250df',pool:'#bf3989',vmm:'#bc4c00',array:'#57606a',ipc:'#6e7781',import:'#6e7781'};
+  let yy=50;if(!ents.length&&L)txt(svg,20,yy+14,'no live allocations at this moment');
+  devs.forEach(dv=>{const es=bydev[dv];es.sort((a,b)=>a.addr-b.addr);let gaps=0;for(let i=1;i<es.length;i++)if(es[i].addr>es[i-1].addr+es[i-1].size)gaps++;
+    const total=es.reduce((s,e)=>s+e.size,0)||1;const GW=6,avail=W-40-gaps*GW;let X=20;
+    txt(svg,20,yy+10,'device '+dv+': '+fb(total)+' live in '+es.length+' allocations');
+    es.forEach((e,i)=>{if(i&&e.addr>es[i-1].addr+es[i-1].size){el('rect',{x:X,y:yy+16,width:GW,height:36,fill:'url(#hatch)'},svg);X+=GW;}
+      const w=Math.max(0.5,avail*e.size/total);const r=el('rect',{x:X,y:yy+16,width:w,height:36,fill:CC[e.class]||'#0969da',stroke:'#fff','stroke-width':0.5,class:'alloc'},svg);
+      const t=el('title',{},r);t.textContent='0x'+e.addr.toString(16)+' '+fb(e.size)+' '+e.class+' pid '+e.pid;X+=w;});
+    yy+=70;});
+  if(ar.length){txt(svg,20,yy+4,'Arenas (occupied in colour, free in grey; the largest free span outlined):');yy+=12;
+    ar.forEach(a=>{const w=W-620;el('rect',{x:20,y:yy,width:w,height:18,fill:'#eaeef2'},svg);
+      el('rect',{x:20,y:yy,width:w*(a.size?a.occupied/a.size:0),height:18,fill:'#bc4c00',class:'arena-occupied'},svg);
+      if(a.size)el('rect',{x:20+w-w*a.largest_free_span/a.size,y:yy,width:w*a.largest_free_span/a.size,height:18,fill:'none',stroke:'#1a7f37','stroke-width':2},svg);
+      txt(svg,w+30,yy+13,a.kind+' 0x'+a.base.toString(16)+' pid '+a.pid+': '+fb(a.occupied)+' / '+fb(a.size)+', largest free '+fb(a.largest_free_span)+', frag '+a.fragmentation.toFixed(2));yy+=26;});}
+})();
+document.body.setAttribute('data-rendered','yes');
+})();

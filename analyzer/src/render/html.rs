@@ -1,0 +1,210 @@
+//! One self-contained HTML page: inline CSS, inline data, inline script that draws SVG plots.
+//! Nothing is fetched from the network; the page opens from a file anywhere.
+
+use crate::render::text::{rel, utc};
+use crate::report::*;
+use serde::Serialize;
+use vramhook_model::{display_command, fmt_bytes};
+
+/// Escapes text for HTML element content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            _ => o.push(c),
+        }
+    }
+    o
+}
+
+#[derive(Serialize)]
+struct PlotData<'a> {
+    t0: u64,
+    t1: u64,
+    timelines: &'a Timelines,
+    ooms: Vec<(u64, u32, i16, &'a str)>,
+    fragmentation: &'a [ArenaReport],
+    layout: &'a Option<LayoutReport>,
+}
+
+// The page's style and script, kept as plain files so that editors and linters see them.
+const CSS: &str = include_str!("../../assets/report.css");
+
+const JS: &str = include_str!("../../assets/report.js");
+
+fn row(cells: &[String], numeric: &[bool]) -> String {
+    let mut s = String::from("<tr>");
+    for (i, c) in cells.iter().enumerate() {
+        if numeric.get(i).copied().unwrap_or(false) {
+            s.push_str(&format!("<td class=n>{}</td>", esc(c)));
+        } else {
+            s.push_str(&format!("<td>{}</td>", esc(c)));
+        }
+    }
+    s.push_str("</tr>\n");
+    s
+}
+
+/// One row per item: the cells `cells` gives it, right-aligned where `numeric` says.
+fn rows<T>(items: &[T], numeric: &[bool], cells: impl Fn(&T) -> Vec<String>) -> String {
+    items.iter().map(|item| row(&cells(item), numeric)).collect()
+}
+
+/// The page. Data is embedded as JSON (with `<` escaped so no input can close the script).
+pub fn render(r: &Report) -> String {
+    let data = PlotData {
+        t0: r.time.from_ns.max(r.time.first_ts_ns),
+        t1: r.time.to_ns.max(r.time.first_ts_ns),
+        timelines: &r.timelines,
+        ooms: r.ooms.iter().map(|o| (o.ts_ns, o.pid, o.device, o.verdict_name.as_str())).collect(),
+        fragmentation: &r.fragmentation,
+        layout: &r.layout,
+    };
+    let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".into()).replace('<', "\\u003c");
+    let mut h = String::new();
+    h.push_str("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>vramhook post-mortem</title>\n");
+    h.push_str("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n");
+    h.push_str(&format!("<style>{CSS}</style></head><body>\n"));
+    h.push_str("<h1>vramhook post-mortem</h1>\n<div class=sub>");
+    for i in &r.inputs {
+        h.push_str(&esc(&format!("{} ({}, {}", i.path, i.kind, i.status)));
+        if let Some(n) = i.truncated_at {
+            h.push_str(&format!(", truncated at byte {n}"));
+        }
+        if let Some(w) = i.wall_start_ns {
+            h.push_str(&esc(&format!(", started {}", utc(w))));
+        }
+        h.push_str(") ");
+    }
+    h.push_str(&format!(
+        "<br>{} events over {} · {} processes · {} OOM incidents · {} leaks</div>\n",
+        r.events,
+        rel(r, r.time.last_ts_ns).trim_start_matches('+'),
+        r.processes.len(),
+        r.ooms.len(),
+        r.leaks.len()
+    ));
+    if !r.notes.is_empty() {
+        h.push_str("<h2>Notes</h2><ul>");
+        for n in &r.notes {
+            h.push_str(&format!("<li class=note>{}</li>", esc(n)));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("<h2>Timelines</h2><div id=plot-live></div><div id=plot-free></div>\n");
+    h.push_str("<h2>OOM incidents</h2>\n");
+    if r.ooms.is_empty() {
+        h.push_str("<p>None.</p>\n");
+    }
+    for (n, o) in r.ooms.iter().enumerate() {
+        h.push_str(&format!(
+            "<div class=oom><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
+             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {:?} after {} failure(s), {} retries; {} freed in between\n",
+            n + 1,
+            rel(r, o.ts_ns),
+            o.pid,
+            esc(&display_command(&o.command)),
+            o.device,
+            esc(&o.api),
+            fmt_bytes(o.requested_bytes),
+            o.device_free_bytes.map_or("?".into(), fmt_bytes),
+            o.device_total_bytes.map_or("?".into(), fmt_bytes),
+            esc(&o.verdict_name),
+            esc(&o.explanation),
+            o.outcome,
+            o.failures,
+            o.retries,
+            fmt_bytes(o.freed_bytes_between)
+        ));
+        if !o.lead_up.is_empty() {
+            h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>size<th>address<th>result</tr>\n");
+            for e in &o.lead_up {
+                h.push_str(&row(
+                    &[
+                        rel(r, e.ts_ns),
+                        e.tid.to_string(),
+                        e.kind.clone(),
+                        e.api.clone(),
+                        fmt_bytes(e.size),
+                        format!("{:#x}", e.addr),
+                        vramhook_protocol::record::result_name(e.result).to_string(),
+                    ],
+                    &[false, true, false, false, true, false, false],
+                ));
+            }
+            h.push_str("</table></details>");
+        }
+        h.push_str("</div>\n");
+    }
+    h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
+    h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
+    h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
+    h.push_str(&rows(&r.processes, &[true, false, true, true, true, true, true, true, true, false], |p| {
+        vec![
+            p.pid.to_string(),
+            display_command(&p.command),
+            p.device.to_string(),
+            fmt_bytes(p.peak_bytes),
+            fmt_bytes(p.final_live_bytes),
+            p.allocations.to_string(),
+            p.frees.to_string(),
+            p.failed_calls.to_string(),
+            p.dropped_events.to_string(),
+            match (p.exited, p.exit_status) {
+                (true, Some(s)) => format!("status {s}"),
+                (true, None) => "exited".into(),
+                _ => "running at end".into(),
+            },
+        ]
+    }));
+    h.push_str("</table>\n<h2>Devices</h2><table><tr><th>device<th>total<th>free (latest)<th>lowest free<th>traced live peak</tr>\n");
+    let opt = |v: Option<u64>| v.map_or("?".to_string(), fmt_bytes);
+    h.push_str(&rows(&r.devices, &[true, true, true, true, true], |d| {
+        vec![
+            d.device.to_string(),
+            opt(d.total_bytes),
+            opt(d.free_bytes),
+            opt(d.min_free_bytes),
+            fmt_bytes(d.peak_live_bytes),
+        ]
+    }));
+    h.push_str("</table>\n<h2>Allocations live at exit</h2><table><tr><th>pid<th>sizes<th>ages</tr>\n");
+    h.push_str(&rows(&r.processes, &[true, false, false], |p| {
+        vec![
+            p.pid.to_string(),
+            crate::render::text::hist_line(&p.size_histogram, fmt_bytes),
+            crate::render::text::hist_line(&p.age_histogram, crate::render::text::dur),
+        ]
+    }));
+    h.push_str("</table>\n<h2>Leaks</h2>\n");
+    if r.leaks.is_empty() {
+        h.push_str("<p>None.</p>\n");
+    } else {
+        h.push_str("<table><tr><th>pid<th>command<th>kind<th>bytes<th>detail</tr>\n");
+        h.push_str(&rows(&r.leaks, &[true, false, false, true, false], |l| {
+            vec![
+                l.pid.to_string(),
+                display_command(&l.command),
+                l.kind.to_string(),
+                fmt_bytes(l.bytes),
+                l.detail.clone(),
+            ]
+        }));
+        h.push_str("</table>\n");
+    }
+    if !r.anomalies.is_empty() {
+        h.push_str("<h2>Anomalies</h2><ul>");
+        for (k, v) in &r.anomalies {
+            h.push_str(&format!("<li>{}: {v}</li>", esc(k)));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str(&format!("<script type=\"application/json\" id=\"report-data\">{json}</script>\n"));
+    h.push_str(&format!("<script>{JS}</script>\n</body></html>\n"));
+    h
+}

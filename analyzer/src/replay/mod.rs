@@ -1,0 +1,454 @@
+//! The replay engine: events (from `crate::input`) go into one [`Model`], whose own numbers
+//! are sampled into bounded series ([`timelines`]) and, at one moment, an address layout
+//! ([`layout`]). Every number in the report comes from the model; `crate::build` makes the
+//! report of the final state.
+
+mod layout;
+mod timelines;
+
+pub(crate) use layout::layout_item;
+
+use crate::report::*;
+use crate::series::Series;
+use crate::Options;
+use std::collections::{BTreeMap, HashMap};
+use timelines::{dev_track, Grid};
+use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
+use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
+use vramhook_protocol::record::{Event, EventKind};
+
+/// Per-event maps keyed by small integers, not SipHash. Fixed seed: the same capture gives
+/// the same report.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
+/// Processes with their own timeline; more are counted in device totals only.
+const MAX_TRACKED_PROCS: usize = 512;
+/// Arenas with their own fragmentation series.
+const MAX_TRACKED_ARENAS: usize = 256;
+/// Layout entries kept in the report (the largest).
+const MAX_LAYOUT_ENTRIES: usize = 5000;
+const MAX_LAYOUT_ARENAS: usize = 500;
+/// Samples taken out of turn (new processes, OOMs): bounded, so that hostile input made of
+/// such events cannot make the replay O(events × state).
+const MAX_FORCED_SAMPLES: u32 = 10_000;
+/// Work (processes + devices visited) that samples taken out of turn may cost in all: 10,000
+/// forced samples of a model with 10,000 processes would be 10^8 process views (a sample
+/// costs about 0.4 µs per process).
+const FORCED_WORK_BUDGET: u64 = 2_000_000;
+/// Work (processes + live allocations) that full views of processes at their exit may cost
+/// in all (each is a snapshot of the model); exits past it keep a view of the process alone.
+/// 10,000 processes each exiting made 10^8.
+const EXIT_WORK_BUDGET: u64 = 2_000_000;
+/// Kinds that take the slow path (as bits): exits, device samples, starts.
+const SPECIAL_KINDS: u64 =
+    1 << EventKind::ProcessExit as u8 | 1 << EventKind::MemInfo as u8 | 1 << EventKind::ProcessStart as u8;
+/// Corrupt frames listed per input.
+pub(crate) const MAX_CORRUPT_LISTED: usize = 100;
+
+struct ProcTrack {
+    pid: u32,
+    series: Series,
+    last: u64,
+}
+
+#[derive(Default)]
+struct DevTrack {
+    device: i16,
+    live: Series,
+    free: Series,
+    total: Option<u64>,
+    free_latest: Option<u64>,
+    min_free: Option<u64>,
+    peak_live: u64,
+    last_live: u64,
+}
+
+struct ArenaTrack {
+    pid: u32,
+    device: i16,
+    kind: ArenaKind,
+    base: u64,
+    size: u64,
+    frag: Series,
+    largest: Series,
+    free: Series,
+}
+
+pub(crate) struct ExitInfo {
+    pub view: ProcessView,
+    pub top: Vec<LayoutEntry>,
+}
+
+pub struct Replayer {
+    pub(crate) model: Model,
+    pub(crate) opts: Options,
+    pub(crate) applied: u64,
+    next_sample: u64,
+    pub(crate) first_ts: Option<u64>,
+    pub(crate) last_ts: u64,
+    /// Earliest event time seen (inputs need not be in time order).
+    pub(crate) min_ts: u64,
+    pub(crate) from_abs: u64,
+    pub(crate) to_abs: u64,
+    at_abs: Option<u64>,
+    /// Events at or after this time take the slow path (layout capture, end of window).
+    watch_ts: u64,
+    pub(crate) stopped: bool,
+    /// Indexed by the model's process index; as long as the model's process list at the
+    /// last sample.
+    procs: Vec<Option<ProcTrack>>,
+    /// The indices of `procs` that hold a track.
+    tracked_slots: Vec<usize>,
+    /// The time grid of the live-bytes timelines.
+    grid: Grid,
+    /// In order of first appearance (indices stay valid); reports sort them.
+    devs: Vec<DevTrack>,
+    /// Index of each device's track in `devs`.
+    dev_index: FastMap<i16, usize>,
+    /// What was past the per-category limits.
+    pub(crate) folded: Folded,
+    /// Pids replayed (at most `max_items`), and pids folded.
+    admitted: FastMap<u32, ()>,
+    folded_pids: FastMap<u32, ()>,
+    /// Device numbers replayed and folded (bit per ordinal + 32,768).
+    dev_admitted: Vec<u64>,
+    dev_folded: Vec<u64>,
+    dev_admitted_count: usize,
+    /// The last (pid, device) found admitted: most events repeat it.
+    last_ok: Option<(u32, i16)>,
+    forced_work: u64,
+    exit_work: u64,
+    /// Exits past the budget of full views (no histograms, no largest allocations).
+    pub(crate) exits_summarised: u64,
+    arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
+    /// Keyed by the model's process index (its position in `snapshot().processes`).
+    pub(crate) exits: FastMap<usize, ExitInfo>,
+    pub(crate) layout: Option<LayoutReport>,
+    layout_fixed: bool,
+    peak_captured: u64,
+    pub(crate) ends: BTreeMap<u32, (u64, u64)>,
+    pub(crate) inputs: Vec<InputReport>,
+    pub(crate) notes: Vec<String>,
+    /// (monotonic, wall) ns anchor of the first capture: puts PyTorch snapshot times (wall
+    /// clock) on the captures' monotonic clock.
+    pub(crate) clock: Option<(u64, u64)>,
+    tracked_overflow: bool,
+    forced: u32,
+    /// The next bucket edge of the live-bytes timelines: totals are flushed there.
+    flush_at: u64,
+    /// Flushes at bucket edges (samples flush too).
+    edge_flushes: u64,
+}
+
+impl Replayer {
+    pub fn new(opts: Options) -> Replayer {
+        Replayer {
+            model: Model::new(opts.model.clone()),
+            folded: Folded { max_items: opts.max_items as u64, ..Folded::default() },
+            opts,
+            applied: 0,
+            next_sample: 1,
+            first_ts: None,
+            last_ts: 0,
+            min_ts: u64::MAX,
+            from_abs: 0,
+            to_abs: u64::MAX,
+            at_abs: None,
+            watch_ts: u64::MAX,
+            stopped: false,
+            procs: Vec::new(),
+            tracked_slots: Vec::new(),
+            grid: Grid::default(),
+            devs: Vec::new(),
+            dev_index: FastMap::default(),
+            admitted: FastMap::default(),
+            folded_pids: FastMap::default(),
+            dev_admitted: vec![0; 1024],
+            dev_folded: vec![0; 1024],
+            dev_admitted_count: 0,
+            last_ok: None,
+            forced_work: 0,
+            exit_work: 0,
+            exits_summarised: 0,
+            arenas: BTreeMap::new(),
+            exits: FastMap::default(),
+            layout: None,
+            layout_fixed: false,
+            peak_captured: 0,
+            ends: BTreeMap::new(),
+            inputs: Vec::new(),
+            notes: Vec::new(),
+            clock: None,
+            tracked_overflow: false,
+            flush_at: u64::MAX,
+            edge_flushes: 0,
+            forced: 0,
+        }
+    }
+
+    fn start_clock(&mut self, ts: u64) {
+        self.first_ts = Some(ts);
+        self.grid = Grid::starting_at(ts, self.opts.max_points.max(4) as u64);
+        self.from_abs = self.opts.from_ns.map_or(0, |f| ts.saturating_add(f));
+        self.to_abs = self.opts.to_ns.map_or(u64::MAX, |t| ts.saturating_add(t));
+        self.at_abs = self.opts.at_ns.map(|a| ts.saturating_add(a));
+        self.watch_ts = self.to_abs.min(self.at_abs.unwrap_or(u64::MAX));
+    }
+
+    /// Applies one event (the hot path).
+    #[inline(always)]
+    pub fn event(&mut self, ev: &Event) {
+        if self.stopped {
+            return;
+        }
+        if self.last_ok != Some((ev.pid, ev.device)) && !self.admit(ev) {
+            return;
+        }
+        if self.first_ts.is_none() {
+            self.start_clock(ev.ts_ns);
+        }
+        let special = ev.result != 0 || SPECIAL_KINDS.checked_shr(u32::from(ev.kind)).unwrap_or(0) & 1 != 0;
+        if (ev.ts_ns >= self.watch_ts || special) && !self.slow_pre(ev) {
+            return;
+        }
+        if ev.ts_ns > self.last_ts {
+            self.last_ts = ev.ts_ns;
+        }
+        if ev.ts_ns < self.min_ts {
+            self.min_ts = ev.ts_ns;
+        }
+        if ev.ts_ns >= self.flush_at {
+            // Live bytes are taken from the model at their timelines' bucket edges.
+            self.edge_flushes += 1;
+            self.flush(ev.ts_ns);
+        }
+        self.model.apply(ev);
+        self.applied += 1;
+        if self.applied >= self.next_sample {
+            self.sample(ev.ts_ns);
+        }
+    }
+
+    fn force_sample(&mut self, at: u64) {
+        if self.may_force() {
+            self.next_sample = self.next_sample.min(at);
+        }
+    }
+
+    /// Whether a sample out of turn is still within its bounds (count and work).
+    fn may_force(&mut self) -> bool {
+        if self.forced >= MAX_FORCED_SAMPLES || self.forced_work >= FORCED_WORK_BUDGET {
+            return false;
+        }
+        self.forced += 1;
+        self.forced_work += (self.model.process_count() + self.devs.len()) as u64 + 1;
+        true
+    }
+
+    /// Whether the process exists within the limit of processes (admitting it if there is
+    /// room); a pid past the limit is counted as folded.
+    fn admit_pid(&mut self, pid: u32) -> bool {
+        if self.admitted.contains_key(&pid) {
+            return true;
+        }
+        if self.admitted.len() < self.opts.max_items {
+            self.admitted.insert(pid, ());
+            return true;
+        }
+        if self.folded_pids.insert(pid, ()).is_none() {
+            self.folded.processes += 1;
+        }
+        false
+    }
+
+    /// Whether the event's process and device are within the limits (admitting them if
+    /// there is room); an event past them is counted and not replayed.
+    #[cold]
+    fn admit(&mut self, ev: &Event) -> bool {
+        let bytes = if ev.result == 0 && ev.kind == EventKind::Alloc as u8 { ev.size } else { 0 };
+        if !self.admit_pid(ev.pid) {
+            self.folded.process_events += 1;
+            self.folded.process_bytes = self.folded.process_bytes.saturating_add(bytes);
+            return false;
+        }
+        if ev.device != -1 {
+            let bit = (i32::from(ev.device) + 32_768) as usize;
+            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+            if self.dev_admitted[word] & mask == 0 {
+                if self.dev_admitted_count < self.opts.max_items {
+                    self.dev_admitted[word] |= mask;
+                    self.dev_admitted_count += 1;
+                } else {
+                    if self.dev_folded[word] & mask == 0 {
+                        self.dev_folded[word] |= mask;
+                        self.folded.devices += 1;
+                    }
+                    self.folded.device_events += 1;
+                    self.folded.device_bytes = self.folded.device_bytes.saturating_add(bytes);
+                    return false;
+                }
+            }
+        }
+        self.last_ok = Some((ev.pid, ev.device));
+        true
+    }
+
+    /// Returns false when the event must not be applied (past `--to`).
+    #[cold]
+    fn slow_pre(&mut self, ev: &Event) -> bool {
+        if ev.ts_ns > self.to_abs {
+            self.stopped = true;
+            return false;
+        }
+        if let Some(at) = self.at_abs {
+            if ev.ts_ns >= at && !self.layout_fixed {
+                self.capture_layout(at, LayoutReason::At);
+                self.layout_fixed = true;
+            }
+        }
+        if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
+            if self.model.incident_count() >= self.opts.max_items {
+                // Past the limit of incidents: counted, not analysed.
+                self.folded.ooms += 1;
+                self.folded.oom_bytes = self.folded.oom_bytes.saturating_add(ev.size);
+                return false;
+            }
+            // The state the failing call met, then the failure itself (per-event timelines
+            // already hold the bytes; this adds the arenas).
+            if self.may_force() {
+                self.sample(ev.ts_ns);
+            }
+            if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
+                self.capture_layout(ev.ts_ns, LayoutReason::FirstOom);
+                self.layout_fixed = true;
+            }
+            self.force_sample(self.applied + 1);
+        }
+        if ev.kind == EventKind::ProcessExit as u8 && ev.result == 0 {
+            self.remember_exit(ev.pid, 0, ev.ts_ns);
+            self.force_sample(self.applied + 1);
+        }
+        if ev.kind == EventKind::ProcessStart as u8 {
+            // A new process (or a new image after exec): learn its index after this event.
+            self.force_sample(self.applied + 1);
+        }
+        if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
+            let i = dev_track(&mut self.devs, &mut self.dev_index, ev.device);
+            let d = &mut self.devs[i];
+            d.total = Some(ev.size);
+            d.free_latest = Some(ev.addr);
+            d.min_free = Some(d.min_free.map_or(ev.addr, |m| m.min(ev.addr)));
+            d.free.push(ev.ts_ns, ev.addr as f64);
+        }
+        true
+    }
+
+    pub(crate) fn pid_selected(&self, pid: u32) -> bool {
+        self.opts.pids.is_empty() || self.opts.pids.contains(&pid)
+    }
+
+    pub fn process_info(&mut self, info: &ProcessInfo) {
+        if !self.stopped && self.admit_pid(info.pid) {
+            self.model.process_info(info);
+            // It may name a new process: learn its index at the next event.
+            self.force_sample(self.applied);
+        }
+    }
+
+    /// A framework segment (PyTorch): straight to the model.
+    pub fn framework_segment(
+        &mut self,
+        pid: u32,
+        device: i16,
+        base: u64,
+        size: u64,
+        blocks: &[vramhook_model::Block],
+        ts: u64,
+    ) {
+        if !self.stopped {
+            self.model.framework_segment(pid, device, base, size, blocks, ts);
+        }
+    }
+
+    pub fn process_end(&mut self, end: &ProcessEnd) {
+        if self.stopped || !self.admit_pid(end.pid) {
+            return;
+        }
+        let e = self.ends.entry(end.pid).or_default();
+        e.0 = e.0.saturating_add(end.dropped);
+        e.1 = e.1.saturating_add(end.lost_in_flight);
+        // The reader closes a stream after the process is gone: its time is an upper bound.
+        let ts = end.ts_ns.min(self.last_ts);
+        self.remember_exit(end.pid, end.start_time, ts);
+        self.model.process_exit(end.pid, end.start_time, end.exit_status, end.ts_ns);
+        // A sample per process-end frame was O(processes) each: within the budget of samples
+        // out of turn; past it, the timelines are flushed (O(tracked)).
+        if self.may_force() {
+            self.sample(ts);
+        } else {
+            self.flush(ts);
+        }
+    }
+
+    /// Keeps what the process held just before the model releases it.
+    fn remember_exit(&mut self, pid: u32, start_time: u64, ts: u64) {
+        let cost = (self.model.process_count() + self.model.live_allocation_count()) as u64 + 1;
+        if self.exit_work.saturating_add(cost) > EXIT_WORK_BUDGET {
+            // Past the budget: this process's own view (no histograms, no largest
+            // allocations) and the timelines flushed, at the cost of this process alone.
+            if let Some((slot, view)) = self.model.process_view(pid, start_time, false) {
+                self.flush(ts);
+                self.exits_summarised += 1;
+                self.exits.insert(slot, ExitInfo { view, top: Vec::new() });
+            }
+            return;
+        }
+        self.exit_work += cost;
+        let snap = self.model.snapshot();
+        let Some(slot) = snap.processes.iter().rposition(|p| {
+            p.pid == pid && p.alive && (start_time == 0 || p.start_time == start_time || p.start_time == 0)
+        }) else {
+            return;
+        };
+        self.sample_from(&snap, ts);
+        let mut top = self.model.layout(Some(pid));
+        top.sort_unstable_by_key(|e| std::cmp::Reverse(e.size));
+        top.truncate(10);
+        let view = snap.processes[slot].clone();
+        self.exits.insert(slot, ExitInfo { view, top });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramhook_protocol::record::Api;
+
+    fn ev(pid: u32, ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
+        let e = if kind == EventKind::Alloc {
+            Event::alloc(Api::cuMemAlloc_v2, addr, size)
+        } else {
+            Event::free(Api::cuMemFree_v2, addr)
+        };
+        e.by(pid, pid).at(ts).on_device(0)
+    }
+
+    /// Flushes follow the grid, not the processes: one that went quiet long ago (or exited)
+    /// does not make every later event flush. About cap / 2 flushes per doubling of the span.
+    #[test]
+    fn flushes_are_bounded_by_the_grid() {
+        let mut r = Replayer::new(Options { max_points: 100, ..Options::default() });
+        r.event(&ev(1, 1_000, EventKind::Alloc, 0x1000, 4096));
+        r.event(&ev(1, 2_000, EventKind::Free, 0x1000, 0));
+        r.event(&Event::process_exit().by(1, 1).at(3_000).on_device(0));
+        // One hour of another process, an event every 18 ms.
+        let n = 200_000u64;
+        for i in 0..n {
+            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
+            r.event(&ev(2, 10_000 + i * 18_000_000, kind, 0x9000, 1 << 20));
+        }
+        let doublings = 64 - (n * 18_000_000 / 1000).leading_zeros() as u64;
+        assert!(r.edge_flushes <= 100 * doublings, "{} flushes at edges for {n} events", r.edge_flushes);
+        assert!(r.edge_flushes >= 50, "the grid must still be followed: {}", r.edge_flushes);
+    }
+}

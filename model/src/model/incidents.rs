@@ -1,0 +1,182 @@
+//! OOM incidents: the failure, the frees and retries that follow, the verdict.
+
+use super::*;
+
+impl Model {
+    #[inline]
+    pub(super) fn incident_pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        let p = &mut self.procs[slot];
+        if let Some((_, tid)) = p.awaiting_sample {
+            if tid == ev.tid && kind != EventKind::MemInfo {
+                p.awaiting_sample = None;
+            }
+        }
+        if let Some(idx) = p.open_incident {
+            let inc = &mut self.incidents[idx];
+            inc.events_since += 1;
+            if inc.events_since > self.config.incident_window_events
+                || ts.saturating_sub(inc.view.ts_ns) > self.config.incident_window_ns
+            {
+                p.open_incident = None;
+                return;
+            }
+            let is_retry = matches!(kind, EventKind::Alloc | EventKind::VmmCreate)
+                && ev.size == inc.view.requested_bytes
+                && ev.api == inc.view.api.code();
+            if is_retry {
+                inc.view.retries += 1;
+                inc.view.freed_bytes_between = p.freed_total - inc.freed_mark;
+                if ev.failed() {
+                    inc.view.failures += 1;
+                    inc.view.outcome = Outcome::FailedAgain;
+                } else {
+                    inc.view.outcome = Outcome::Recovered;
+                    p.open_incident = None;
+                }
+            } else if kind != EventKind::MemInfo && ev.is_oom() {
+                // Another request failing (other size or API) is a new incident, not a
+                // retry: the program moved on, and this may be the failure that kills it.
+                p.open_incident = None;
+            }
+        }
+    }
+
+    /// Idle bytes (pool reserve − live, framework cache) of process `pid` on `device`
+    /// (all devices when `device` is -1).
+    #[inline]
+    pub(super) fn idle_of(&self, pid: u32, device: i16) -> u64 {
+        let g = self.config.granularity;
+        let pools: u64 = self
+            .pools
+            .range((pid, false, 0)..=(pid, true, u64::MAX))
+            .filter(|(_, p)| device < 0 || p.device == device)
+            .fold(0u64, |acc, (_, p)| acc.saturating_add(p.reserve(g) - p.live));
+        let segs: u64 = self
+            .segments
+            .range((pid, 0)..=(pid, u64::MAX))
+            .filter(|(_, s)| device < 0 || s.device == device)
+            .fold(0u64, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
+        pools.saturating_add(segs)
+    }
+
+    /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
+    #[inline]
+    pub(super) fn arenas_of(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
+        let mut v: Vec<(u16, ArenaNumbers)> = self
+            .arenas_in(pid, pid)
+            .into_iter()
+            .filter(|a| a.pid == pid && (device < 0 || a.device == device))
+            .map(|a| {
+                let n = ArenaNumbers {
+                    kind: a.kind,
+                    base: a.base,
+                    free_in_arena: a.free_in_arena,
+                    largest_free_span: a.largest_free_span,
+                };
+                (a.device as u16, n)
+            })
+            .collect();
+        v.sort_by_key(|(d, a)| (a.kind, a.base, *d));
+        v.into_iter().map(|(_, a)| a).collect()
+    }
+
+    #[inline]
+    pub(super) fn on_oom(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
+        self.procs[slot].oom_count += 1;
+        if self.procs[slot].open_incident.is_some() {
+            return; // a failed retry, already counted by incident_pre
+        }
+        let pid = ev.pid;
+        let own_idle = self.idle_of(pid, ev.device);
+        // Idle bytes live only in pools and framework segments: summed over those (not over
+        // every process, most of which hold neither: a capture of 50,000 processes with an
+        // OOM each made this quadratic).
+        let g = self.config.granularity;
+        let other = |p: u32| p != pid && self.by_pid.get(&p).is_some_and(|s| self.procs[*s].alive);
+        let dev = ev.device;
+        let pool_idle = self
+            .pools
+            .iter()
+            .filter(|((p, _, _), pool)| (dev < 0 || pool.device == dev) && other(*p))
+            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.reserve(g) - pool.live));
+        let other_idle: u64 = self
+            .segments
+            .iter()
+            .filter(|((p, _), s)| (dev < 0 || s.device == dev) && other(*p))
+            .fold(pool_idle, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
+        let arenas = self.arenas_of(pid, ev.device);
+        let sample = self.devices.get(&ev.device).cloned();
+        let inputs = VerdictInputs {
+            requested: ev.size,
+            granularity: self.config.granularity,
+            device_free: sample.as_ref().map(|s| s.free),
+            device_total: sample.as_ref().map(|s| s.total),
+            own_idle,
+            other_idle,
+            arenas,
+        };
+        let p = &self.procs[slot];
+        let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
+        let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
+        let id = self.incidents.len() as u64 + 1;
+        let view = OomIncident {
+            id,
+            pid,
+            start_time: p.start_time,
+            command: p.command.clone(),
+            device: ev.device,
+            ts_ns: ts,
+            api,
+            caller: ev.caller().map(Caller::name).unwrap_or("").to_string(),
+            requested_bytes: ev.size,
+            device_free_bytes: inputs.device_free,
+            device_total_bytes: inputs.device_total,
+            sample_ts_ns: sample.as_ref().map(|s| s.ts),
+            sample_after_failure: false,
+            verdict: Verdict::Unknown,
+            unknown_reason: None,
+            explanation: String::new(),
+            failures: 1,
+            retries: 0,
+            freed_bytes_between: 0,
+            outcome: Outcome::Open,
+            lead_up: {
+                let h = p.lead_head.min(p.lead_up.len());
+                p.lead_up[h..].iter().chain(&p.lead_up[..h]).map(EventRecord::from).collect()
+            },
+            own_idle_bytes: own_idle,
+            other_idle_bytes: other_idle,
+            arena_free_bytes,
+            arena_largest_free_span,
+        };
+        let idx = self.incidents.len();
+        self.incidents.push(IncidentState { view, inputs, slot, freed_mark: p.freed_total, events_since: 0 });
+        self.decide(idx);
+        let p = &mut self.procs[slot];
+        p.open_incident = Some(idx);
+        p.awaiting_sample = Some((idx, ev.tid));
+    }
+
+    #[inline]
+    pub(super) fn decide(&mut self, idx: usize) {
+        let inc = &self.incidents[idx];
+        let (verdict, reason) = decide_verdict(&inc.inputs);
+        let cmd = &self.procs[inc.slot].command;
+        let text = explain(&ExplainCtx {
+            pid: inc.view.pid,
+            command: if cmd.is_empty() { &inc.view.command } else { cmd },
+            api: inc.view.api,
+            device: inc.view.device,
+            ts_ns: inc.view.ts_ns,
+            sample_ts_ns: inc.view.sample_ts_ns,
+            sample_after_failure: inc.view.sample_after_failure,
+            inputs: &inc.inputs,
+            verdict,
+            unknown_reason: reason.as_deref(),
+        });
+        let inc = &mut self.incidents[idx];
+        inc.view.verdict = verdict;
+        inc.view.unknown_reason = reason;
+        inc.view.explanation = text;
+    }
+}
