@@ -279,6 +279,10 @@ struct Process {
     free_in_arenas: u64,
     /// Of `live_bytes`.
     extremes: Extremes,
+    /// eBPF mode: traced only from this time (the probes' attach); earlier allocations
+    /// are unknown. Not in checkpoints: a restarted agent attaches again.
+    #[serde(skip)]
+    traced_since: Option<u64>,
 }
 
 impl DevBytes {
@@ -309,6 +313,7 @@ impl DevBytes {
 impl Process {
     fn new(pid: u32, start_time: u64) -> Process {
         Process {
+            traced_since: None,
             pid,
             start_time,
             ppid: 0,
@@ -794,6 +799,15 @@ impl Model {
             if info.ppid != 0 {
                 p.ppid = info.ppid;
             }
+        }
+    }
+
+    /// eBPF mode: the process was running before the probes were attached at `ts_ns`; its
+    /// allocations before then are unknown ("attached at T; earlier allocations unknown").
+    pub fn process_traced_since(&mut self, pid: u32, start_time: u64, ts_ns: u64) {
+        let slot = self.procs.iter().rposition(|p| p.pid == pid && p.start_time == start_time && p.alive);
+        if let Some(s) = slot {
+            self.procs[s].traced_since = Some(ts_ns);
         }
     }
 
@@ -1840,5 +1854,6 @@ fn process_view_of(p: &Process, idle: u64, pool_reserve: u64, sizes: Histogram, 
         devices,
         size_histogram: sizes,
         age_histogram: ages,
+        traced_since_ns: p.traced_since,
     }
 }

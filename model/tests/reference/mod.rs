@@ -912,6 +912,7 @@ impl Reference {
                     .collect(),
                 size_histogram: sh,
                 age_histogram: ah,
+                traced_since_ns: None,
             });
         }
         // devices
