@@ -65,6 +65,16 @@ enum {
     API_MAX = 64,
 };
 
+/* Api codes whose first argument is an out-pointer the driver writes: cuMemAlloc_v2 (1),
+ * Pitch_v2 (2), Managed (3), AllocAsync[_ptsz] (5, 6), AllocFromPoolAsync[_ptsz] (7, 8),
+ * cuMemCreate (12), cuMemAddressReserve (16), array creates (18, 19, 20),
+ * cuIpcOpenMemHandle_v2 (23), cuMemImportFromShareableHandle (25), cuMemGetInfo_v2 (26),
+ * cuMemPoolCreate (27), cuIpcOpenMemHandle (29). */
+#define OUT0_APIS                                                                                                  \
+    ((1ull << 1) | (1ull << 2) | (1ull << 3) | (1ull << 5) | (1ull << 6) | (1ull << 7) | (1ull << 8) | (1ull << 12) | \
+     (1ull << 16) | (1ull << 18) | (1ull << 19) | (1ull << 20) | (1ull << 23) | (1ull << 25) | (1ull << 26) |        \
+     (1ull << 27) | (1ull << 29))
+
 /* Bits of vh_event.flags. */
 #define VH_OUT0 1u  /* out[0] = *(u64 *)args[0] was read */
 #define VH_OUT1 2u  /* out[1] = *(u64 *)args[1] was read */
@@ -228,9 +238,12 @@ int vh_return(struct vh_regs *ctx) {
     for (int i = 0; i < 5; i++) e->args[i] = f->args[i];
     bpf_map_delete_elem(&inflight, &id);
 
-    /* Out-pointers: every recorded call whose first argument may be one is read; the
-     * agent uses the value only for the functions that write there, and only on success. */
-    if (e->args[0] && bpf_probe_read_user(&e->out[0], 8, (void *)e->args[0]) == 0) e->flags |= VH_OUT0;
+    /* Out-pointers: read only for the functions whose first argument is one (reading a
+     * device address as user memory would fault: correct, but slow); the agent uses the
+     * value only on success. */
+    if (api < 64 && ((OUT0_APIS >> api) & 1) && e->args[0] &&
+        bpf_probe_read_user(&e->out[0], 8, (void *)e->args[0]) == 0)
+        e->flags |= VH_OUT0;
     if ((api == API_cuMemAllocPitch_v2 || api == API_cuMemGetInfo_v2) && e->args[1] &&
         bpf_probe_read_user(&e->out[1], 8, (void *)e->args[1]) == 0)
         e->flags |= VH_OUT1;

@@ -108,8 +108,9 @@ pub struct SourceStats {
 enum Owner {
     Ebpf,
     Ring,
-    /// Interposer loaded, no ring yet: events held until the deadline.
-    Pending(Instant),
+    /// Interposer loaded, no ring yet: events held until the deadline, which starts at
+    /// the first event held (a process that makes no call has nothing to decide yet).
+    Pending(Option<Instant>),
 }
 
 struct Tracked {
@@ -292,7 +293,7 @@ impl EbpfSource {
         let owner = if ring_pids(pid) {
             Owner::Ring
         } else if targets::has_interposer(pid) {
-            Owner::Pending(Instant::now() + self.cfg.hold)
+            Owner::Pending(None)
         } else {
             Owner::Ebpf
         };
@@ -335,13 +336,12 @@ impl EbpfSource {
         let now = Instant::now();
         for t in self.tracked.values_mut() {
             match t.owner {
-                Owner::Pending(deadline) if ring_pids(t.info.pid) => {
+                Owner::Pending(_) if ring_pids(t.info.pid) => {
                     self.stats.ring_won += t.held.len() as u64;
                     t.held.clear();
                     t.owner = Owner::Ring;
-                    let _ = deadline;
                 }
-                Owner::Pending(deadline) if now >= deadline => t.owner = Owner::Ebpf,
+                Owner::Pending(Some(deadline)) if now >= deadline => t.owner = Owner::Ebpf,
                 Owner::Ebpf if ring_pids(t.info.pid) => {
                     self.notes.push(format!(
                         "eBPF: process {} has a ring now; its ring is counted from here (events traced both ways \
@@ -380,7 +380,10 @@ impl EbpfSource {
                     self.stats.ring_won += 1;
                     continue;
                 }
-                Owner::Pending(_) => {
+                Owner::Pending(deadline) => {
+                    if deadline.is_none() {
+                        t.owner = Owner::Pending(Some(Instant::now() + self.cfg.hold));
+                    }
                     if t.held.len() < MAX_HELD {
                         t.held.push(ev);
                     } else {

@@ -10,5 +10,7 @@ cargo build --release -p vramhook-analyzer --example bench_replay
 cargo build --release -p vramhook-agent --example bench_agent
 mkdir -p .gpu
 cp target/release/vramhook target/release/libvramhook.so .gpu/
+# Debug info off the copies: the device tool carries at most 64 MiB.
+strip --strip-debug .gpu/vramhook .gpu/libvramhook.so
 cp target/release/examples/{bench_model,bench_replay,bench_agent} .gpu/
 ls -la .gpu
