@@ -228,3 +228,70 @@ fn every_process_mode_sees_a_process_started_later() {
     assert_eq!(got, truth);
     assert!(!seen.attached.iter().any(|(p, _)| *p == pid), "a process started after attach has no gap");
 }
+
+/// A process in another mount namespace (as in a container): its libcuda's path exists only
+/// there, and is reached through `/proc/<pid>/root`.
+#[test]
+fn a_process_in_another_mount_namespace_is_traced() {
+    let test = "ebpf::a_process_in_another_mount_namespace_is_traced";
+    let _serial = serial();
+    let Some(bin) = workload(test) else { return };
+    if Command::new("unshare").arg("--version").output().is_err() {
+        not_run(test, "unshare(1) is not installed");
+        return;
+    }
+    let logs = tempfile::tempdir().expect("tempdir");
+    let hidden = tempfile::tempdir().expect("tempdir");
+    let private = hidden.path().join("lib");
+    // In a new mount namespace: a tmpfs over `private`, the sim's libcuda copied into it,
+    // and the workload loading it from there. The host sees an empty directory.
+    let script = format!(
+        "mkdir -p {p} && mount -t tmpfs none {p} && cp {lib} {p}/libcuda.so.1 && LD_LIBRARY_PATH={p} exec {bin} --before 1 --after 3",
+        p = private.display(),
+        lib = sim().join("libcuda.so.1").display(),
+        bin = bin.display()
+    );
+    let mut child = match Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env("VRAMHOOK_SIM_LOG_DIR", logs.path())
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            not_run(test, &format!("unshare: {e}"));
+            return;
+        }
+    };
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    if out.read_line(&mut line).unwrap_or(0) == 0 || !line.starts_with("ready") {
+        let _ = child.wait();
+        not_run(test, "could not make a private mount namespace here (unshare --mount)");
+        return;
+    }
+    let pid = child.id(); // sh exec'd the workload: same pid
+    assert!(!private.join("libcuda.so.1").exists(), "the library is visible outside its namespace");
+    let before = log_lines(logs.path(), pid).len();
+    let Some(mut src) = start_source(test, SourceConfig::new(Targets::Pids(vec![pid]))) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    };
+    let mut seen = Seen::default();
+    poll(&mut src, &mut seen, &|_| false);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
+    while out.read_line(&mut line).unwrap_or(0) > 0 {}
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.ended.contains(&pid) && Instant::now() < deadline {
+        poll(&mut src, &mut seen, &|_| false);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let truth: Vec<_> = log_lines(logs.path(), pid)[before..].iter().map(truth_key).collect();
+    let got: Vec<_> = seen.events.iter().filter(|e| e.pid == pid).map(event_key).collect();
+    assert!(!truth.is_empty());
+    assert_eq!(got, truth, "events of a process whose libcuda only its own namespace sees");
+}
