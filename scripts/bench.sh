@@ -6,11 +6,13 @@
 #   4. agent: ingestion rate, CPU at a steady event rate, memory with many processes
 #   5. drain: `vramhook run` versus the agent draining the same 64 x 16-thread load
 #      (scripts/bench-drain.sh: interleaved rounds, kept % of each and their ratio)
-# Usage: scripts/bench.sh [interposer|model|analyzer|agent|drain]...   (default: all)
+#   6. ebpf: per-call cost of no tracing, LD_PRELOAD and eBPF uprobes, side by side
+#      (scripts/bench-ebpf.sh; the eBPF column needs root or CAP_BPF + CAP_PERFMON)
+# Usage: scripts/bench.sh [interposer|model|analyzer|agent|drain|ebpf]...   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-((${#which[@]})) || which=(interposer model analyzer agent drain)
+((${#which[@]})) || which=(interposer model analyzer agent drain ebpf)
 cargo build --release --workspace >/dev/null
 # The benchmarks live in each crate's benches/ (plain binaries, `harness = false`); cargo
 # builds them under target/release/deps with a hash in the name: ask it for the path.
@@ -25,6 +27,7 @@ for part in "${which[@]}"; do
         analyzer) "$(bench_bin vramhook-analyzer replay)" ;;
         agent) "$(bench_bin vramhook-agent agent)" ;;
         drain) bash scripts/bench-drain.sh ;;
+        ebpf) bash scripts/bench-ebpf.sh ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
     esac
 done

@@ -18,6 +18,10 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v go >/dev/null || missing+=(golang-go)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+# eBPF mode: the BPF programs are built by clang against the libbpf headers.
+command -v clang >/dev/null || missing+=(clang)
+command -v llvm-strip >/dev/null || missing+=(llvm)
+[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
     sudo=""

@@ -33,6 +33,8 @@ pub struct IngestConfig {
     pub forget_exited_after: Duration,
     /// Largest ring file accepted (bigger ones are refused before they are mapped).
     pub max_ring_bytes: u64,
+    /// eBPF mode: also trace through uprobes on libcuda (see `crate::ebpf`).
+    pub ebpf: Option<crate::ebpf::EbpfConfig>,
 }
 
 impl IngestConfig {
@@ -47,6 +49,7 @@ impl IngestConfig {
             include_run_rings: false,
             forget_exited_after: Duration::from_secs(600),
             max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
+            ebpf: None,
         }
     }
 }
@@ -58,6 +61,8 @@ pub struct IngestLinks {
     pub incidents: Option<tokio::sync::mpsc::Sender<OomIncident>>,
     pub capture: Option<CaptureHandle>,
     pub stop: Arc<AtomicBool>,
+    /// eBPF mode: the probes, loaded and attached by the caller (errors reported there).
+    pub ebpf: Option<vramhook_ebpf::source::EbpfSource>,
 }
 
 struct Watcher {
@@ -111,7 +116,7 @@ impl Watcher {
 /// Runs the ingest loop on the calling thread until `links.stop` is set. Returns the ring
 /// source, still holding its rings, so that the caller marks them recorded once the
 /// capture has written what was sent ([`RingSource::mark_recorded`]).
-pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) -> RingSource {
+pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLinks) -> RingSource {
     let tsc = TscClock::calibrate(Duration::from_millis(10));
     let stats = links.stats.clone();
     let mut source = RingSource::new(&cfg.ring_dir, RingFilter::default(), tsc);
@@ -177,6 +182,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
     // Per pid, the ring last announced to the capture.
     let mut announced: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut idle = Duration::from_millis(1);
+    let mut ebpf = links.ebpf.take();
     while !links.stop.load(Ordering::Relaxed) {
         scan_due |= watcher.as_mut().is_some_and(Watcher::changed);
         let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
@@ -283,6 +289,17 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
             })
         };
         report_refusals(&mut source, &stats);
+        // eBPF mode: the probes' events, after the rings' (a pid with a ring is the ring's).
+        let ebpf_delivered = match ebpf.as_mut() {
+            Some(src) => {
+                let ring_pid = |pid: u32| {
+                    announced.contains_key(&pid)
+                        || pending.range((pid, 0, 0)..=(pid, u64::MAX, u64::MAX)).next().is_some()
+                };
+                crate::ebpf::drain(src, &mut model, &capture, &stats, &ring_pid)
+            }
+            None => 0,
+        };
         if let (Some(c), true) = (&capture, summary.delivered > 0) {
             let (flushed, generation) = (flushed.clone(), source.generation());
             let ack: Box<dyn FnOnce() + Send> = Box::new(move || {
@@ -326,7 +343,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
         }
         if summary.delivered as usize >= cfg.batch_limit {
             idle = Duration::ZERO; // more is waiting
-        } else if summary.delivered > 0 {
+        } else if summary.delivered > 0 || ebpf_delivered > 0 {
             idle = Duration::from_millis(1);
         } else if source.waiting() > 0 || scan_due {
             idle = Duration::from_millis(1); // a ring is being made: look again soon
@@ -339,6 +356,12 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, links: IngestLinks) 
                 None => std::thread::sleep(idle),
             }
         }
+    }
+    // Detach every probe before the last snapshot (nothing stays in the kernel).
+    if let Some(src) = ebpf.take() {
+        drop(src);
+        stats.ebpf_links.store(0, Ordering::Relaxed);
+        eprintln!("vramhook agent: eBPF probes detached");
     }
     // Drain what is left, publish a last snapshot and checkpoint.
     publish(&model, &links, &mut exported_incident);

@@ -7,6 +7,7 @@
 //! - [`metrics`]: the metric catalogue shared by Prometheus and OTLP.
 
 pub mod capture;
+pub mod ebpf;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
@@ -31,6 +32,8 @@ pub enum AgentError {
     Otlp(#[from] otlp::OtlpError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    Ebpf(#[from] ebpf::ProbeError),
     #[error("refusing ring directory {dir}")]
     RingDir { dir: PathBuf, source: vramhook_protocol::ringdir::RingDirError },
 }
@@ -89,6 +92,9 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         vramhook_protocol::ringdir::open_ring_dir(&cfg.ingest.ring_dir, owner)
     }
     .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })?;
+    // eBPF mode: probes loaded and attached before anything else starts, so that a missing
+    // capability or kernel feature is one clear line and a non-zero exit.
+    let ebpf = cfg.ingest.ebpf.clone().map(ebpf::start).transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("vramhook-agent")
@@ -179,6 +185,7 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         incidents: if cfg.otlp { Some(inc_tx) } else { None },
         capture: capture.clone(),
         stop: stop.clone(),
+        ebpf,
     };
     let ingest_cfg = cfg.ingest.clone();
     let ingest = std::thread::Builder::new()

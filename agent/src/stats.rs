@@ -60,6 +60,19 @@ pub struct AgentStats {
     /// never drained), as recorded in the ring directory's `.gc-removed`.
     pub rings_gc_removed: AtomicU64,
     pub rings_gc_removed_bytes: AtomicU64,
+    // eBPF mode (`vramhook agent --ebpf`), all 0 without it.
+    /// Events the probes delivered to the model.
+    pub ebpf_events: AtomicU64,
+    /// Events of processes that also have a ring: dropped, the ring's count wins.
+    pub ebpf_ring_won: AtomicU64,
+    /// Events lost because the BPF ring buffer was full (also `Dropped` in the model).
+    pub ebpf_lost: AtomicU64,
+    /// Ring-buffer records refused as malformed.
+    pub ebpf_malformed: AtomicU64,
+    /// Probe links in place now.
+    pub ebpf_links: AtomicU64,
+    /// Processes traced through probes now.
+    pub ebpf_processes: AtomicU64,
 }
 
 /// A plain copy of [`AgentStats`] for the JSON state endpoint.
@@ -104,6 +117,18 @@ pub struct StatsView {
     pub rings_gc_removed: u64,
     #[serde(default)]
     pub rings_gc_removed_bytes: u64,
+    #[serde(default)]
+    pub ebpf_events: u64,
+    #[serde(default)]
+    pub ebpf_ring_won: u64,
+    #[serde(default)]
+    pub ebpf_lost: u64,
+    #[serde(default)]
+    pub ebpf_malformed: u64,
+    #[serde(default)]
+    pub ebpf_links: u64,
+    #[serde(default)]
+    pub ebpf_processes: u64,
 }
 
 impl StatsView {
@@ -115,6 +140,7 @@ impl StatsView {
             .saturating_add(self.restart_lost)
             .saturating_add(self.dropped_recovered)
             .saturating_add(self.dropped_in_ring)
+            .saturating_add(self.ebpf_lost)
     }
 }
 
@@ -175,6 +201,12 @@ impl AgentStats {
             http_requests: g(&self.http_requests),
             rings_gc_removed: g(&self.rings_gc_removed),
             rings_gc_removed_bytes: g(&self.rings_gc_removed_bytes),
+            ebpf_events: g(&self.ebpf_events),
+            ebpf_ring_won: g(&self.ebpf_ring_won),
+            ebpf_lost: g(&self.ebpf_lost),
+            ebpf_malformed: g(&self.ebpf_malformed),
+            ebpf_links: g(&self.ebpf_links),
+            ebpf_processes: g(&self.ebpf_processes),
         }
     }
 }

@@ -63,6 +63,23 @@ pub struct AgentArgs {
     /// refused before they are mapped (the interposer's default ring is 4 MiB).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     pub max_ring_mib: u64,
+    /// eBPF mode: also trace processes that are already running, through uprobes on
+    /// libcuda, with no restart (root, or CAP_BPF and CAP_PERFMON). Without --pid: every
+    /// process that maps libcuda, now or later. A process with a ring is left to its ring.
+    #[arg(long)]
+    pub ebpf: bool,
+    /// eBPF mode for these processes only (repeat, or separate with commas); implies --ebpf.
+    #[arg(long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// eBPF mode: also probe this libcuda file from the start (beyond the ones processes
+    /// map and the usual install paths).
+    #[arg(long, value_name = "PATH")]
+    pub ebpf_libcuda: Vec<PathBuf>,
+    /// eBPF mode: the device ordinal of plain allocations and device samples, which a probe
+    /// cannot see (the interposer asks the driver). Default: 0 when the host lists exactly
+    /// one NVIDIA GPU in /proc/driver/nvidia/gpus, else unknown (-1).
+    #[arg(long, value_name = "N")]
+    pub ebpf_device: Option<i16>,
 }
 
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
@@ -73,6 +90,16 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
     ingest.forget_exited_after = Duration::from_secs(args.forget_exited_after);
     ingest.max_ring_bytes = args.max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
+    if args.ebpf || !args.pids.is_empty() {
+        use vramhook_agent::ebpf::{EbpfConfig, EbpfTargets};
+        let targets = if args.pids.is_empty() { EbpfTargets::All } else { EbpfTargets::Pids(args.pids.clone()) };
+        let mut c = EbpfConfig::new(targets);
+        c.libraries = args.ebpf_libcuda.clone();
+        if let Some(d) = args.ebpf_device {
+            c.single_device = Some(d);
+        }
+        ingest.ebpf = Some(c);
+    }
     let capture = args.capture_dir.as_ref().map(|dir| {
         let mut c = CaptureConfig::new(dir);
         c.max_bytes = args.capture_max_mib.max(1) << 20;

@@ -253,7 +253,14 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
             if p.dropped_events > 0 || p.oom_count > 0 { Style::default().fg(Color::Yellow) } else { Style::default() };
         Row::new(vec![
             p.pid.to_string(),
-            vramhook_agent::metrics::command_label(&p.command, &p.exe),
+            match p.traced_since_ns {
+                // eBPF mode, attached while it ran: its numbers start at the attach.
+                Some(_) => format!(
+                    "{} (attached late; earlier allocations unknown)",
+                    vramhook_agent::metrics::command_label(&p.command, &p.exe)
+                ),
+                None => vramhook_agent::metrics::command_label(&p.command, &p.exe),
+            },
             fmt_bytes(p.live_bytes),
             fmt_bytes(p.peak_bytes),
             p.live_allocations.to_string(),

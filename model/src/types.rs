@@ -243,6 +243,11 @@ pub struct ProcessView {
     pub size_histogram: Histogram,
     /// Ages of live allocations at the snapshot time (latest event time).
     pub age_histogram: Histogram,
+    /// eBPF mode, a process already running when the probes were attached: "attached at
+    /// this time (monotonic ns); earlier allocations unknown". Its bytes allocated before
+    /// are in the device's `untraced_bytes`. `None`: traced from its first call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced_since_ns: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -6,6 +6,8 @@ cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook -p vramhook-interposer
 mkdir -p .gpu
 cp target/release/vramhook target/release/libvramhook.so .gpu/
+# Debug info off the copies: the device tool carries at most 64 MiB.
+strip --strip-debug .gpu/vramhook .gpu/libvramhook.so
 # The benchmarks (each crate's benches/), under the names the GPU scripts use.
 bench_bin() {
     cargo bench -p "$1" --bench "$2" --no-run 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -n 1

@@ -327,6 +327,10 @@ struct Process {
     free_in_arenas: u64,
     /// Of `live_bytes`.
     extremes: Extremes,
+    /// eBPF mode: traced only from this time (the probes' attach); earlier allocations
+    /// are unknown. Not in checkpoints: a restarted agent attaches again.
+    #[serde(skip)]
+    traced_since: Option<u64>,
 }
 
 /// Errors of [`Model::restore`].

@@ -6,6 +6,7 @@ impl Process {
     #[inline]
     pub(super) fn new(pid: u32, start_time: u64) -> Process {
         Process {
+            traced_since: None,
             pid,
             start_time,
             ppid: 0,
@@ -187,6 +188,15 @@ impl Model {
         }
     }
 
+    /// eBPF mode: the process was running before the probes were attached at `ts_ns`; its
+    /// allocations before then are unknown ("attached at T; earlier allocations unknown").
+    pub fn process_traced_since(&mut self, pid: u32, start_time: u64, ts_ns: u64) {
+        let slot = self.procs.iter().rposition(|p| p.pid == pid && p.start_time == start_time && p.alive);
+        if let Some(s) = slot {
+            self.procs[s].traced_since = Some(ts_ns);
+        }
+    }
+
     /// The process ended (from the agent's process watcher or the capture's end frame):
     /// releases everything it held. Idempotent; a `start_time` of 0 matches the current
     /// process of that pid.
@@ -297,5 +307,6 @@ pub(super) fn process_view_of(
         devices,
         size_histogram: sizes,
         age_histogram: ages,
+        traced_since_ns: p.traced_since,
     }
 }

@@ -921,6 +921,7 @@ impl Reference {
                     .collect(),
                 size_histogram: sh,
                 age_histogram: ah,
+                traced_since_ns: None,
             });
         }
         // devices
