@@ -185,6 +185,12 @@ impl Probes {
         self.links
     }
 
+    /// Kernel ids of these probes' programs (to check, after they are dropped, that
+    /// nothing of theirs stayed loaded).
+    pub fn program_ids(&self) -> std::collections::BTreeSet<u32> {
+        self.bpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+    }
+
     /// Attaches the probes to every probed function `lib` exports. Functions an older
     /// driver lacks are listed in `missing`; a library with none of them is an error.
     /// Returns the monotonic ns when its probes were all in place.
@@ -289,4 +295,23 @@ pub fn loaded_program_count() -> usize {
         .flatten()
         .filter(|p| p.name_as_str().is_some_and(|n| PROGRAM_NAMES.contains(&n)))
         .count()
+}
+
+/// Ids of the BPF programs process `pid` holds open (from `/proc/<pid>/fdinfo`), so that a
+/// check for programs left behind looks at one process's, not at others' loaded meanwhile.
+pub fn program_ids_held_by(pid: u32) -> std::collections::BTreeSet<u32> {
+    let mut ids = std::collections::BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return ids };
+    for entry in entries.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else { continue };
+        ids.extend(
+            info.lines().filter_map(|l| l.strip_prefix("prog_id:")).filter_map(|v| v.trim().parse::<u32>().ok()),
+        );
+    }
+    ids
+}
+
+/// Of `ids`, how many programs are still loaded in the kernel.
+pub fn still_loaded(ids: &std::collections::BTreeSet<u32>) -> usize {
+    aya::programs::loaded_programs().flatten().filter(|p| ids.contains(&p.id())).count()
 }

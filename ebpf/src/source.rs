@@ -220,6 +220,11 @@ impl EbpfSource {
         self.probes.links()
     }
 
+    /// Kernel ids of this source's programs.
+    pub fn program_ids(&self) -> std::collections::BTreeSet<u32> {
+        self.probes.program_ids()
+    }
+
     /// Functions some library lacked (older drivers).
     pub fn missing_functions(&self) -> Vec<&'static str> {
         self.probes.missing.iter().map(|(_, n)| *n).collect()
