@@ -33,6 +33,7 @@ pub fn verdict_name(v: vramhook_model::Verdict) -> &'static str {
         ArenaFragmentation => "arena_fragmentation",
         Granularity => "granularity",
         FrameworkFragmentation => "framework_fragmentation",
+        FrameworkCache => "framework_cache",
         Unknown => "unknown",
     }
 }
@@ -257,6 +258,9 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             other_idle_bytes: i.other_idle_bytes,
             arena_free_bytes: i.arena_free_bytes,
             arena_largest_free_span: i.arena_largest_free_span,
+            framework: i.framework.map(|f| f.name().to_string()),
+            framework_oom: i.framework_oom.clone(),
+            cache_fragmentation: i.cache_fragmentation,
             lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
         })
         .collect()

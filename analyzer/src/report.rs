@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 
 /// Version of the JSON report's schema.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -316,6 +316,12 @@ pub struct OomReport {
     pub other_idle_bytes: u64,
     pub arena_free_bytes: u64,
     pub arena_largest_free_span: u64,
+    /// The caching framework whose libraries the process loaded (`pytorch`, `cupy`, …).
+    pub framework: Option<String>,
+    /// What the framework's lens (or its snapshot) said when it gave up.
+    pub framework_oom: Option<vramhook_model::LensOom>,
+    /// `1 − largest free block / all free bytes` over the framework's segments, when known.
+    pub cache_fragmentation: Option<f64>,
     /// The process's last events before the failure, oldest first.
     pub lead_up: Vec<EventLine>,
 }

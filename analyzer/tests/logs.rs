@@ -228,7 +228,7 @@ fn text_and_json_reports_carry_the_log_incidents() {
     assert!(text.contains("FROM LOGS (1 incident(s) in 1 file(s))"), "{text}");
     assert!(text.contains("FRAMEWORK_FRAGMENTATION"), "{text}");
     let json = serde_json::to_value(&r).expect("json");
-    assert_eq!(json["schema_version"], 2);
+    assert_eq!(json["schema_version"], 3);
     assert_eq!(json["log_incidents"][0]["verdict_name"], "framework_fragmentation");
 }
 

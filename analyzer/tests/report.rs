@@ -17,7 +17,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
     assert_eq!(r.inputs[0].status, InputStatus::Complete);
-    assert_eq!(r.schema_version, 2);
+    assert_eq!(r.schema_version, 3);
     let p = proc(&r, 100);
     assert_eq!(p.command, "python train.py");
     assert_eq!(p.device, 0);

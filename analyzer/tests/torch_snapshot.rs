@@ -24,7 +24,15 @@ fn generated_snapshots_import_with_the_same_numbers_in_every_protocol() {
         let o = &r.ooms[0];
         assert_eq!(o.requested_bytes, 10 * MIB);
         assert_eq!(o.device_free_bytes, Some(6 * MIB));
-        assert_eq!(o.verdict_name, "arena_fragmentation", "{}", o.explanation);
+        // A snapshot's `oom` entry is PyTorch giving up: its cache's numbers decide
+        // (before the lens work this read as a segment's "arena fragmentation").
+        assert_eq!(o.verdict_name, "framework_fragmentation", "{}", o.explanation);
+        assert_eq!(o.outcome, vramhook_model::Outcome::Failed);
+        assert!(
+            o.explanation.contains("13.50 MiB (14,155,776 bytes) reserved by PyTorch but unallocated"),
+            "{}",
+            o.explanation
+        );
         assert_eq!(o.arena_largest_free_span, 8 * MIB);
         let frag = r.fragmentation.iter().find(|a| a.size == 20 * MIB).expect("segment A as an arena");
         assert!((frag.fragmentation.last().map_or(0.0, |p| p.last) - 1.0 / 3.0).abs() < 1e-9);
@@ -127,4 +135,40 @@ fn memo_references_cannot_make_the_import_quadratic() {
     let e = analyze_bytes("bomb.pickle", &p, &Options::default()).expect_err("too large");
     assert!(e.to_string().contains("too large"), "{e}");
     assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+}
+
+/// The real H200 snapshot of issue #10: PyTorch's default allocator, 139 cached 1 GiB
+/// segments each keeping a 600 MiB tensor, then 2 GiB asked for. PyTorch's own message
+/// (tests/fixtures/h200-oom/torch_default_fragmented.log): "81.45 GiB is allocated by
+/// PyTorch, and 57.55 GiB is reserved by PyTorch but unallocated".
+#[test]
+fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragmentation_incident() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/h200-oom/torch_fragmented_snapshot.pickle");
+    let r = analyze(&[path], &Options::default()).expect("analyze");
+    assert_valid(&r);
+    let log = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/h200-oom/torch_default_fragmented.log"
+    ))
+    .expect("PyTorch's own message");
+    assert!(log.contains("81.45 GiB is allocated by PyTorch, and 57.55 GiB is reserved by PyTorch but unallocated"));
+    assert_eq!(r.ooms.len(), 2, "the 1 GiB failure while filling, and the fatal 2 GiB one");
+    let (fill, fatal) = (&r.ooms[0], &r.ooms[1]);
+    assert_eq!((fill.requested_bytes, fatal.requested_bytes), (1 << 30, 2 << 30));
+    assert_eq!(fill.verdict_name, "capacity", "every segment was in use then: {}", fill.explanation);
+    assert_eq!(fatal.verdict_name, "framework_fragmentation", "{}", fatal.explanation);
+    assert_eq!(fatal.outcome, vramhook_model::Outcome::Failed);
+    for quoted in [
+        "81.45 GiB (87,451,238,400 bytes) allocated by PyTorch",
+        "57.55 GiB (61,798,875,136 bytes) reserved by PyTorch but unallocated",
+        "largest free block was 424.00 MiB",
+        "139 pieces over 139 of its 139 segments",
+        "expandable_segments:True",
+    ] {
+        assert!(fatal.explanation.contains(quoted), "{quoted:?} not in {}", fatal.explanation);
+    }
+    // Cache-wide fragmentation leads; each segment alone holds one free block (0.00).
+    assert!(fatal.cache_fragmentation.is_some_and(|f| f > 0.99), "{:?}", fatal.cache_fragmentation);
+    let l = fatal.framework_oom.as_ref().expect("PyTorch's numbers at its OOM");
+    assert_eq!(l.reserved - l.allocated, 61_798_875_136);
 }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use vramhook_protocol::{Api, Event, MemClass};
+use vramhook_protocol::{Api, Event, FrameworkId, MemClass};
 
 /// Model configuration. Part of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -248,6 +248,59 @@ pub struct ProcessView {
     /// are in the device's `untraced_bytes`. `None`: traced from its first call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traced_since_ns: Option<u64>,
+    /// Frameworks whose libraries the process loaded (from the interposer's `frameworks`
+    /// record): who holds its bytes, resolved once per process, never per call.
+    #[serde(default)]
+    pub frameworks: Vec<FrameworkId>,
+    /// What a framework lens last said about its cache, per device (empty without a lens).
+    #[serde(default)]
+    pub framework_caches: Vec<FrameworkCache>,
+}
+
+/// A framework's cache on one device, as its lens measured it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrameworkCache {
+    pub framework: FrameworkId,
+    pub device: i16,
+    /// Bytes the framework holds from the driver (PyTorch's `memory_reserved()`).
+    pub reserved_bytes: u64,
+    /// Of those, handed out to the program (`memory_allocated()`).
+    pub allocated_bytes: u64,
+    /// The largest block it could hand out whole (`None`: not measured in this sample).
+    pub largest_free_block: Option<u64>,
+    pub segments: u64,
+    /// `1 − largest free block / (reserved − allocated)`; `None` when the largest block is
+    /// not known, 0 when nothing is free.
+    pub fragmentation: Option<f64>,
+    pub ts_ns: u64,
+}
+
+impl FrameworkCache {
+    /// Reserved but not allocated: free inside the cache, invisible to the driver.
+    pub fn cached_free(&self) -> u64 {
+        self.reserved_bytes.saturating_sub(self.allocated_bytes)
+    }
+}
+
+/// What a framework lens saw when the framework gave up on a request (its OOM observer).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LensOom {
+    pub framework: FrameworkId,
+    /// The framework's own request (with expandable segments, not the chunk the driver refused).
+    pub requested: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub largest_free_block: Option<u64>,
+    /// Segments the lens listed after it, the free pieces in them, and how many of them had any.
+    pub segments_listed: u64,
+    pub free_pieces: u64,
+    pub segments_with_free: u64,
+}
+
+impl LensOom {
+    pub fn cached_free(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -308,6 +361,9 @@ pub enum Verdict {
     /// A framework's cache (PyTorch's caching allocator, XLA's BFC pool) held enough
     /// reserved-but-unallocated bytes for the request, but no free block was large enough.
     FrameworkFragmentation,
+    /// A caching framework held enough bytes from the driver to cover the request, and how
+    /// much of them was free inside its cache is not visible from the driver (no lens).
+    FrameworkCache,
     /// Not explained by the numbers known; see `unknown_reason`.
     Unknown,
 }
@@ -320,6 +376,8 @@ pub enum Outcome {
     FailedAgain,
     /// No retry seen.
     Open,
+    /// The framework gave up on the request (its lens saw its out-of-memory error).
+    Failed,
 }
 
 /// Free space of one arena at the moment of a failure.
@@ -332,7 +390,7 @@ pub struct ArenaNumbers {
 }
 
 /// Everything a verdict is decided from (public so that another model can reuse the rule).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerdictInputs {
     pub requested: u64,
     pub granularity: u64,
@@ -344,6 +402,30 @@ pub struct VerdictInputs {
     pub other_idle: u64,
     /// This process's arenas on the device.
     pub arenas: Vec<ArenaNumbers>,
+    /// The caching framework whose libraries the process loaded, if any.
+    #[serde(default)]
+    pub framework: Option<FrameworkId>,
+    /// This process's own resident live bytes on the device: all a framework of it can hold.
+    #[serde(default)]
+    pub framework_held: u64,
+    /// Over this process's framework segments on the device (a snapshot's or a lens's):
+    /// their free bytes, the largest free block among them, and their count.
+    #[serde(default)]
+    pub cache_free: u64,
+    #[serde(default)]
+    pub cache_largest_free: u64,
+    #[serde(default)]
+    pub cache_segments: u64,
+    /// Their bytes, their free pieces, and how many of them had any free byte.
+    #[serde(default)]
+    pub cache_reserved: u64,
+    #[serde(default)]
+    pub cache_pieces: u64,
+    #[serde(default)]
+    pub cache_with_free: u64,
+    /// What the framework's lens said when it gave up, if a lens ran.
+    #[serde(default)]
+    pub lens: Option<LensOom>,
 }
 
 /// One out-of-memory incident: a failure, possibly followed by frees and retries.
@@ -384,6 +466,16 @@ pub struct OomIncident {
     /// Sum of free bytes in this process's arenas on the device, and the largest span among them.
     pub arena_free_bytes: u64,
     pub arena_largest_free_span: u64,
+    /// The caching framework the process loaded, if any.
+    #[serde(default)]
+    pub framework: Option<FrameworkId>,
+    /// What its lens saw when the framework gave up (`None`: no lens ran, or it said nothing).
+    #[serde(default)]
+    pub framework_oom: Option<LensOom>,
+    /// Cache-wide over the framework's segments at the failure: `1 − largest free block / all
+    /// free bytes in the cache` (`None`: no segments known).
+    #[serde(default)]
+    pub cache_fragmentation: Option<f64>,
 }
 
 /// The full state, for an operator.

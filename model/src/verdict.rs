@@ -1,12 +1,16 @@
 //! The OOM verdict rule and its explanation text.
 
 use crate::types::*;
-use vramhook_protocol::Api;
+use vramhook_protocol::{Api, FrameworkId};
 
 /// Decides a verdict from what was known at the failure.
 ///
 /// Precedence (the first that holds wins), with `R` the request, `F` the device's free bytes,
 /// `G` the granularity:
+/// 0. **FrameworkFragmentation** (a lens) — the framework's lens saw it give up on its own
+///    request `R'` with `C = reserved − allocated`: `C ≥ R'` and its largest free block
+///    `< R'` (or unknown), or `F + C ≥ R'`. PyTorch gives back its whole free segments and
+///    retries before it gives up, so what is left of `C` then is stranded in split segments.
 /// 1. **Unknown** — no device sample: "no device memory sample".
 /// 2. **Granularity** — `R ≤ F < round_up(R, G)`: the bytes were there, not once rounded to pages.
 /// 3. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
@@ -15,11 +19,24 @@ use vramhook_protocol::Api;
 ///    `free_in_arena ≥ R` but `largest_free_span < R`: the process had the bytes but in pieces,
 ///    so it had to ask the driver for more. Checked before the idle-byte rules because it says
 ///    why the process went to the driver at all.
-/// 5. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
-/// 6. **OtherProcess** — `F + own_idle < R ≤ F + own_idle + other_idle`.
-/// 7. **Capacity** — `F + own_idle + other_idle < R`: even every idle traced byte would not cover it.
+/// 5. **FrameworkFragmentation** (cache-wide) — the process's framework segments (a snapshot's
+///    or a lens's) held free bytes with `F + free ≥ R`, but none of their free blocks was `≥ R`.
+///    Each segment alone may look whole; only the cache-wide figure shows the pieces.
+/// 6. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
+/// 7. **OtherProcess** — `F + own_idle < R ≤ F + own_idle + other_idle`.
+/// 8. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
+///    process held enough from the driver that `F + held ≥ R`, and nothing says how much of
+///    it was free inside its cache (no lens, no segments): not capacity until the cache is seen.
+/// 9. **Capacity** — otherwise: even every idle traced byte would not cover it.
 pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     let r = i.requested;
+    if let Some(l) = &i.lens {
+        let (r, c) = (l.requested.max(1), l.cached_free());
+        let in_pieces = l.largest_free_block.is_none_or(|b| b < r);
+        if (c >= r && in_pieces) || (c > 0 && i.device_free.is_some_and(|f| f.saturating_add(c) >= r)) {
+            return (Verdict::FrameworkFragmentation, None);
+        }
+    }
     let Some(f) = i.device_free else {
         return (Verdict::Unknown, Some("no device memory sample (cuMemGetInfo) was known for this device".into()));
     };
@@ -41,11 +58,18 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     if i.arenas.iter().any(|a| a.free_in_arena >= r && a.largest_free_span < r) {
         return (Verdict::ArenaFragmentation, None);
     }
+    if i.cache_segments > 0 && f.saturating_add(i.cache_free) >= r && i.cache_largest_free < r {
+        return (Verdict::FrameworkFragmentation, None);
+    }
     if r <= f.saturating_add(i.own_idle) {
         return (Verdict::Reclaimable, None);
     }
     if r <= f.saturating_add(i.own_idle).saturating_add(i.other_idle) {
         return (Verdict::OtherProcess, None);
+    }
+    let cache_unseen = i.lens.is_none() && i.cache_segments == 0;
+    if i.framework.is_some_and(|fw| fw.caches()) && cache_unseen && f.saturating_add(i.framework_held) >= r {
+        return (Verdict::FrameworkCache, None);
     }
     (Verdict::Capacity, None)
 }
@@ -61,10 +85,49 @@ pub(crate) struct ExplainCtx<'a> {
     pub inputs: &'a VerdictInputs,
     pub verdict: Verdict,
     pub unknown_reason: Option<&'a str>,
+    /// Times are given since this one (the first event the model saw).
+    pub origin_ns: u64,
 }
 
-fn secs(ns: u64) -> String {
-    format!("{:.3} s", ns as f64 / 1e9)
+/// A time as seconds since the model's first event.
+fn since(ns: u64, origin: u64) -> String {
+    format!("+{:.3} s", ns.saturating_sub(origin) as f64 / 1e9)
+}
+
+/// `81.45 GiB (87,456,000,000 bytes)`: the rounded figure a framework prints, and the exact one.
+fn with_bytes(v: u64) -> String {
+    let digits = v.to_string();
+    let mut grouped = String::new();
+    for (k, c) in digits.chars().enumerate() {
+        if k > 0 && (digits.len() - k).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{} ({grouped} bytes)", fmt_bytes(v))
+}
+
+/// What the framework's documented settings would change, for a cache whose free bytes
+/// were stranded in pieces.
+fn fragmentation_fix(fw: FrameworkId, stranded: u64) -> String {
+    match fw {
+        FrameworkId::PyTorch => format!(
+            "Fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets PyTorch grow and unmap segments page by \
+             page, so the {} stranded in split segments become usable for one large block; or max_split_size_mb \
+             (large blocks are then never split, so they stay whole for large requests), or \
+             garbage_collection_threshold (cached blocks are given back before the cache fills).",
+            fmt_bytes(stranded)
+        ),
+        FrameworkId::Jax | FrameworkId::TensorFlow => format!(
+            "Fix: XLA_PYTHON_CLIENT_ALLOCATOR=platform (or a smaller XLA_PYTHON_CLIENT_MEM_FRACTION with \
+             preallocation off) so the {} stranded in the BFC pool go back to the driver.",
+            fmt_bytes(stranded)
+        ),
+        _ => format!(
+            "Fix: have the framework return its cached blocks ({}) before the large request.",
+            fmt_bytes(stranded)
+        ),
+    }
 }
 
 pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
@@ -72,14 +135,27 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
     let who =
         if c.command.is_empty() { format!("process {}", c.pid) } else { format!("process {} ({})", c.pid, c.command) };
     let gpu = if c.device < 0 { "an unknown GPU".to_string() } else { format!("GPU {}", c.device) };
-    let mut s = format!("{who} asked for {} ({}) on {gpu} at {}; ", fmt_bytes(i.requested), c.api, secs(c.ts_ns));
+    let at = since(c.ts_ns, c.origin_ns);
+    let mut s = match &i.lens {
+        Some(l) if l.requested != i.requested && c.api != Api::Lens => format!(
+            "{who} asked {} for {} on {gpu}; the driver call that failed was {} ({}) at {at}; ",
+            l.framework.display_name(),
+            fmt_bytes(l.requested),
+            fmt_bytes(i.requested),
+            c.api
+        ),
+        Some(l) if c.api == Api::Lens => {
+            format!("{who} asked {} for {} on {gpu} at {at}; ", l.framework.display_name(), fmt_bytes(l.requested))
+        }
+        _ => format!("{who} asked for {} ({}) on {gpu} at {at}; ", fmt_bytes(i.requested), c.api),
+    };
     match (i.device_free, i.device_total) {
         (Some(f), t) => {
             let of = t.map(|t| format!(" of {}", fmt_bytes(t))).unwrap_or_default();
             let when = if c.sample_after_failure {
                 "right after the failure".to_string()
             } else {
-                format!("in a sample taken at {} (before the failure)", secs(c.sample_ts_ns.unwrap_or(0)))
+                format!("in a sample taken at {} (before the failure)", since(c.sample_ts_ns.unwrap_or(0), c.origin_ns))
             };
             s += &format!("the device had {} free{of} {when}", fmt_bytes(f));
         }
@@ -137,9 +213,67 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
                 fmt_bytes(i.granularity)
             )
         }
-        Verdict::FrameworkFragmentation => {
-            s += "Verdict: framework fragmentation. A framework's cache held the bytes in blocks too small for the \
-                  request.";
+        Verdict::FrameworkFragmentation => match &i.lens {
+            Some(l) => {
+                let name = l.framework.display_name();
+                s += &format!(
+                    "Verdict: framework fragmentation. {name} said, when it gave up: {} allocated by {name}, {} \
+                     reserved by {name} but unallocated, of {} reserved. ",
+                    with_bytes(l.allocated),
+                    with_bytes(l.cached_free()),
+                    fmt_bytes(l.reserved)
+                );
+                let largest = l.largest_free_block.or((i.cache_segments > 0).then_some(i.cache_largest_free));
+                let largest = largest.map(fmt_bytes).unwrap_or_else(|| "not measured".into());
+                s += &format!("The largest free block was {largest}, for a request of {}", fmt_bytes(l.requested));
+                let (pieces, with_free, listed) = if l.segments_listed > 0 {
+                    (l.free_pieces, l.segments_with_free, l.segments_listed)
+                } else {
+                    (i.cache_pieces, i.cache_with_free, i.cache_segments)
+                };
+                if listed > 0 {
+                    s += &format!(
+                        "; the free bytes were in {pieces} pieces over {with_free} of its {listed} segments (cache-wide \
+                         fragmentation {:.3})",
+                        fragmentation(i.cache_largest_free, i.cache_free)
+                    );
+                }
+                s += ": the memory was there, stranded in the cache. ";
+                s += &fragmentation_fix(l.framework, l.cached_free());
+            }
+            None => {
+                let fw = i.framework.unwrap_or(FrameworkId::PyTorch);
+                s += &format!(
+                    "Verdict: framework fragmentation. Its {} framework segments on the device held {} reserved, {} \
+                     allocated and {} free in {} pieces (cache-wide fragmentation {:.3}), but the largest free block was \
+                     {}: the request fit in none of them. ",
+                    i.cache_segments,
+                    fmt_bytes(i.cache_reserved),
+                    with_bytes(i.cache_reserved.saturating_sub(i.cache_free)),
+                    with_bytes(i.cache_free),
+                    i.cache_pieces,
+                    fragmentation(i.cache_largest_free, i.cache_free),
+                    fmt_bytes(i.cache_largest_free)
+                );
+                s += &fragmentation_fix(fw, i.cache_free);
+            }
+        },
+        Verdict::FrameworkCache => {
+            let fw = i.framework.map(FrameworkId::display_name).unwrap_or("a framework");
+            s += &format!(
+                "Verdict: framework cache. {fw} held {} of this device from the driver, enough with the free {} for \
+                 the {} requested; how much of it was free inside {fw}'s cache is not visible from the driver, so \
+                 this is not known to be a shortage. Turn on the lens to see inside the cache (vramhook run does; \
+                 with LD_PRELOAD, put vramhook's lens directory first on PYTHONPATH){}.",
+                fmt_bytes(i.framework_held),
+                fmt_bytes(f),
+                fmt_bytes(i.requested),
+                if i.framework == Some(FrameworkId::PyTorch) {
+                    "; if the cache was fragmented, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it"
+                } else {
+                    ""
+                }
+            );
         }
         Verdict::Unknown => {
             s += &format!("Verdict: unknown: {}.", c.unknown_reason.unwrap_or("no reason recorded"));

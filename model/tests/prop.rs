@@ -87,7 +87,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 K::PoolDestroy,
                 K::MemInfo,
                 K::ProcessStart,
-                K::VmmMap,
+                K::Frameworks,
                 K::Dropped,
                 K::Alloc,
             ];
@@ -106,6 +106,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             };
             let size = SIZES[size_i];
             let addr = if slot == 13 { u64::MAX - 0x1000 } else { 0x100000 + slot * 0x1000 };
+            let addr = if kind == EventKind::MemInfo.code() { 6 << 20 } else { addr };
             Event {
                 seq: 0,
                 ts_ns: dt as u64, // replaced by a running clock below
@@ -116,9 +117,10 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 caller: 0,
                 result,
                 device,
-                addr: if kind == EventKind::MemInfo.code() { 6 << 20 } else { addr },
                 size: if kind == EventKind::MemInfo.code() { 64 << 20 } else { size },
                 aux: if kind == EventKind::ProcessStart.code() { handle } else { handle % 3 },
+                // A `frameworks` record's mask: none, PyTorch, CuPy, both, JAX, ggml.
+                addr: if kind == EventKind::Frameworks.code() { [0, 2, 4, 6, 8, 32][handle as usize] } else { addr },
                 stream: pool,
             }
         })

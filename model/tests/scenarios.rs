@@ -2,7 +2,7 @@
 //! memory mechanism.
 
 use vramhook_model::*;
-use vramhook_protocol::{Api, Event, ProcessInfo};
+use vramhook_protocol::{Api, Event, FrameworkId, ProcessInfo};
 
 const TOTAL: u64 = 150_110_011_392; // 139.80 GiB
 
@@ -245,9 +245,23 @@ fn framework_segment_fragmentation_and_reclaimable() {
         m.apply(e);
     }
     assert_eq!(m.snapshot().incidents[0].verdict, Verdict::ArenaFragmentation);
-    // Contiguous cache: reclaimable instead.
+    // Half the segment in use, the other half one free block too small for 600 MiB: the
+    // bytes are stranded in a segment the framework cannot give back (fragmentation, not
+    // "reclaimable": before, a cache-wide check was missing and this read reclaimable).
     let blocks = [Block { addr: seg, size: 512 << 20, allocated: true }];
     m.framework_segment(51, 0, seg, 1 << 30, &blocks, 0);
+    let mut half = Proc { out: vec![], ..q };
+    half.ts += 10_000_000_000; // outside the incident window
+    half.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20, TOTAL);
+    for e in &half.out {
+        m.apply(e);
+    }
+    let inc = &m.snapshot().incidents[1];
+    assert_eq!(inc.verdict, Verdict::FrameworkFragmentation, "{}", inc.explanation);
+    assert_eq!(inc.cache_fragmentation, Some(0.0), "one free block: whole, yet too small");
+    // The whole segment cached and free: giving it back covers the request (reclaimable).
+    m.framework_segment(51, 0, seg, 1 << 30, &[], 0);
+    let q = half;
     let mut r = Proc { out: vec![], ..q };
     r.ts += 10_000_000_000; // outside the incident window
     r.meminfo(100 << 20, TOTAL).oom(Api::cuMemAlloc_v2, 600 << 20).meminfo(100 << 20, TOTAL);
@@ -255,8 +269,8 @@ fn framework_segment_fragmentation_and_reclaimable() {
         m.apply(e);
     }
     let s = m.snapshot();
-    assert_eq!(s.incidents.len(), 2);
-    assert_eq!(s.incidents[1].verdict, Verdict::Reclaimable, "{}", s.incidents[1].explanation);
+    assert_eq!(s.incidents.len(), 3);
+    assert_eq!(s.incidents[2].verdict, Verdict::Reclaimable, "{}", s.incidents[2].explanation);
     // Freeing the segment's cudaMalloc removes the arena.
     let mut f = Proc { out: vec![], ..r };
     f.free(Api::cuMemFree_v2, seg);
@@ -301,6 +315,7 @@ fn verdict_precedence() {
         own_idle: 0,
         other_idle: 0,
         arenas: vec![],
+        ..VerdictInputs::default()
     };
     let v = |i: &VerdictInputs| decide_verdict(i).0;
     assert_eq!(v(&base), Verdict::Capacity);
@@ -329,7 +344,55 @@ fn verdict_precedence() {
         Verdict::Granularity
     );
     assert_eq!(v(&VerdictInputs { device_free: None, own_idle: 1 << 40, ..base.clone() }), Verdict::Unknown);
-    assert_eq!(v(&VerdictInputs { device_free: Some(12 << 20), ..base }), Verdict::Unknown);
+    assert_eq!(v(&VerdictInputs { device_free: Some(12 << 20), ..base.clone() }), Verdict::Unknown);
+
+    // A caching framework that held enough from the driver, nothing known of inside its
+    // cache: framework cache, not capacity; not enough held: still capacity; ggml (no
+    // cache of freed blocks) never gets it.
+    let torch = VerdictInputs { framework: Some(FrameworkId::PyTorch), framework_held: 6 << 20, ..base.clone() };
+    assert_eq!(v(&torch), Verdict::FrameworkCache);
+    assert_eq!(v(&VerdictInputs { framework_held: 5 << 20, ..torch.clone() }), Verdict::Capacity);
+    assert_eq!(v(&VerdictInputs { framework: Some(FrameworkId::Ggml), ..torch.clone() }), Verdict::Capacity);
+    // Reclaimable and other process still come first: they are known idle bytes.
+    assert_eq!(v(&VerdictInputs { own_idle: 6 << 20, ..torch.clone() }), Verdict::Reclaimable);
+    // Segments known (a snapshot or a lens): cache-wide fragmentation when the free bytes
+    // would have covered it but no block was large enough; whole blocks are reclaimable.
+    let segs = VerdictInputs {
+        cache_free: 8 << 20,
+        cache_largest_free: 3 << 20,
+        cache_segments: 4,
+        own_idle: 8 << 20,
+        ..torch.clone()
+    };
+    assert_eq!(v(&segs), Verdict::FrameworkFragmentation);
+    assert_eq!(v(&VerdictInputs { cache_largest_free: 10 << 20, ..segs.clone() }), Verdict::Reclaimable);
+    assert_eq!(v(&VerdictInputs { cache_free: 5 << 20, own_idle: 5 << 20, ..segs.clone() }), Verdict::Capacity);
+    // A lens that saw the framework give up decides first, on the framework's own request,
+    // even with no device sample.
+    let lens = LensOom {
+        framework: FrameworkId::PyTorch,
+        requested: 2 << 30,
+        reserved: 139 << 30,
+        allocated: 81 << 30,
+        largest_free_block: Some(424 << 20),
+        ..LensOom::default()
+    };
+    let with_lens = VerdictInputs { lens: Some(lens.clone()), device_free: None, ..base.clone() };
+    assert_eq!(v(&with_lens), Verdict::FrameworkFragmentation);
+    let whole = LensOom { largest_free_block: Some(3 << 30), ..lens.clone() };
+    assert_eq!(v(&VerdictInputs { lens: Some(whole), ..with_lens.clone() }), Verdict::Unknown);
+    let tiny_cache = LensOom { reserved: 82 << 30, ..lens };
+    assert_eq!(v(&VerdictInputs { lens: Some(tiny_cache.clone()), ..base.clone() }), Verdict::Capacity);
+    assert_eq!(
+        v(&VerdictInputs {
+            lens: Some(tiny_cache),
+            framework: Some(FrameworkId::PyTorch),
+            framework_held: 6 << 20,
+            ..base
+        }),
+        Verdict::Capacity,
+        "a lens that shows too few stranded bytes: the cache was seen, and it was not the cause"
+    );
 }
 
 #[test]

@@ -22,8 +22,19 @@
 //! | `process_exit` | 0 | 0 | 0 | 0 |
 //! | `dropped` | 0 | events lost | of which lost in flight (slots taken, never published) | 0 |
 //! | `hook_miss` | symbol name, 32 bytes over all four words; version in `device`, flags in `caller` | | | |
+//! | `frameworks` | `FrameworkId` bit mask | 0 | 0 | 0 |
+//! | `framework_sample` | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) | segments |
+//! | `framework_oom` | requested bytes | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) |
+//! | `framework_segment` | segment address | segment bytes | allocated bytes in it | its largest free block |
+//!
+//! The three lens kinds keep the framework (`FrameworkId`) in `caller`, except
+//! `framework_segment`, which keeps there its number of free pieces (saturated to 255): a
+//! segment always follows its `framework_oom`.
 
-use crate::record::{Api, Caller, Event, EventKind};
+use crate::record::{Api, Caller, Event, EventKind, FrameworkId};
+
+/// A lens's "not known" for a byte count it could not measure.
+pub const UNKNOWN_BYTES: u64 = u64::MAX;
 
 /// One constructor per row: `name(args) => kind, api, [addr, size, aux, stream];`.
 macro_rules! constructors {
@@ -150,6 +161,52 @@ impl Event {
         process_exit() => EventKind::ProcessExit, Api::Interposer, [0, 0, 0, 0];
         /// `count` events lost, `lost_in_flight` of them slots a writer reserved but never published.
         dropped(count: u64, lost_in_flight: u64) => EventKind::Dropped, Api::Interposer, [0, count, lost_in_flight, 0];
+        /// The frameworks the process has loaded (a mask of `FrameworkId::bit`s).
+        frameworks(mask: u64) => EventKind::Frameworks, Api::Interposer, [mask, 0, 0, 0];
+    }
+
+    /// A lens's sample of `framework`'s cache on one device: reserved and allocated bytes,
+    /// the largest free block ([`UNKNOWN_BYTES`] when not measured) and the segment count.
+    pub const fn framework_sample(
+        framework: FrameworkId,
+        reserved: u64,
+        allocated: u64,
+        largest_free_block: u64,
+        segments: u64,
+    ) -> Event {
+        Event::words(EventKind::FrameworkSample, Api::Lens, reserved, allocated, largest_free_block, segments)
+            .with_framework(framework)
+    }
+
+    /// A lens at `framework`'s out-of-memory: the framework's own request, and its cache then.
+    pub const fn framework_oom(
+        framework: FrameworkId,
+        requested: u64,
+        reserved: u64,
+        allocated: u64,
+        largest_free_block: u64,
+    ) -> Event {
+        Event::words(EventKind::FrameworkOom, Api::Lens, requested, reserved, allocated, largest_free_block)
+            .with_framework(framework)
+    }
+
+    /// One cache segment as a lens saw it at an OOM: its bytes, the allocated bytes in it,
+    /// its largest free block and its number of free pieces.
+    pub const fn framework_segment(
+        base: u64,
+        size: u64,
+        allocated: u64,
+        largest_free_block: u64,
+        free_pieces: u64,
+    ) -> Event {
+        let mut e = Event::words(EventKind::FrameworkSegment, Api::Lens, base, size, allocated, largest_free_block);
+        e.caller = if free_pieces > 255 { 255 } else { free_pieces as u8 };
+        e
+    }
+
+    const fn with_framework(mut self, framework: FrameworkId) -> Event {
+        self.caller = framework as u8;
+        self
     }
 
     /// An entry point the driver handed out that no wrapper matched: its name (cut to 32
@@ -293,6 +350,63 @@ impl Event {
         self.aux
     }
 
+    /// The `FrameworkId` mask of a `frameworks` record.
+    #[inline]
+    pub fn framework_mask(&self) -> u64 {
+        self.addr
+    }
+
+    /// The framework a `framework_sample` or `framework_oom` speaks for.
+    #[inline]
+    pub fn framework(&self) -> FrameworkId {
+        FrameworkId::from_code(self.caller).unwrap_or(FrameworkId::Unknown)
+    }
+
+    /// Reserved bytes of a `framework_sample` or `framework_oom`.
+    #[inline]
+    pub fn framework_reserved(&self) -> u64 {
+        if self.kind == EventKind::FrameworkOom as u8 {
+            self.size
+        } else {
+            self.addr
+        }
+    }
+
+    /// Allocated bytes of a `framework_sample`, `framework_oom` or `framework_segment`.
+    #[inline]
+    pub fn framework_allocated(&self) -> u64 {
+        if self.kind == EventKind::FrameworkSample as u8 {
+            self.size
+        } else {
+            self.aux
+        }
+    }
+
+    /// The largest free block of a lens record (`None`: not measured).
+    #[inline]
+    pub fn largest_free_block(&self) -> Option<u64> {
+        let v = if self.kind == EventKind::FrameworkSample as u8 { self.aux } else { self.stream };
+        (v != UNKNOWN_BYTES).then_some(v)
+    }
+
+    /// The segment count of a `framework_sample`.
+    #[inline]
+    pub fn framework_segments(&self) -> u64 {
+        self.stream
+    }
+
+    /// The framework's own request in a `framework_oom`.
+    #[inline]
+    pub fn framework_request(&self) -> u64 {
+        self.addr
+    }
+
+    /// The free pieces of a `framework_segment` (saturated to 255).
+    #[inline]
+    pub fn free_pieces(&self) -> u64 {
+        u64::from(self.caller)
+    }
+
     /// The version a `hook_miss` entry point was asked for.
     #[inline]
     pub fn hook_miss_version(&self) -> i16 {
@@ -308,7 +422,7 @@ impl Event {
 
 #[cfg(test)]
 mod tests {
-    use crate::record::{Api, Caller, Event, EventKind, RawRecord};
+    use crate::record::{Api, Caller, Event, EventKind, FrameworkId, RawRecord};
     use zerocopy::{FromBytes, IntoBytes};
 
     /// Through the wire and back: the bytes a reader sees are the ones written.
@@ -412,6 +526,42 @@ mod tests {
         });
         check(Event::dropped(9, 4), &|e| {
             assert_eq!((e.kind(), e.dropped_count(), e.lost_in_flight()), (Some(EventKind::Dropped), 9, 4));
+        });
+        check(Event::frameworks(FrameworkId::PyTorch.bit() | FrameworkId::Ggml.bit()), &|e| {
+            assert_eq!(e.kind(), Some(EventKind::Frameworks));
+            let got: Vec<FrameworkId> = FrameworkId::in_mask(e.framework_mask()).collect();
+            assert_eq!(got, vec![FrameworkId::PyTorch, FrameworkId::Ggml]);
+        });
+        check(Event::framework_sample(FrameworkId::PyTorch, 100, 60, 30, 4), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.framework()),
+                (Some(EventKind::FrameworkSample), Some(Api::Lens), FrameworkId::PyTorch)
+            );
+            assert_eq!(
+                (e.framework_reserved(), e.framework_allocated(), e.largest_free_block(), e.framework_segments()),
+                (100, 60, Some(30), 4)
+            );
+        });
+        check(Event::framework_sample(FrameworkId::CuPy, 1, 1, crate::kinds::UNKNOWN_BYTES, 0), &|e| {
+            assert_eq!((e.framework(), e.largest_free_block()), (FrameworkId::CuPy, None));
+        });
+        check(Event::framework_oom(FrameworkId::PyTorch, 2 << 30, 100 << 30, 60 << 30, 400 << 20), &|e| {
+            assert_eq!(
+                (e.kind(), e.framework(), e.framework_request()),
+                (Some(EventKind::FrameworkOom), FrameworkId::PyTorch, 2 << 30)
+            );
+            assert_eq!(
+                (e.framework_reserved(), e.framework_allocated(), e.largest_free_block()),
+                (100 << 30, 60 << 30, Some(400 << 20))
+            );
+            assert!(!e.failed(), "a lens record is not a failed call");
+        });
+        check(Event::framework_segment(0x9000, 1 << 30, 600 << 20, 424 << 20, 300), &|e| {
+            assert_eq!((e.kind(), e.addr, e.size), (Some(EventKind::FrameworkSegment), 0x9000, 1 << 30));
+            assert_eq!(
+                (e.framework_allocated(), e.largest_free_block(), e.free_pieces()),
+                (600 << 20, Some(424 << 20), 255)
+            );
         });
         // A hook miss keeps its own version in `device`: `common`'s device is overwritten here.
         let miss = wire(Event::hook_miss(b"cuMemAllocFromPoolAsync_ptsz_and_more", 12_000, 300).by(11, 12));

@@ -24,7 +24,7 @@ pub mod ringdir;
 pub mod seqset;
 
 pub use capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};
-pub use record::{Api, Caller, Event, EventKind, MemClass, RawRecord, RECORD_SIZE};
+pub use record::{Api, Caller, Event, EventKind, FrameworkId, MemClass, RawRecord, RECORD_SIZE};
 
 #[cfg(test)]
 mod capture_tests;

@@ -103,6 +103,105 @@ code_enum! {
         /// it are not recorded. The symbol name is packed into addr..stream (32 bytes),
         /// the requested version is in `device`, the flags in `caller`.
         HookMiss = 16 => "hook_miss",
+        /// The frameworks whose libraries the process has loaded (a `FrameworkId` bit
+        /// mask in `addr`): written when the ring is made and again at an OOM if it changed.
+        Frameworks = 17 => "frameworks",
+        /// A framework lens's periodic sample of its cache on one device.
+        FrameworkSample = 18 => "framework_sample",
+        /// A framework lens at the moment the framework gave up on a request (PyTorch's
+        /// out-of-memory observer): its request and its cache then.
+        FrameworkOom = 19 => "framework_oom",
+        /// One segment of a framework's cache, as a lens saw it at its OOM.
+        FrameworkSegment = 20 => "framework_segment",
+    }
+}
+
+code_enum! {
+    /// A framework that keeps its own cache of device memory (a library it loads names it).
+    FrameworkId: u8 {
+        Unknown = 0 => "unknown",
+        PyTorch = 1 => "pytorch",
+        CuPy = 2 => "cupy",
+        Jax = 3 => "jax",
+        TensorFlow = 4 => "tensorflow",
+        Ggml = 5 => "ggml",
+        TensorRt = 6 => "tensorrt",
+    }
+}
+
+// The enum comes from `code_enum!`, which derives no `Default`.
+#[allow(clippy::derivable_impls)]
+impl Default for FrameworkId {
+    fn default() -> Self {
+        FrameworkId::Unknown
+    }
+}
+
+impl FrameworkId {
+    /// Its bit in a `frameworks` mask.
+    pub const fn bit(self) -> u64 {
+        1 << (self as u8)
+    }
+
+    /// The frameworks named by a `frameworks` mask, in code order.
+    pub fn in_mask(mask: u64) -> impl Iterator<Item = FrameworkId> {
+        FrameworkId::ALL.iter().copied().filter(move |f| *f != FrameworkId::Unknown && mask & f.bit() != 0)
+    }
+
+    /// True for frameworks that keep freed device memory for reuse (a cache the driver
+    /// cannot see into); ggml sub-allocates from buffers it sizes up front instead.
+    pub const fn caches(self) -> bool {
+        matches!(self, FrameworkId::PyTorch | FrameworkId::CuPy | FrameworkId::Jax | FrameworkId::TensorFlow)
+    }
+
+    /// The framework of a library file name (`libc10_cuda.so`, `libggml-cuda.so`, …), if any.
+    pub fn of_library(file_name: &[u8]) -> Option<FrameworkId> {
+        const NAMES: &[(&[u8], FrameworkId)] = &[
+            (b"libc10_cuda.so", FrameworkId::PyTorch),
+            (b"libtorch_cuda.so", FrameworkId::PyTorch),
+            (b"cupy_backends", FrameworkId::CuPy),
+            (b"libcupy", FrameworkId::CuPy),
+            (b"xla_extension", FrameworkId::Jax),
+            (b"jaxlib", FrameworkId::Jax),
+            (b"libtensorflow_framework.so", FrameworkId::TensorFlow),
+            (b"_pywrap_tensorflow_internal.so", FrameworkId::TensorFlow),
+            (b"libggml-cuda.so", FrameworkId::Ggml),
+            (b"libnvinfer.so", FrameworkId::TensorRt),
+        ];
+        NAMES.iter().find(|(n, _)| contains(file_name, n)).map(|(_, f)| *f)
+    }
+
+    /// What to say to its users about seeing inside its cache.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            FrameworkId::Unknown => "a framework",
+            FrameworkId::PyTorch => "PyTorch",
+            FrameworkId::CuPy => "CuPy",
+            FrameworkId::Jax => "JAX/XLA",
+            FrameworkId::TensorFlow => "TensorFlow",
+            FrameworkId::Ggml => "ggml",
+            FrameworkId::TensorRt => "TensorRT",
+        }
+    }
+}
+
+/// `needle` occurs in `hay` (no allocation: used inside traced processes).
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for FrameworkId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for FrameworkId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(FrameworkId::from_name(&name).unwrap_or(FrameworkId::Unknown))
     }
 }
 
@@ -140,6 +239,8 @@ code_enum! {
         cuMemPoolDestroy = 28 => "cuMemPoolDestroy",
         /// The legacy entry point cudart 13 still asks for (version 4010); same ABI as _v2.
         cuIpcOpenMemHandle = 29 => "cuIpcOpenMemHandle",
+        /// A framework lens (in-process, e.g. the PyTorch lens) wrote the record.
+        Lens = 0xFFFE => "lens",
         Interposer = 0xFFFF => "vramhook",
     }
 }
@@ -409,6 +510,12 @@ mod tests {
             assert_eq!(Api::from_name(api.name()), Some(*api));
             assert_eq!(Api::from_code(api.code()), Some(*api));
         }
+        assert_eq!(
+            FrameworkId::of_library(b"/opt/venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so"),
+            Some(FrameworkId::PyTorch)
+        );
+        assert_eq!(FrameworkId::of_library(b"/usr/lib/ollama/libggml-cuda.so"), Some(FrameworkId::Ggml));
+        assert_eq!(FrameworkId::of_library(b"/usr/lib/x86_64-linux-gnu/libcudart.so.13"), None);
         for kind in EventKind::ALL {
             assert_eq!(EventKind::from_code(kind.code()), Some(*kind));
         }

@@ -19,7 +19,8 @@ use crate::{AnalyzeError, Replayer};
 use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::Block;
 use vramhook_protocol::capture::ProcessInfo;
-use vramhook_protocol::record::{Api, Event, CUDA_ERROR_OUT_OF_MEMORY};
+use vramhook_protocol::kinds::UNKNOWN_BYTES;
+use vramhook_protocol::record::{Api, Event, FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
 
 /// Largest snapshot file read.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -67,6 +68,8 @@ struct Importer<'r> {
     dirty: BTreeSet<u64>,
     /// Bytes of live segments per device, kept as they come and go.
     reserved: BTreeMap<i16, u64>,
+    /// Bytes of allocated blocks in live segments per device, likewise.
+    allocated: BTreeMap<i16, u64>,
     /// Folded segment bases (each counted once).
     folded: BTreeSet<u64>,
 }
@@ -109,10 +112,33 @@ impl Importer<'_> {
         true
     }
 
+    /// An allocated block at `addr` (in the segment holding it, if any).
+    fn add_block(&mut self, addr: u64, size: u64) {
+        if let Some(seg) = self.seg_of(addr) {
+            let device = seg.device;
+            let old = seg.blocks.insert(addr, size).unwrap_or(0);
+            let a = self.allocated.entry(device).or_default();
+            *a = a.saturating_sub(old).saturating_add(size);
+        }
+    }
+
+    fn remove_block(&mut self, addr: u64) {
+        if let Some(seg) = self.seg_of(addr) {
+            let device = seg.device;
+            if let Some(old) = seg.blocks.remove(&addr) {
+                let a = self.allocated.entry(device).or_default();
+                *a = a.saturating_sub(old);
+            }
+        }
+    }
+
     fn remove_seg(&mut self, base: u64) -> Option<Seg> {
         let seg = self.live.remove(&base)?;
         if let Some(r) = self.reserved.get_mut(&seg.device) {
             *r = r.saturating_sub(seg.size);
+        }
+        if let Some(a) = self.allocated.get_mut(&seg.device) {
+            *a = a.saturating_sub(seg.blocks.values().fold(0u64, |acc, b| acc.saturating_add(*b)));
         }
         self.dirty.remove(&base);
         Some(seg)
@@ -203,8 +229,11 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         max,
         dirty: BTreeSet::new(),
         reserved: BTreeMap::new(),
+        allocated: BTreeMap::new(),
         folded: BTreeSet::new(),
     };
+    // A snapshot is PyTorch's caching allocator by definition.
+    imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
 
     // Segments that existed before the trace: the final ones never allocated in it, and
     // any the trace frees (or unmaps) before allocating.
@@ -246,10 +275,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         if e.get("action").and_then(|a| a.as_str()).as_deref() == Some("free_completed") {
             let a = u(e, "addr");
             if !allocated_seen.contains(&a) {
-                let size = u(e, "size");
-                if let Some(seg) = imp.seg_of(a) {
-                    seg.blocks.insert(a, size);
-                }
+                imp.add_block(a, u(e, "size"));
             }
         }
     }
@@ -274,16 +300,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
                 imp.emit(Event::free(Api::cuMemFree_v2, addr), *d, ts);
             }
-            "alloc" => {
-                if let Some(seg) = imp.seg_of(addr) {
-                    seg.blocks.insert(addr, size);
-                }
-            }
-            "free_completed" => {
-                if let Some(seg) = imp.seg_of(addr) {
-                    seg.blocks.remove(&addr);
-                }
-            }
+            "alloc" => imp.add_block(addr, size),
+            "free_completed" => imp.remove_block(addr),
             "oom" => {
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
@@ -291,6 +309,12 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
                 // The sample PyTorch took: free bytes; the total is not in the snapshot.
                 imp.emit(Event::mem_info(free, free.saturating_add(reserved)), *d, ts);
+                // An `oom` entry is PyTorch giving up (it raises OutOfMemoryError next), with
+                // its cache as the trace rebuilt it; the largest free block comes from the
+                // segments just handed over.
+                let allocated = imp.allocated.get(d).copied().unwrap_or(0).min(reserved);
+                let gave_up = Event::framework_oom(FrameworkId::PyTorch, size, reserved, allocated, UNKNOWN_BYTES);
+                imp.emit(gave_up, *d, ts);
             }
             _ => {}
         }

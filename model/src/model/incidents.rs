@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// Cache-wide figures over a process's framework segments.
+#[derive(Default)]
+pub(super) struct CacheFigures {
+    free: u64,
+    largest: u64,
+    segments: u64,
+    reserved: u64,
+    pieces: u64,
+    with_free: u64,
+}
+
 impl Model {
     #[inline]
     pub(super) fn incident_pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
@@ -56,7 +67,8 @@ impl Model {
             .range((pid, 0)..=(pid, u64::MAX))
             .filter(|(_, s)| device < 0 || s.device == device)
             .fold(0u64, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
-        pools.saturating_add(segs)
+        let lens = self.by_pid.get(&pid).map_or(0, |&slot| self.lens_idle(&self.procs[slot], device));
+        pools.saturating_add(segs).saturating_add(lens)
     }
 
     /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
@@ -80,20 +92,56 @@ impl Model {
         v.into_iter().map(|(_, a)| a).collect()
     }
 
+    /// This process's framework segments on `device` (all devices when -1), cache-wide:
+    /// the inputs' `cache_*` figures.
+    pub(super) fn cache_of(&self, pid: u32, device: i16) -> CacheFigures {
+        let mut c = CacheFigures::default();
+        for (_, s) in self.segments.range((pid, 0)..=(pid, u64::MAX)).filter(|(_, s)| device < 0 || s.device == device)
+        {
+            let (f, l) = s.numbers();
+            c.free = c.free.saturating_add(f);
+            c.largest = c.largest.max(l);
+            c.segments += 1;
+            c.reserved = c.reserved.saturating_add(s.size);
+            c.pieces = c.pieces.saturating_add(s.gaps.sizes.values().map(|n| u64::from(*n)).sum::<u64>());
+            c.with_free += u64::from(f > 0);
+        }
+        c
+    }
+
     #[inline]
     pub(super) fn on_oom(&mut self, slot: usize, ev: &Event, api: Api, ts: u64) {
         self.procs[slot].oom_count += 1;
         if self.procs[slot].open_incident.is_some() {
             return; // a failed retry, already counted by incident_pre
         }
-        let pid = ev.pid;
-        let own_idle = self.idle_of(pid, ev.device);
+        let caller = ev.caller().map(Caller::name).unwrap_or("");
+        let idx = self.open_incident(slot, ev.device, ev.size, api, caller, ts);
+        let p = &mut self.procs[slot];
+        p.open_incident = Some(idx);
+        p.awaiting_sample = Some((idx, ev.tid));
+    }
+
+    /// Records a new incident of the process at `slot`: a request of `requested` bytes on
+    /// `device` through `api` failed at `ts`. Judged at once from what is known now; later
+    /// events (the device sample after the failure, the framework's lens) judge it again.
+    pub(super) fn open_incident(
+        &mut self,
+        slot: usize,
+        device: i16,
+        requested: u64,
+        api: Api,
+        caller: &str,
+        ts: u64,
+    ) -> usize {
+        let pid = self.procs[slot].pid;
+        let own_idle = self.idle_of(pid, device);
         // Idle bytes live only in pools and framework segments: summed over those (not over
         // every process, most of which hold neither: a capture of 50,000 processes with an
         // OOM each made this quadratic).
         let g = self.config.granularity;
         let other = |p: u32| p != pid && self.by_pid.get(&p).is_some_and(|s| self.procs[*s].alive);
-        let dev = ev.device;
+        let dev = device;
         let pool_idle = self
             .pools
             .iter()
@@ -104,18 +152,28 @@ impl Model {
             .iter()
             .filter(|((p, _), s)| (dev < 0 || s.device == dev) && other(*p))
             .fold(pool_idle, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
-        let arenas = self.arenas_of(pid, ev.device);
-        let sample = self.devices.get(&ev.device).cloned();
+        let arenas = self.arenas_of(pid, device);
+        let cache = self.cache_of(pid, device);
+        let sample = self.devices.get(&device).cloned();
+        let p = &self.procs[slot];
         let inputs = VerdictInputs {
-            requested: ev.size,
+            requested,
             granularity: self.config.granularity,
             device_free: sample.as_ref().map(|s| s.free),
             device_total: sample.as_ref().map(|s| s.total),
             own_idle,
             other_idle,
             arenas,
+            framework: p.caching_framework(),
+            framework_held: p.resident_on(device),
+            cache_free: cache.free,
+            cache_largest_free: cache.largest,
+            cache_segments: cache.segments,
+            cache_reserved: cache.reserved,
+            cache_pieces: cache.pieces,
+            cache_with_free: cache.with_free,
+            lens: None,
         };
-        let p = &self.procs[slot];
         let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
         let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
         let id = self.incidents.len() as u64 + 1;
@@ -124,11 +182,11 @@ impl Model {
             pid,
             start_time: p.start_time,
             command: p.command.clone(),
-            device: ev.device,
+            device,
             ts_ns: ts,
             api,
-            caller: ev.caller().map(Caller::name).unwrap_or("").to_string(),
-            requested_bytes: ev.size,
+            caller: caller.to_string(),
+            requested_bytes: requested,
             device_free_bytes: inputs.device_free,
             device_total_bytes: inputs.device_total,
             sample_ts_ns: sample.as_ref().map(|s| s.ts),
@@ -148,13 +206,14 @@ impl Model {
             other_idle_bytes: other_idle,
             arena_free_bytes,
             arena_largest_free_span,
+            framework: inputs.framework,
+            framework_oom: None,
+            cache_fragmentation: (cache.segments > 0).then(|| fragmentation(cache.largest, cache.free)),
         };
         let idx = self.incidents.len();
         self.incidents.push(IncidentState { view, inputs, slot, freed_mark: p.freed_total, events_since: 0 });
         self.decide(idx);
-        let p = &mut self.procs[slot];
-        p.open_incident = Some(idx);
-        p.awaiting_sample = Some((idx, ev.tid));
+        idx
     }
 
     #[inline]
@@ -173,6 +232,7 @@ impl Model {
             inputs: &inc.inputs,
             verdict,
             unknown_reason: reason.as_deref(),
+            origin_ns: if self.origin == u64::MAX { 0 } else { self.origin },
         });
         let inc = &mut self.incidents[idx];
         inc.view.verdict = verdict;

@@ -7,7 +7,7 @@ use crate::types::*;
 use crate::verdict::{decide_verdict, explain, ExplainCtx};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
+use vramhook_protocol::{Api, Caller, Event, EventKind, FrameworkId, ProcessInfo};
 
 /// A hash map with a fast, fixed-seed hasher for the model's integer keys (the address
 /// table itself is `AddrMap`). Fixed seed: the same stream gives the same state.
@@ -16,6 +16,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 mod allocs;
 mod checkpoint;
 mod incidents;
+mod lens;
 mod pools;
 mod process;
 mod queries;
@@ -331,6 +332,17 @@ struct Process {
     /// are unknown. Not in checkpoints: a restarted agent attaches again.
     #[serde(skip)]
     traced_since: Option<u64>,
+    /// `FrameworkId` bits of the libraries it loaded.
+    #[serde(default)]
+    frameworks: u64,
+    /// A framework lens's latest numbers, per device.
+    #[serde(default)]
+    lens: Vec<FrameworkCache>,
+    /// The incident (and device) whose lens segments are arriving, and whether the first
+    /// has come (it replaces the segments known before): `framework_segment` records count
+    /// only right after their `framework_oom`.
+    #[serde(default)]
+    lens_segments_for: Option<(usize, i16, bool)>,
 }
 
 /// Errors of [`Model::restore`].
@@ -369,6 +381,13 @@ pub struct Model {
     #[serde(skip)]
     pid_cache: Option<(u32, usize)>,
     device_live: Vec<DeviceLive>,
+    /// The earliest event time seen: explanations give times since it.
+    #[serde(default = "no_origin")]
+    origin: u64,
+}
+
+fn no_origin() -> u64 {
+    u64::MAX
 }
 
 impl Model {
@@ -390,6 +409,7 @@ impl Model {
             events: 0,
             pid_cache: None,
             device_live: Vec::new(),
+            origin: u64::MAX,
         }
     }
 
@@ -470,6 +490,9 @@ impl Model {
     /// Applies one event. Never panics; nonsense is counted in `anomalies` and ignored.
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
+        if ev.ts_ns < self.origin {
+            self.origin = ev.ts_ns;
+        }
         let Some(kind) = ev.kind() else {
             self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownKind);
             return;
@@ -556,6 +579,10 @@ impl Model {
                     let p = &mut self.procs[slot];
                     p.dropped_events = p.dropped_events.saturating_add(ev.dropped_count());
                 }
+                EventKind::Frameworks => self.procs[slot].frameworks |= ev.framework_mask(),
+                EventKind::FrameworkSample => self.on_framework_sample(slot, ev, ts),
+                EventKind::FrameworkOom => self.on_framework_oom(slot, ev, ts),
+                EventKind::FrameworkSegment => self.on_framework_segment(slot, ev, ts),
                 EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }

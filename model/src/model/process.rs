@@ -38,7 +38,20 @@ impl Process {
             arena_spans: BTreeMap::new(),
             free_in_arenas: 0,
             extremes: Extremes::UNCHANGED,
+            frameworks: 0,
+            lens: Vec::new(),
+            lens_segments_for: None,
         }
+    }
+
+    /// The first caching framework among those it loaded.
+    pub(super) fn caching_framework(&self) -> Option<FrameworkId> {
+        FrameworkId::in_mask(self.frameworks).find(|f| f.caches())
+    }
+
+    /// Its resident live bytes on `device` (all devices when -1).
+    pub(super) fn resident_on(&self, device: i16) -> u64 {
+        self.devices.iter().filter(|d| device < 0 || d.device == device).fold(0u64, |a, d| a.saturating_add(d.resident))
     }
 
     #[inline]
@@ -308,5 +321,7 @@ pub(super) fn process_view_of(
         size_histogram: sizes,
         age_histogram: ages,
         traced_since_ns: p.traced_since,
+        frameworks: FrameworkId::in_mask(p.frameworks).collect(),
+        framework_caches: p.lens.clone(),
     }
 }

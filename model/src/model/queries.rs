@@ -42,6 +42,9 @@ impl Model {
                 }
             }
         }
+        if current {
+            si = si.saturating_add(self.lens_idle(p, -1));
+        }
         Some((slot, process_view_of(p, pi.saturating_add(si), pr, sizes, ages)))
     }
 
@@ -95,7 +98,11 @@ impl Model {
         for p in &self.procs {
             let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
             let (pi, pr) = if current { pool_idle.get(&p.pid).copied().unwrap_or((0, 0)) } else { (0, 0) };
-            let si = if current { seg_idle.get(&p.pid).copied().unwrap_or(0) } else { 0 };
+            let si = if current {
+                seg_idle.get(&p.pid).copied().unwrap_or(0).saturating_add(self.lens_idle(p, -1))
+            } else {
+                0
+            };
             if p.alive {
                 for d in &p.devices {
                     if d.resident > 0 {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use vramhook_model::*;
-use vramhook_protocol::{Api, Caller, Event, EventKind, ProcessInfo};
+use vramhook_protocol::{Api, Caller, Event, EventKind, FrameworkId, ProcessInfo};
 
 #[derive(Clone, Debug)]
 struct P {
@@ -31,6 +31,7 @@ struct P {
     freed_total: u64,
     open: Option<usize>,
     awaiting: Option<(usize, u32)>,
+    frameworks: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +141,7 @@ fn newp(pid: u32, st: u64) -> P {
         freed_total: 0,
         open: None,
         awaiting: None,
+        frameworks: 0,
     }
 }
 
@@ -445,6 +447,9 @@ impl Reference {
                 EventKind::Dropped => {
                     self.procs[slot].dropped = self.procs[slot].dropped.saturating_add(ev.dropped_count())
                 }
+                EventKind::Frameworks => self.procs[slot].frameworks |= ev.framework_mask(),
+                // Lens records are checked by the model's scenario tests, not generated here.
+                EventKind::FrameworkSample | EventKind::FrameworkOom | EventKind::FrameworkSegment => {}
                 EventKind::ProcessStart | EventKind::HookMiss => {}
             }
         }
@@ -803,6 +808,21 @@ impl Reference {
             .map(|a| ArenaNumbers { kind: a.1, base: a.2, free_in_arena: a.6, largest_free_span: a.7 })
             .collect();
         let sample = self.samples.iter().find(|s| s.0 == ev.device).copied();
+        let on_dev = |d: i16| ev.device < 0 || d == ev.device;
+        let framework_held: u64 = self
+            .allocs
+            .iter()
+            .filter(|a| a.pid == pid && on_dev(a.device) && a.class.resident())
+            .map(|a| a.size)
+            .chain(
+                self.handles.iter().filter(|h| h.pid == pid && on_dev(h.device) && h.class.resident()).map(|h| h.size),
+            )
+            .sum();
+        let segs: Vec<_> = self
+            .arenas_raw(Some(pid))
+            .into_iter()
+            .filter(|a| a.1 == ArenaKind::FrameworkSegment && on_dev(a.3))
+            .collect();
         let inputs = VerdictInputs {
             requested: ev.size,
             granularity: self.cfg.granularity,
@@ -811,6 +831,20 @@ impl Reference {
             own_idle: own,
             other_idle: other,
             arenas,
+            framework: FrameworkId::in_mask(self.procs[slot].frameworks).find(|f| f.caches()),
+            framework_held,
+            cache_free: segs.iter().map(|a| a.6).sum(),
+            cache_largest_free: segs.iter().map(|a| a.7).max().unwrap_or(0),
+            cache_segments: segs.len() as u64,
+            cache_reserved: segs.iter().map(|a| a.4).sum(),
+            cache_pieces: self
+                .segs
+                .iter()
+                .filter(|s| s.pid == pid && on_dev(s.device))
+                .map(|s| Self::seg_gaps(s).iter().filter(|g| **g > 0).count() as u64)
+                .sum(),
+            cache_with_free: segs.iter().filter(|a| a.6 > 0).count() as u64,
+            lens: None,
         };
         let (verdict, reason) = decide_verdict(&inputs);
         let p = &self.procs[slot];
@@ -840,6 +874,10 @@ impl Reference {
             other_idle_bytes: other,
             arena_free_bytes: inputs.arenas.iter().map(|a| a.free_in_arena).sum(),
             arena_largest_free_span: inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0),
+            framework: inputs.framework,
+            framework_oom: None,
+            cache_fragmentation: (inputs.cache_segments > 0)
+                .then(|| fragmentation(inputs.cache_largest_free, inputs.cache_free)),
         };
         self.incidents.push(I { view, inputs, freed_mark: p.freed_total, events_since: 0 });
         let idx = self.incidents.len() - 1;
@@ -922,6 +960,8 @@ impl Reference {
                 size_histogram: sh,
                 age_histogram: ah,
                 traced_since_ns: None,
+                frameworks: FrameworkId::in_mask(p.frameworks).collect(),
+                framework_caches: Vec::new(),
             });
         }
         // devices

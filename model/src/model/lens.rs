@@ -1,0 +1,230 @@
+//! Framework lenses: what an in-process lens (the PyTorch lens) says about the framework's
+//! own cache, which the driver cannot see into. A lens writes three kinds of record into
+//! the process's ring: periodic samples, the moment the framework gave up on a request, and
+//! the cache's segments at that moment.
+
+use super::*;
+
+/// Segments after which a lens OOM's explanation is refreshed only every 1,024th segment
+/// (the numbers themselves are always kept exact).
+const EXPLAIN_EVERY_SEGMENT_UP_TO: u64 = 10_000;
+
+impl Model {
+    /// A lens's cached free bytes of process `p` on `device` (all when -1), on the devices
+    /// where none of its framework segments is known (where they are, the segments' free
+    /// bytes count instead).
+    pub(super) fn lens_idle(&self, p: &Process, device: i16) -> u64 {
+        p.lens
+            .iter()
+            .filter(|c| device < 0 || c.device == device)
+            .filter(|c| {
+                let mut segs = self.segments.range((p.pid, 0)..=(p.pid, u64::MAX));
+                !segs.any(|(_, s)| s.device == c.device)
+            })
+            .fold(0u64, |acc, c| acc.saturating_add(c.cached_free()))
+    }
+
+    /// Keeps a lens's numbers for the process at `slot` (one entry per device and framework).
+    /// A sample without a largest free block keeps the last one measured.
+    fn set_lens(&mut self, slot: usize, mut cache: FrameworkCache) {
+        let p = &mut self.procs[slot];
+        p.frameworks |= cache.framework.bit();
+        match p.lens.iter_mut().find(|c| c.device == cache.device && c.framework == cache.framework) {
+            Some(old) => {
+                if cache.largest_free_block.is_none() {
+                    cache.largest_free_block = old.largest_free_block;
+                }
+                if cache.segments == 0 {
+                    cache.segments = old.segments;
+                }
+                cache.fragmentation = cache_fragmentation(&cache);
+                *old = cache;
+            }
+            None => {
+                cache.fragmentation = cache_fragmentation(&cache);
+                p.lens.push(cache);
+                p.lens.sort_by_key(|c| (c.device, c.framework));
+            }
+        }
+    }
+
+    pub(super) fn on_framework_sample(&mut self, slot: usize, ev: &Event, ts: u64) {
+        if ev.framework_allocated() > ev.framework_reserved() {
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+            return;
+        }
+        self.set_lens(
+            slot,
+            FrameworkCache {
+                framework: ev.framework(),
+                device: ev.device,
+                reserved_bytes: ev.framework_reserved(),
+                allocated_bytes: ev.framework_allocated(),
+                largest_free_block: ev.largest_free_block(),
+                segments: ev.framework_segments(),
+                fragmentation: None,
+                ts_ns: ts,
+            },
+        );
+    }
+
+    /// The framework gave up on a request. The incident it belongs to is the process's open
+    /// one (the driver's failure that led to it, whatever its size: with expandable segments
+    /// the driver refused a 20 MiB chunk of a 1 GiB request), else one of the process's
+    /// within the incident window that no lens spoke for yet, else a new one (the framework
+    /// stopped at a limit of its own, with no driver failure).
+    pub(super) fn on_framework_oom(&mut self, slot: usize, ev: &Event, ts: u64) {
+        let (reserved, allocated) = (ev.framework_reserved(), ev.framework_allocated());
+        if allocated > reserved {
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+            return;
+        }
+        let framework = ev.framework();
+        let device = ev.device;
+        let lens = LensOom {
+            framework,
+            requested: ev.framework_request(),
+            reserved,
+            allocated,
+            largest_free_block: ev.largest_free_block(),
+            ..LensOom::default()
+        };
+        self.set_lens(
+            slot,
+            FrameworkCache {
+                framework,
+                device,
+                reserved_bytes: reserved,
+                allocated_bytes: allocated,
+                largest_free_block: lens.largest_free_block,
+                segments: 0,
+                fragmentation: None,
+                ts_ns: ts,
+            },
+        );
+        let window = self.config.incident_window_ns;
+        let recent = self
+            .incidents
+            .iter()
+            .rposition(|i| i.slot == slot && i.inputs.lens.is_none() && ts.saturating_sub(i.view.ts_ns) <= window);
+        let idx = match self.procs[slot].open_incident.or(recent) {
+            Some(idx) => idx,
+            None => {
+                self.procs[slot].oom_count += 1;
+                self.open_incident(slot, device, lens.requested, Api::Lens, "", ts)
+            }
+        };
+        let pid = self.procs[slot].pid;
+        let own_idle = self.idle_of(pid, device);
+        let inc = &mut self.incidents[idx];
+        inc.inputs.framework = framework.caches().then_some(framework).or(inc.inputs.framework);
+        inc.inputs.own_idle = own_idle;
+        inc.inputs.lens = Some(lens.clone());
+        inc.view.own_idle_bytes = own_idle;
+        inc.view.framework = inc.inputs.framework;
+        inc.view.framework_oom = Some(lens);
+        inc.view.outcome = Outcome::Failed;
+        let p = &mut self.procs[slot];
+        p.open_incident = None; // the framework gave up: the program moved on
+        p.lens_segments_for = Some((idx, device, false));
+        self.decide(idx);
+    }
+
+    /// One segment of the cache, listed by the lens right after its `framework_oom`.
+    pub(super) fn on_framework_segment(&mut self, slot: usize, ev: &Event, ts: u64) {
+        let Some((idx, device, cleared)) = self.procs[slot].lens_segments_for else {
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+            return;
+        };
+        let window = self.config.incident_window_ns;
+        if self.incidents.get(idx).is_none_or(|i| ts.saturating_sub(i.view.ts_ns) > window) {
+            self.procs[slot].lens_segments_for = None;
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+            return;
+        }
+        let (base, size, allocated) = (ev.addr, ev.size, ev.framework_allocated());
+        let free = size.saturating_sub(allocated);
+        let largest = ev.largest_free_block().unwrap_or(free);
+        if size == 0 || allocated > size || largest > free || base.checked_add(size).is_none() || ev.device != device {
+            self.anomaly(Some(slot), Anomaly::BadSegment);
+            return;
+        }
+        let pieces = if free == 0 { 0 } else { ev.free_pieces().max(1) };
+        let mut gaps = Gaps::default();
+        gaps.add(largest);
+        // The lens gives the largest piece and the count: the rest is spread evenly over the
+        // other pieces (total, largest and count exact; the other sizes are not known).
+        let rest = free - largest;
+        if rest > 0 {
+            let others = pieces.saturating_sub(1).max(1);
+            for k in 0..others {
+                gaps.add(rest / others + u64::from(k < rest % others));
+            }
+        }
+        let pid = self.procs[slot].pid;
+        if !cleared {
+            // The first segment the lens lists: they replace what was known of the cache.
+            self.clear_segments(slot, pid, device);
+            self.procs[slot].lens_segments_for = Some((idx, device, true));
+            let inc = &mut self.incidents[idx];
+            inc.inputs.cache_free = 0;
+            inc.inputs.cache_largest_free = 0;
+            inc.inputs.cache_segments = 0;
+            inc.inputs.cache_reserved = 0;
+            inc.inputs.cache_pieces = 0;
+            inc.inputs.cache_with_free = 0;
+        }
+        let seg = Segment { size, device: ev.device, ts, allocated, blocks: 0, gaps };
+        let n = seg.numbers();
+        if let Some(old) = self.segments.insert((pid, base), seg) {
+            self.procs[slot].arena_change(Some(old.numbers()), None);
+        }
+        self.procs[slot].arena_change(None, Some(n));
+        let inc = &mut self.incidents[idx];
+        inc.inputs.cache_free = inc.inputs.cache_free.saturating_add(free);
+        inc.inputs.cache_largest_free = inc.inputs.cache_largest_free.max(largest);
+        inc.inputs.cache_segments += 1;
+        inc.inputs.cache_reserved = inc.inputs.cache_reserved.saturating_add(size);
+        inc.inputs.cache_pieces = inc.inputs.cache_pieces.saturating_add(pieces);
+        inc.inputs.cache_with_free += u64::from(free > 0);
+        inc.view.cache_fragmentation = Some(fragmentation(inc.inputs.cache_largest_free, inc.inputs.cache_free));
+        let listed = match inc.inputs.lens.as_mut() {
+            Some(l) => {
+                l.segments_listed += 1;
+                l.free_pieces = l.free_pieces.saturating_add(pieces);
+                l.segments_with_free += u64::from(free > 0);
+                inc.view.framework_oom = Some(l.clone());
+                l.segments_listed
+            }
+            None => 0,
+        };
+        if let Some(c) = self.procs[slot].lens.iter_mut().find(|c| c.device == ev.device) {
+            c.segments = c.segments.max(listed);
+        }
+        if listed <= EXPLAIN_EVERY_SEGMENT_UP_TO || listed.is_multiple_of(1024) {
+            self.decide(idx);
+        }
+    }
+}
+
+impl Model {
+    /// Forgets the framework segments of process `pid` on `device` (all when -1).
+    fn clear_segments(&mut self, slot: usize, pid: u32, device: i16) {
+        let stale: Vec<u64> = self
+            .segments
+            .range((pid, 0)..=(pid, u64::MAX))
+            .filter(|(_, s)| device < 0 || s.device == device)
+            .map(|((_, base), _)| *base)
+            .collect();
+        for base in stale {
+            if let Some(old) = self.segments.remove(&(pid, base)) {
+                self.procs[slot].arena_change(Some(old.numbers()), None);
+            }
+        }
+    }
+}
+
+/// `1 − largest free block / (reserved − allocated)`, when the largest block is known.
+fn cache_fragmentation(c: &FrameworkCache) -> Option<f64> {
+    c.largest_free_block.map(|b| fragmentation(b, c.cached_free()))
+}
