@@ -1,17 +1,19 @@
 //! `vramhook demo`: a workload on the simulated CUDA driver, traced like a real one.
 
-use crate::run::{trace, TracedRun};
+use crate::run::{trace, RunOutcome, TracedRun};
 use crate::summary::render_text;
 use anyhow::{bail, Result};
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use vramhook_model::fmt_bytes;
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
-    /// Workload to run (see tests/simcuda/README.md): torch_caching, torch_expandable,
-    /// ggml_vmm, async_pool, leak, fork_exec, threads16, misc_api.
-    #[arg(long, default_value = "torch_caching")]
+    /// Workload to run (see tests/simcuda/README.md): torch_fragmented, torch_caching,
+    /// torch_expandable, ggml_vmm, async_pool, leak, fork_exec, threads16, misc_api.
+    /// torch_fragmented runs twice: as it is, then with expandable segments (the fix).
+    #[arg(long, default_value = "torch_fragmented")]
     pub workload: String,
     /// Capture file to write.
     #[arg(long, default_value = "vramhook-demo.vhc")]
@@ -45,6 +47,46 @@ pub fn find_sim_dir() -> Result<PathBuf> {
     )
 }
 
+/// Traces `workload` once on the simulated driver, `envs` added, into `record`.
+fn trace_workload(
+    sim: &Path,
+    workload: &Path,
+    vram_bytes: u64,
+    record: &Path,
+    envs: &[(&str, &str)],
+) -> Result<RunOutcome> {
+    let program = vec![OsString::from(workload)];
+    let mut all: Vec<(OsString, OsString)> = vec![
+        ("LD_LIBRARY_PATH".into(), sim.as_os_str().to_os_string()),
+        ("VRAMHOOK_SIM_VRAM_BYTES".into(), vram_bytes.to_string().into()),
+    ];
+    all.extend(envs.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))));
+    trace(TracedRun {
+        program: &program,
+        envs: all,
+        record: Some(record),
+        ring_dir: None,
+        ring_slots: None,
+        lens: false,
+    })
+}
+
+/// The capture's OOM incidents as `analyze` tells them: verdict, then why.
+fn print_verdicts(record: &Path) -> Result<usize> {
+    let report = vramhook_analyzer::analyze(&[record], &vramhook_analyzer::Options::default())?;
+    for o in &report.ooms {
+        eprintln!(
+            "\nOOM #{}: {} requested through {} — verdict: {}",
+            o.id,
+            fmt_bytes(o.requested_bytes),
+            o.api,
+            o.verdict_name
+        );
+        eprintln!("  {}", o.explanation);
+    }
+    Ok(report.ooms.len())
+}
+
 pub fn demo(args: DemoArgs) -> Result<ExitCode> {
     let sim = find_sim_dir()?;
     let workload = sim.join("workloads").join(&args.workload);
@@ -56,18 +98,32 @@ pub fn demo(args: DemoArgs) -> Result<ExitCode> {
         args.workload,
         args.vram_bytes >> 30
     );
-    let program = vec![OsString::from(&workload)];
-    let outcome = trace(TracedRun {
-        program: &program,
-        envs: vec![
-            ("LD_LIBRARY_PATH".into(), sim.clone().into_os_string()),
-            ("VRAMHOOK_SIM_VRAM_BYTES".into(), args.vram_bytes.to_string().into()),
-        ],
-        record: Some(&args.record),
-        ring_dir: None,
-        ring_slots: None,
-    })?;
+    let outcome = trace_workload(&sim, &workload, args.vram_bytes, &args.record, &[])?;
     eprint!("{}", render_text(&outcome.recorder.report()));
-    eprintln!("\nNext: `vramhook dump {}` prints every event as a JSON line.", args.record.display());
-    Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8))
+    if args.workload != "torch_fragmented" {
+        eprintln!("\nNext: `vramhook dump {}` prints every event as a JSON line.", args.record.display());
+        return Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8));
+    }
+    // The story: a fragmented cache, why it failed, and the same program with the fix.
+    let ooms = print_verdicts(&args.record)?;
+    let fixed_record = args.record.with_extension("expandable.vhc");
+    eprintln!(
+        "\n== the same program with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (simulated: SIM_EXPANDABLE=1)"
+    );
+    let fixed = trace_workload(&sim, &workload, args.vram_bytes, &fixed_record, &[("SIM_EXPANDABLE", "1")])?;
+    eprint!("{}", render_text(&fixed.recorder.report()));
+    let fixed_ooms = print_verdicts(&fixed_record)?;
+    let held = outcome.exit_code != 0 && ooms > 0 && fixed.exit_code == 0 && fixed_ooms == 0;
+    eprintln!(
+        "\n{}: {} out-of-memory incident(s) without the fix (exit {}), {} with it (exit {}). Captures: {} and {}; \
+         `vramhook analyze` either for the full post-mortem.",
+        if held { "As expected" } else { "UNEXPECTED" },
+        ooms,
+        outcome.exit_code,
+        fixed_ooms,
+        fixed.exit_code,
+        args.record.display(),
+        fixed_record.display()
+    );
+    Ok(if held { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -50,6 +50,9 @@ enum Command {
     /// past the keep budget (VRAMHOOK_KEEP_PERCENT of the file system, VRAMHOOK_KEEP_HOURS),
     /// oldest first. Prints what it removed and kept; --dry-run removes nothing.
     Gc(gc::GcArgs),
+    /// Print the framework lenses' directory, to put first on PYTHONPATH beside LD_PRELOAD
+    /// (`vramhook run` does it by itself): `PYTHONPATH=$(vramhook lens-dir):$PYTHONPATH`.
+    LensDir,
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,15 @@ fn main() -> ExitCode {
         Command::Top(args) => top::top(args),
         Command::Analyze(args) => analyze::analyze(args),
         Command::Gc(args) => gc::gc(args),
+        Command::LensDir => match run::find_lens_dir() {
+            Some(dir) => {
+                println!("{}", dir.display());
+                Ok(ExitCode::SUCCESS)
+            }
+            None => Err(anyhow::anyhow!(
+                "the lens directory was not found (set VRAMHOOK_LENS_DIR, or install it as lens/ beside this binary)"
+            )),
+        },
     };
     match result {
         Ok(code) => code,

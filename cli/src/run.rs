@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Do not print the end summary.
     #[arg(long)]
     pub quiet: bool,
+    /// Do not load the framework lenses (the PyTorch lens: its lens directory goes first
+    /// on PYTHONPATH otherwise).
+    #[arg(long)]
+    pub no_lens: bool,
     /// The command to run, after `--`.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -113,6 +117,34 @@ fn reap(pid: u32) -> Reaped {
     }
 }
 
+/// The framework lenses' directory (a `sitecustomize.py` and the `vramhook_lens` package):
+/// $VRAMHOOK_LENS_DIR, else `lens/` beside this binary, else `../share/vramhook/lens` from
+/// it (installed layouts), else the source tree this binary was built from.
+pub fn find_lens_dir() -> Option<PathBuf> {
+    let is_lens = |p: &Path| p.join("sitecustomize.py").is_file() && p.join("vramhook_lens").is_dir();
+    if let Some(p) = std::env::var_os("VRAMHOOK_LENS_DIR") {
+        return Some(PathBuf::from(p)).filter(|p| is_lens(p));
+    }
+    let exe_dir = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    [
+        exe_dir.join("lens"),
+        exe_dir.join("../share/vramhook/lens"),
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../lens")),
+    ]
+    .into_iter()
+    .find(|p| is_lens(p))
+}
+
+/// `PYTHONPATH` with `dir` first.
+fn python_path_with(dir: &Path) -> OsString {
+    let mut v = dir.as_os_str().to_os_string();
+    if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|e| !e.is_empty()) {
+        v.push(":");
+        v.push(existing);
+    }
+    v
+}
+
 /// Where libvramhook.so is: $VRAMHOOK_LIB, else beside this binary.
 pub fn find_interposer() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("VRAMHOOK_LIB") {
@@ -161,6 +193,8 @@ pub struct TracedRun<'a> {
     pub record: Option<&'a Path>,
     pub ring_dir: Option<&'a Path>,
     pub ring_slots: Option<u64>,
+    /// Put the lens directory first on PYTHONPATH (found by [`find_lens_dir`]).
+    pub lens: bool,
 }
 
 pub struct RunOutcome {
@@ -212,6 +246,11 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     }
     if let Some(slots) = run.ring_slots {
         cmd.env("VRAMHOOK_RING_SLOTS", slots.to_string());
+    }
+    if run.lens {
+        if let Some(dir) = find_lens_dir() {
+            cmd.env("PYTHONPATH", python_path_with(&dir));
+        }
     }
     for (k, v) in &run.envs {
         cmd.env(k, v);
@@ -365,6 +404,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         record: args.record.as_deref(),
         ring_dir: args.ring_dir.as_deref(),
         ring_slots: args.ring_slots,
+        lens: !args.no_lens,
     })?;
     let report = outcome.recorder.report();
     if !args.quiet {

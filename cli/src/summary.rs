@@ -123,7 +123,14 @@ impl Recorder {
                         self.remember_live_at_exit(e.pid);
                     }
                     self.model.apply(e);
-                    if matches!(e.kind(), Some(EventKind::ProcessStart | EventKind::ProcessExit | EventKind::Dropped)) {
+                    // Driver calls only: not our own records, nor a lens's.
+                    let ours = e.api == Api::Interposer as u16 || e.api == Api::Lens as u16;
+                    if ours
+                        || matches!(
+                            e.kind(),
+                            Some(EventKind::ProcessStart | EventKind::ProcessExit | EventKind::Dropped)
+                        )
+                    {
                         continue;
                     }
                     *self.tallies.entry(e.pid).or_default().calls.entry(e.api).or_default() += 1;

@@ -16,6 +16,7 @@
 mod config;
 mod dlsym_hook;
 mod hooks;
+mod lens;
 mod real;
 mod sink;
 

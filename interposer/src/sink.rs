@@ -107,6 +107,17 @@ impl Hook {
         }
     }
 
+    /// As [`Hook::emit`], and says whether this process has a ring to record it in.
+    pub fn emit_checked(&self, ev: Event) -> bool {
+        match ring() {
+            Some(w) => {
+                w.push(&stamp(ev, self.tid()));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// True at most once every `VRAMHOOK_MEMINFO_MS` across the process. Each thread
     /// looks at the (coarse) clock only every 64th allocation, keeping it off most calls.
     #[inline]
@@ -534,6 +545,12 @@ fn create_ring() -> bool {
     // SAFETY: just written above.
     let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
     writer.push(&stamp(Event::process_start(ppid, start_time), current_tid()));
+    // Who holds this process's bytes, read once (its frameworks' libraries are loaded by
+    // the time it first calls CUDA).
+    let frameworks = crate::lens::loaded_frameworks();
+    if frameworks != 0 {
+        writer.push(&stamp(Event::frameworks(frameworks), current_tid()));
+    }
     true
 }
 

@@ -1,0 +1,185 @@
+//! Framework verdicts end to end on the simulated driver (issue #10): a PyTorch-style cache
+//! fragmented on purpose, with the lens (the simulated lens feed in C, and the real Python
+//! lens over a stand-in `torch`), without it, and with the fix; and `vramhook demo`, which
+//! tells the same story.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use vramhook_testkit::{interposer, repo_root, sim_dir, vramhook_bin as vramhook};
+
+/// `vramhook run --record dir/name.vhc -- program...` on the simulated driver.
+fn run(dir: &Path, name: &str, program: &[&str], envs: &[(&str, &str)]) -> (PathBuf, Output) {
+    let capture = dir.join(format!("{name}.vhc"));
+    let mut cmd = Command::new(vramhook());
+    cmd.arg("run").arg("--record").arg(&capture).arg("--ring-dir").arg(dir.join(format!("rings-{name}")));
+    cmd.arg("--").args(program);
+    cmd.env("VRAMHOOK_LIB", interposer()).env("LD_LIBRARY_PATH", sim_dir()).env_remove("LD_PRELOAD");
+    cmd.env_remove("PYTHONPATH").env("VRAMHOOK_LENS_INTERVAL_S", "0");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run vramhook");
+    assert!(capture.is_file(), "no capture:\n{}", String::from_utf8_lossy(&out.stderr));
+    (capture, out)
+}
+
+fn report(capture: &Path) -> Value {
+    let out = Command::new(vramhook()).arg("analyze").arg("--json").arg(capture).output().expect("analyze");
+    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+fn workload(name: &str) -> String {
+    sim_dir().join("workloads").join(name).to_string_lossy().into_owned()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_fragmented_cache_with_the_simulated_lens_is_framework_fragmentation_with_its_numbers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cap, out) = run(dir.path(), "frag", &[&workload("torch_fragmented")], &[]);
+    assert_eq!(out.status.code(), Some(1), "the program raised its OOM");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // What the program itself computed: 16 segments of 1000 MiB, 600 MiB in use in each.
+    assert!(stdout.contains("tensors=16 reserved=16777216000 allocated=10066329600"), "{stdout}");
+    let r = report(&cap);
+    let ooms = r["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{ooms:#?}");
+    let o = &ooms[0];
+    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "Failed");
+    assert_eq!(o["framework"], "pytorch", "attributed from the libc10_cuda.so it maps");
+    let l = &o["framework_oom"];
+    assert_eq!(l["requested"], 2000 * MIB);
+    assert_eq!((l["reserved"].as_u64(), l["allocated"].as_u64()), (Some(16_777_216_000), Some(10_066_329_600)));
+    assert_eq!((l["largest_free_block"].as_u64(), l["segments_listed"].as_u64()), (Some(400 * MIB), Some(16)));
+    let text = o["explanation"].as_str().expect("explanation");
+    // The program's own PyTorch-style message and vramhook's explanation give the same numbers.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("9.38 GiB is allocated by PyTorch, and 6.25 GiB is reserved by PyTorch but unallocated"));
+    assert!(text.contains("9.38 GiB (10,066,329,600 bytes) allocated by PyTorch"), "{text}");
+    assert!(text.contains("6.25 GiB (6,710,886,400 bytes) reserved by PyTorch but unallocated"), "{text}");
+    assert!(text.contains("expandable_segments:True"), "{text}");
+}
+
+#[test]
+fn without_the_lens_the_same_cache_is_framework_cache_not_capacity() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cap, _) = run(dir.path(), "nolens", &[&workload("torch_fragmented")], &[("SIM_NO_LENS", "1")]);
+    let r = report(&cap);
+    let o = &r["ooms"][0];
+    assert_eq!(o["verdict_name"], "framework_cache", "{}", o["explanation"]);
+    assert!(o["explanation"].as_str().is_some_and(|t| t.contains("PyTorch held 15.62 GiB")), "{}", o["explanation"]);
+    assert_eq!(o["framework_oom"], Value::Null);
+}
+
+#[test]
+fn with_expandable_segments_the_same_program_does_not_fail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cap, out) = run(dir.path(), "fixed", &[&workload("torch_fragmented")], &[("SIM_EXPANDABLE", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = report(&cap);
+    assert_eq!(r["ooms"].as_array().map(Vec::len), Some(0));
+    assert_eq!(r["processes"][0]["failed_calls"], 0);
+}
+
+#[test]
+fn a_true_shortage_stays_capacity() {
+    // torch_caching asks for 200 GiB of a 16 GiB device: no cache could have covered it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cap, _) = run(dir.path(), "capacity", &[&workload("torch_caching")], &[]);
+    let r = report(&cap);
+    let ooms = r["ooms"].as_array().expect("ooms");
+    assert!(!ooms.is_empty());
+    assert!(ooms.iter().all(|o| o["verdict_name"] == "capacity"), "{ooms:#?}");
+}
+
+/// The real Python lens (lens/) in a Python process that imports a stand-in `torch`
+/// (tests/fixtures/fake_torch): sitecustomize from `vramhook run`, the import watch,
+/// `torch.cuda._lazy_call`, the OOM observer, `memory_stats` and `memory._snapshot`.
+#[test]
+fn the_python_lens_sees_the_cache_of_a_python_program() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_torch");
+    // A site's own sitecustomize, which the lens's must still run (chained).
+    let site = dir.path().join("site");
+    std::fs::create_dir_all(&site).expect("site dir");
+    let marker = dir.path().join("site-ran");
+    std::fs::write(site.join("sitecustomize.py"), format!("open({:?}, 'w').write('yes')\n", marker.to_string_lossy()))
+        .expect("sitecustomize");
+    let pythonpath = format!("{}:{}", fake.display(), site.display());
+    let script = fake.join("fragment.py");
+    let mut cmd_env = vec![("VRAMHOOK_SIM_VRAM_BYTES", "1073741824")];
+    cmd_env.push(("PYTHONPATH", &pythonpath));
+    let (cap, out) = {
+        let capture = dir.path().join("py.vhc");
+        let mut cmd = Command::new(vramhook());
+        cmd.arg("run").arg("--record").arg(&capture).arg("--ring-dir").arg(dir.path().join("rings-py"));
+        cmd.arg("--").arg("python3").arg(&script);
+        cmd.env("VRAMHOOK_LIB", interposer()).env("LD_LIBRARY_PATH", sim_dir()).env_remove("LD_PRELOAD");
+        cmd.env("VRAMHOOK_LENS_INTERVAL_S", "0");
+        for (k, v) in &cmd_env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run python3 under vramhook");
+        (capture, out)
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the program raised OutOfMemoryError: {stderr}");
+    assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
+    assert!(!stderr.contains("vramhook lens:"), "the lens complained: {stderr}");
+    assert_eq!(std::fs::read_to_string(&marker).ok().as_deref(), Some("yes"), "the site's sitecustomize ran");
+    let r = report(&cap);
+    let o = &r["ooms"][0];
+    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "Failed");
+    let l = &o["framework_oom"];
+    assert_eq!(l["requested"], 300 * MIB);
+    assert_eq!((l["reserved"].as_u64(), l["allocated"].as_u64()), (Some(1000 * MIB), Some(600 * MIB)));
+    assert_eq!((l["largest_free_block"].as_u64(), l["segments_listed"].as_u64()), (Some(40 * MIB), Some(10)));
+
+    // --no-lens: the same program, no lens: the driver sees no framework, only the calls.
+    let capture = dir.path().join("py-nolens.vhc");
+    let out = Command::new(vramhook())
+        .args(["run", "--no-lens", "--record"])
+        .arg(&capture)
+        .arg("--ring-dir")
+        .arg(dir.path().join("rings-py2"))
+        .arg("--")
+        .arg("python3")
+        .arg(&script)
+        .env("VRAMHOOK_LIB", interposer())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("LD_PRELOAD")
+        .envs(cmd_env.iter().copied())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let r = report(&capture);
+    assert_eq!(r["ooms"][0]["framework_oom"], Value::Null, "no lens ran");
+}
+
+#[test]
+fn the_demo_tells_the_story_a_fragmented_cache_its_verdict_and_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("demo.vhc");
+    let out = Command::new(vramhook())
+        .args(["demo", "--record"])
+        .arg(&record)
+        .env("VRAMHOOK_LIB", interposer())
+        .env("VRAMHOOK_SIM_DIR", sim_dir())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run vramhook demo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("verdict: framework_fragmentation"), "{stderr}");
+    assert!(stderr.contains("6.25 GiB (6,710,886,400 bytes) reserved by PyTorch but unallocated"), "{stderr}");
+    assert!(
+        stderr.contains("As expected: 1 out-of-memory incident(s) without the fix (exit 1), 0 with it (exit 0)"),
+        "{stderr}"
+    );
+    assert!(dir.path().join("demo.expandable.vhc").is_file());
+}

@@ -1,0 +1,110 @@
+//! What in-process framework lenses and the ring's creation add beside the driver's calls:
+//! which frameworks the process loaded (read once, when the ring is made), and the
+//! lens's own records (the PyTorch lens calls `vramhook_lens_emit` through ctypes).
+//! Nothing here is on a driver call's path.
+
+use crate::config;
+use crate::sink::Hook;
+use vramhook_protocol::record::{Event, FrameworkId};
+
+/// `FrameworkId` bits of the libraries mapped into this process, read from
+/// `/proc/self/maps` with plain syscalls into a stack buffer: no allocation, no loader
+/// lock (`dl_iterate_phdr` takes one, and the first CUDA call may come from a library
+/// constructor that runs under it).
+pub fn loaded_frameworks() -> u64 {
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return 0;
+    }
+    // A line is matched within the buffer; names cut by a read boundary are matched with
+    // the carried tail (longer than any name looked for).
+    const CARRY: usize = 64;
+    let mut buf = [0u8; 8192];
+    let mut kept = 0usize;
+    let mut mask = 0u64;
+    loop {
+        // SAFETY: reading into the free part of our buffer.
+        let n = unsafe { libc::read(fd, buf[kept..].as_mut_ptr().cast(), buf.len() - kept) };
+        if n <= 0 {
+            break;
+        }
+        let end = kept + n as usize;
+        for line in buf[..end].split(|b| *b == b'\n') {
+            if let Some(f) = FrameworkId::of_library(line) {
+                mask |= f.bit();
+            }
+        }
+        kept = CARRY.min(end);
+        buf.copy_within(end - kept..end, 0);
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    mask
+}
+
+/// Kinds of [`LensRecord`].
+const LENS_SAMPLE: u32 = 1;
+const LENS_OOM: u32 = 2;
+const LENS_SEGMENT: u32 = 3;
+
+/// One framework-lens record as a lens hands it over (a ctypes `Structure` of the same
+/// layout in `lens/vramhook_lens/ring.py`).
+///
+/// - `kind` 1, a sample: `a` reserved, `b` allocated, `c` largest free block
+///   (`u64::MAX`: not measured), `d` segments;
+/// - `kind` 2, the framework gave up: `a` its request, `b` reserved, `c` allocated, `d`
+///   largest free block;
+/// - `kind` 3, one of its segments right after: `a` address, `b` bytes, `c` allocated,
+///   `d` its largest free block, `pieces` its free pieces.
+///
+/// `framework` is a `FrameworkId` code, `device` the CUDA ordinal.
+#[repr(C)]
+pub struct LensRecord {
+    pub kind: u32,
+    pub framework: u32,
+    pub device: i32,
+    pub reserved_zero: u32,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub pieces: u64,
+}
+
+/// Records `*record` in this process's ring, stamped now by this thread. Returns 0 when
+/// recorded, 1 when this process is not traced (disabled, or no ring could be made), 2
+/// for a null pointer or an unknown kind or framework.
+///
+/// # Safety
+/// `record` is null or points to a readable `LensRecord`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vramhook_lens_emit(record: *const LensRecord) -> i32 {
+    if record.is_null() {
+        return 2;
+    }
+    // SAFETY: non-null, and readable by the caller's contract.
+    let r = unsafe { &*record };
+    std::panic::catch_unwind(|| {
+        let Some(fw) = u8::try_from(r.framework).ok().and_then(FrameworkId::from_code) else {
+            return 2;
+        };
+        let ev = match r.kind {
+            LENS_SAMPLE => Event::framework_sample(fw, r.a, r.b, r.c, r.d),
+            LENS_OOM => Event::framework_oom(fw, r.a, r.b, r.c, r.d),
+            LENS_SEGMENT => Event::framework_segment(r.a, r.b, r.c, r.d, r.pieces),
+            _ => return 2,
+        };
+        if config::disabled() {
+            return 1;
+        }
+        let Some(h) = Hook::enter() else { return 1 };
+        let device = r.device.clamp(-1, i32::from(i16::MAX)) as i16;
+        if h.emit_checked(ev.on_device(device)) {
+            0
+        } else {
+            1
+        }
+    })
+    .unwrap_or(1)
+}

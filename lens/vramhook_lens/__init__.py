@@ -1,0 +1,75 @@
+"""vramhook's framework lenses: what a framework's own allocator knows and the driver cannot.
+
+`install()` (called by the lens directory's sitecustomize) watches for `import torch` and,
+once PyTorch's CUDA state exists, attaches the PyTorch lens (`torch_lens`). Nothing happens
+in a program that never imports torch, or that runs without libvramhook.so.
+"""
+
+import importlib.abc
+import sys
+
+from . import ring
+
+__all__ = ["install"]
+
+_installed = False
+
+
+class _AfterImport(importlib.abc.Loader):
+    """Runs the real loader, then `then(module)`."""
+
+    def __init__(self, loader, then):
+        self._loader = loader
+        self._then = then
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self._then(module)
+        except Exception as e:  # the lens must never break the program's import
+            sys.stderr.write("vramhook lens: %r\n" % (e,))
+
+
+class _WatchImports(importlib.abc.MetaPathFinder):
+    def __init__(self, name, then):
+        self._name = name
+        self._then = then
+        self._busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self._name or self._busy:
+            return None
+        self._busy = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _AfterImport(spec.loader, self._then)
+                    sys.meta_path.remove(self)
+                    return spec
+            return None
+        finally:
+            self._busy = False
+
+
+def _on_torch(torch):
+    from . import torch_lens
+
+    torch_lens.attach(torch)
+
+
+def install():
+    """Attaches the lenses of frameworks the program imports (once)."""
+    global _installed
+    if _installed or not ring.available():
+        return
+    _installed = True
+    if "torch" in sys.modules:
+        _on_torch(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _WatchImports("torch", _on_torch))

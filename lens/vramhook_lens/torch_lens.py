@@ -1,0 +1,121 @@
+"""The PyTorch lens: the caching allocator's own numbers into the process's vramhook ring.
+
+- At every PyTorch out-of-memory error (its OOM observer, called after the allocator has
+  given back its whole free segments and before it raises): the request, reserved and
+  allocated bytes, the largest free block, then each segment of that device (bytes,
+  allocated, largest free block, free pieces) from `torch.cuda.memory._snapshot()`.
+- Periodically, per device in use: `memory_stats()`'s reserved and allocated bytes and
+  segment count (every VRAMHOOK_LENS_INTERVAL_S, default 1 s: about 175 µs a call on an
+  H200), and the largest free block from a snapshot at a slower interval
+  (VRAMHOOK_LENS_SNAPSHOT_S, default 30 s: about 20 ms for 20,000 blocks).
+With `backend:cudaMallocAsync` the allocator keeps no segments: the lens gives reserved and
+allocated bytes only. Every call is guarded: the lens never raises into the program.
+"""
+
+import os
+import sys
+import threading
+import time
+
+from . import ring
+
+_attached = False
+
+
+def _float_env(name, default):
+    try:
+        return max(float(os.environ.get(name, default)), 0.0)
+    except ValueError:
+        return default
+
+
+def _segments(torch, device):
+    """[(address, bytes, allocated, largest free block, free pieces)] of `device`, or None."""
+    try:
+        snap = torch.cuda.memory._snapshot()
+    except Exception:
+        return None  # cudaMallocAsync, or a PyTorch without snapshots
+    segs = snap.get("segments", []) if isinstance(snap, dict) else snap
+    out = []
+    for s in segs:
+        if s.get("device", 0) != device:
+            continue
+        free = [b["size"] for b in s.get("blocks", []) if not str(b.get("state", "")).startswith("active")]
+        out.append((s["address"], s["total_size"], s.get("allocated_size", s["total_size"] - sum(free)),
+                    max(free, default=0), len(free)))
+    return out
+
+
+def _stats(torch, device):
+    st = torch.cuda.memory_stats(device)
+    reserved = st.get("reserved_bytes.all.current", torch.cuda.memory_reserved(device))
+    allocated = st.get("allocated_bytes.all.current", torch.cuda.memory_allocated(device))
+    segments = st.get("segment.all.current", 0)
+    return reserved, allocated, segments
+
+
+def _on_oom(torch, device, alloc, device_allocated, device_free):
+    try:
+        reserved, allocated, _ = _stats(torch, device)
+        segs = _segments(torch, device)
+        largest = max((s[3] for s in segs), default=0) if segs is not None else ring.UNKNOWN
+        ring.emit(ring.OOM, ring.PYTORCH, device, alloc, reserved, allocated, largest)
+        for addr, size, used, big, pieces in segs or []:
+            ring.emit(ring.SEGMENT, ring.PYTORCH, device, addr, size, used, big, pieces)
+    except Exception as e:
+        sys.stderr.write("vramhook lens: at PyTorch's OOM: %r\n" % (e,))
+
+
+def _sampler(torch, interval, snapshot_every):
+    last_snapshot = 0.0
+    while True:
+        time.sleep(interval)
+        try:
+            now = time.monotonic()
+            take_snapshot = snapshot_every > 0 and now - last_snapshot >= snapshot_every
+            for device in range(torch.cuda.device_count()):
+                reserved, allocated, segments = _stats(torch, device)
+                if reserved == 0:
+                    continue
+                largest = ring.UNKNOWN
+                if take_snapshot:
+                    segs = _segments(torch, device)
+                    if segs is not None:
+                        largest = max((s[3] for s in segs), default=0)
+                ring.emit(ring.SAMPLE, ring.PYTORCH, device, reserved, allocated, largest, segments)
+            if take_snapshot:
+                last_snapshot = now
+        except Exception:
+            return  # the interpreter is shutting down, or CUDA is gone
+
+
+def _attach_now(torch):
+    global _attached
+    if _attached:
+        return
+    _attached = True
+    torch._C._cuda_attach_out_of_memory_observer(
+        lambda device, alloc, device_allocated, device_free: _on_oom(torch, device, alloc, device_allocated, device_free)
+    )
+    interval = _float_env("VRAMHOOK_LENS_INTERVAL_S", 1.0)
+    if interval > 0:
+        t = threading.Thread(
+            target=_sampler,
+            args=(torch, interval, _float_env("VRAMHOOK_LENS_SNAPSHOT_S", 30.0)),
+            name="vramhook-lens",
+            daemon=True,
+        )
+        t.start()
+
+
+def attach(torch):
+    """Attaches once PyTorch's CUDA state exists (its observers live in the per-device
+    allocators, which exist only after CUDA's lazy init)."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None:
+        return
+    lazy = getattr(cuda, "_lazy_call", None)
+    if lazy is not None:
+        lazy(lambda: _attach_now(torch))
+    elif cuda.is_initialized():
+        _attach_now(torch)
