@@ -76,6 +76,7 @@ pub fn finish(mut r: Replayer) -> Report {
             last_ts_ns: r.last_ts.max(w.first),
             from_ns: w.from.max(w.first),
             to_ns: w.to,
+            wall_anchor: r.clock.map(|(mono_ns, wall_ns)| WallAnchor { mono_ns, wall_ns }),
         },
         events: r.applied,
         devices,
