@@ -845,6 +845,19 @@ pub fn fuzz_target(data: &[u8]) {
     assert!(result.is_ok(), "reading from memory cannot fail");
     assert_eq!(report.understood + report.skipped, report.lines, "every line counted once");
     assert!(incidents.len() as u64 <= report.lines + 4, "at most one incident per line, plus those ended at the end");
+    // Times, as the join reads them: found in any line, read against any reference.
+    for line in String::from_utf8_lossy(text).lines().take(256) {
+        if let Some(t) = time::find(line).and_then(time::parse) {
+            for reference in [None, Some(0), Some(u64::MAX)] {
+                let _ = t.unix_ns(reference);
+            }
+        }
+    }
+    let captured = [Captured { id: 1, pid: 1, requested: 2 << 30, wall_ns: Some(u64::MAX) }];
+    for i in &mut incidents {
+        i.resolve_time(Some(u64::MAX));
+    }
+    join(&mut incidents, &captured);
 }
 
 #[cfg(test)]
