@@ -8,6 +8,27 @@ function txt(p,x,y,s,a){const t=el('text',Object.assign({x:x,y:y,'font-size':11,
 function fb(b){const u=['B','KiB','MiB','GiB','TiB'];let i=0;while(b>=1024&&i<4){b/=1024;i++;}return (i?b.toFixed(2):b.toFixed(0))+' '+u[i];}
 function fs(ns){return (ns/1e9).toFixed(ns<1e7?6:3)+'s';}
 const T0=D.t0,T1=Math.max(D.t1,D.t0+1);
+// OOM markers: failures closer than MERGE_PX on the plot share one line (its label counts
+// them); labels that would overlap go one row lower, and past LABEL_ROWS rows the label is
+// left to the line's tooltip.
+const MERGE_PX=6,LABEL_ROWS=4,LABEL_GAP=6;
+function markers(svg,list,x,top,bottom,right){
+  const ms=list.map(o=>({px:x(o[0]),o:o})).sort((a,b)=>a.px-b.px);const groups=[];
+  for(const m of ms){const g=groups[groups.length-1];if(g&&m.px-g.px<MERGE_PX)g.items.push(m.o);else groups.push({px:m.px,items:[m.o]});}
+  const rows=[];
+  for(const g of groups){
+    const pids=[...new Set(g.items.map(o=>o[1]))];const n=g.items.length;
+    const label=n==1?'OOM pid '+pids[0]:n+' OOMs, pid'+(pids.length>1?'s ':' ')+pids.slice(0,3).join(', ')+(pids.length>3?', …':'');
+    const line=el('line',{x1:g.px,x2:g.px,y1:top,y2:bottom,stroke:'#d1242f','stroke-width':2,'stroke-dasharray':'5,3',class:'oom-marker','data-count':n},svg);
+    el('title',{},line).textContent=g.items.map(o=>'OOM pid '+o[1]+' at +'+fs(o[0]-T0)+' ('+o[3]+')').join('\n');
+    const t=txt(svg,0,0,label,{fill:'#d1242f',class:'oom-label'});
+    const w=t.getComputedTextLength()||label.length*6.5;
+    const flip=g.px+4+w>right;const x0=flip?g.px-4-w:g.px+4;
+    let r=rows.findIndex(end=>end+LABEL_GAP<=x0);
+    if(r<0&&rows.length<LABEL_ROWS){rows.push(-Infinity);r=rows.length-1;}
+    if(r<0){t.remove();continue;}
+    rows[r]=x0+w;t.setAttribute('x',x0);t.setAttribute('y',top+12+13*r);}
+}
 function plot(id,title,series,fmt,opt){
   opt=opt||{};const host=document.getElementById(id);const rows=Math.ceil(series.filter(s=>s.pts.length).length/4);const W=1300,B=34+18*rows,H=(opt.h||240)+18*rows,L=80,R=20,TP=28;
   const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,class:'plot','data-plot':id},host);
@@ -16,11 +37,14 @@ function plot(id,title,series,fmt,opt){
   if(!(ymax>0))ymax=1;
   const x=t=>L+(W-L-R)*(t-T0)/(T1-T0),y=v=>H-B-(H-B-TP)*v/ymax;
   el('rect',{x:L,y:TP,width:W-L-R,height:H-B-TP,fill:'#fbfcfd',stroke:'#d0d7de'},svg);
-  for(let i=0;i<=4;i++){const v=ymax*i/4;el('line',{x1:L,x2:W-R,y1:y(v),y2:y(v),stroke:'#eaeef2'},svg);txt(svg,L-6,y(v)+4,fmt(v),{'text-anchor':'end'});}
-  for(let i=0;i<=6;i++){const t=T0+(T1-T0)*i/6;txt(svg,x(t),H-B+16,'+'+fs(t-T0),{'text-anchor':i==0?'start':i==6?'end':'middle'});}
-  for(const o of (opt.markers||[])){el('line',{x1:x(o[0]),x2:x(o[0]),y1:TP,y2:H-B,stroke:'#d1242f','stroke-width':2,'stroke-dasharray':'5,3',class:'oom-marker'},svg);
-    const right=x(o[0])>W-160;txt(svg,x(o[0])+(right?-4:4),TP+12,o[1],{fill:'#d1242f','text-anchor':right?'end':'start'});}
-  if(series.every(s=>!s.pts.length)){txt(svg,W/2,H/2,'no data for this plot in the capture',{'text-anchor':'middle','font-size':13});return svg;}
+  const empty=series.every(s=>!s.pts.length);
+  if(empty){svg.setAttribute('data-empty','yes');txt(svg,W/2,H/2,'no data for this plot in the '+(D.captured?'capture':'input'),{'text-anchor':'middle','font-size':13,class:'no-data'});}
+  else{
+    // Ticks whose label would repeat the one below (a tiny range: 0 B, 0 B, 1 B) are left out.
+    let prev=null;for(let i=0;i<=4;i++){const v=ymax*i/4,lab=fmt(v);if(lab===prev)continue;prev=lab;el('line',{x1:L,x2:W-R,y1:y(v),y2:y(v),stroke:'#eaeef2'},svg);txt(svg,L-6,y(v)+4,lab,{'text-anchor':'end',class:'tick'});}
+    for(let i=0;i<=6;i++){const t=T0+(T1-T0)*i/6;txt(svg,x(t),H-B+16,'+'+fs(t-T0),{'text-anchor':i==0?'start':i==6?'end':'middle'});}}
+  markers(svg,opt.markers||[],x,TP,H-B,W-R);
+  if(empty)return svg;
   series.forEach((s,i)=>{const c=s.color||COLORS[i%COLORS.length];if(!s.pts.length)return;
     let d='';s.pts.forEach((p,j)=>{const X=x(p[0]).toFixed(1);d+=(j?'H'+X+'V':'M'+X+' ')+y(p[3]).toFixed(1);
       if(p[1]!==p[2])el('line',{x1:X,x2:X,y1:y(p[1]),y2:y(p[2]),stroke:c,'stroke-opacity':0.35},svg);});
@@ -28,15 +52,17 @@ function plot(id,title,series,fmt,opt){
     el('path',{d:d,fill:'none',stroke:c,'stroke-width':2,'stroke-dasharray':s.dash||'',class:'series'},svg);
     const k=series.filter(q=>q.pts.length).indexOf(s),lx=L+(k%4)*300,ly=H-B+36+Math.floor(k/4)*18;el('rect',{x:lx,y:ly-9,width:10,height:10,fill:c},svg);txt(svg,lx+14,ly,s.name,{fill:'#1d2329'});});
   return svg;}
-const marks=D.ooms.map(o=>[o[0],'OOM pid '+o[1]]);
+const marks=D.ooms;
 const live=[];D.timelines.processes.forEach(p=>live.push({name:'pid '+p.pid+' '+p.command.split(' ')[0].split('/').pop(),pts:p.live_bytes}));
 D.timelines.devices.forEach(d=>live.push({name:'device '+d.device+' (all traced)',pts:d.live_bytes,dash:'6,3',color:'#57606a'}));
 plot('plot-live','Live bytes per process and per device',live,fb,{markers:marks});
 const free=[];let tot=0;D.timelines.devices.forEach(d=>{free.push({name:'device '+d.device+' free (driver)',pts:d.free_bytes});tot=Math.max(tot,d.total_bytes||0);});
 plot('plot-free','Device free bytes (driver samples)'+(tot?' — total '+fb(tot):''),free,fb,{markers:marks,ymax:tot,extend:true});
 const fr=D.fragmentation.slice(0,10);
-plot('plot-frag','Fragmentation per arena (1 − largest free span / free in arena)',fr.map(a=>({name:a.kind+' '+a.base.toString(16)+' pid '+a.pid,pts:a.fragmentation})),v=>v.toFixed(2),{markers:marks,ymax:1});
-plot('plot-span','Largest free span per arena',fr.map(a=>({name:a.kind+' 0x'+a.base.toString(16),pts:a.largest_free_span})),fb,{markers:marks});
+// An arena by kind, base, process and device ("device ?" only where no handle named one).
+function arena(a){return a.kind+' 0x'+a.base.toString(16)+' pid '+a.pid+' '+(a.device>=0?'GPU '+a.device:'device ?');}
+plot('plot-frag','Fragmentation per arena (1 − largest free span / free in arena)',fr.map(a=>({name:arena(a),pts:a.fragmentation})),v=>v.toFixed(2),{markers:marks,ymax:1});
+plot('plot-span','Largest free span per arena',fr.map(a=>({name:arena(a),pts:a.largest_free_span})),fb,{markers:marks});
 (function(){const host=document.getElementById('plot-layout');const L=D.layout;const W=1300;
   const ents=L?L.entries:[];const ar=L?L.arenas:[];
   const rows=[];const bydev={};ents.forEach(e=>{(bydev[e.device]=bydev[e.device]||[]).push(e);});
@@ -58,7 +84,7 @@ plot('plot-span','Largest free span per arena',fr.map(a=>({name:a.kind+' 0x'+a.b
     ar.forEach(a=>{const w=W-620;el('rect',{x:20,y:yy,width:w,height:18,fill:'#eaeef2'},svg);
       el('rect',{x:20,y:yy,width:w*(a.size?a.occupied/a.size:0),height:18,fill:'#bc4c00',class:'arena-occupied'},svg);
       if(a.size)el('rect',{x:20+w-w*a.largest_free_span/a.size,y:yy,width:w*a.largest_free_span/a.size,height:18,fill:'none',stroke:'#1a7f37','stroke-width':2},svg);
-      txt(svg,w+30,yy+13,a.kind+' 0x'+a.base.toString(16)+' pid '+a.pid+': '+fb(a.occupied)+' / '+fb(a.size)+', largest free '+fb(a.largest_free_span)+', frag '+a.fragmentation.toFixed(2));yy+=26;});}
+      txt(svg,w+30,yy+13,arena(a)+': '+fb(a.occupied)+' / '+fb(a.size)+', largest free '+fb(a.largest_free_span)+', frag '+a.fragmentation.toFixed(2));yy+=26;});}
 })();
 document.body.setAttribute('data-rendered','yes');
 })();

@@ -77,13 +77,14 @@ pub fn finish(mut r: Replayer) -> Report {
             last_ts_ns: r.last_ts.max(w.first),
             from_ns: w.from.max(w.first),
             to_ns: w.to,
+            wall_anchor: r.clock.map(|(mono_ns, wall_ns)| WallAnchor { mono_ns, wall_ns }),
         },
         events: r.applied,
         devices,
         processes,
         top_holders,
         ooms,
-        fragmentation: r.arena_reports(),
+        fragmentation: name_reservation_devices(r.arena_reports()),
         leaks,
         timelines,
         layout,
@@ -93,6 +94,34 @@ pub fn finish(mut r: Replayer) -> Report {
         log_incidents: Vec::new(),
         folded: r.folded.clone(),
     }
+}
+
+/// A VMM reservation's device is known from its first mapping on (cuMemAddressReserve
+/// names none; the handles mapped into it do): samples taken before that are tracked under
+/// device -1. They are the same arena's first points, and join it.
+fn name_reservation_devices(arenas: Vec<ArenaReport>) -> Vec<ArenaReport> {
+    use std::collections::HashMap;
+    let named: HashMap<(u32, vramhook_model::ArenaKind, u64), usize> =
+        arenas.iter().enumerate().filter(|(_, a)| a.device >= 0).map(|(k, a)| ((a.pid, a.kind, a.base), k)).collect();
+    let mut out = arenas.clone();
+    let mut merged = vec![false; arenas.len()];
+    for (k, early) in arenas.iter().enumerate().filter(|(_, a)| a.device < 0) {
+        let Some(&into) = named.get(&(early.pid, early.kind, early.base)) else { continue };
+        let a = &mut out[into];
+        a.size = a.size.max(early.size);
+        a.max_fragmentation = a.max_fragmentation.max(early.max_fragmentation);
+        a.min_largest_free_span = a.min_largest_free_span.min(early.min_largest_free_span);
+        for (series, before) in [
+            (&mut a.fragmentation, &early.fragmentation),
+            (&mut a.largest_free_span, &early.largest_free_span),
+            (&mut a.free_in_arena, &early.free_in_arena),
+        ] {
+            series.extend_from_slice(before);
+            series.sort_by_key(|p| p.t_ns);
+        }
+        merged[k] = true;
+    }
+    out.into_iter().zip(merged).filter(|(_, m)| !m).map(|(a, _)| a).collect()
 }
 
 /// A row per selected process that did anything, its timeline, and its leak if it has one.

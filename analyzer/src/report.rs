@@ -220,6 +220,17 @@ pub struct TimeRange {
     /// The window the report covers (after --from/--to).
     pub from_ns: u64,
     pub to_ns: u64,
+    /// One instant on the captures' monotonic clock and on the wall clock, from the first
+    /// capture's header: puts log times on the captures' clock (schema 2).
+    pub wall_anchor: Option<WallAnchor>,
+}
+
+/// The same instant on two clocks, in ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct WallAnchor {
+    pub mono_ns: u64,
+    /// Unix epoch.
+    pub wall_ns: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -51,6 +51,38 @@ fn run_chromium(profile: &Path, extra: &[String], url: &str) -> std::process::Ou
     out
 }
 
+/// Opens `html` with `script` (a JS expression) appended after the report's own script, and
+/// returns the expression's value, JSON-serialised by the page and read from the dumped DOM.
+fn measure(dir: &Path, name: &str, html: &str, script: &str) -> serde_json::Value {
+    let page = dir.join(format!("{name}.html"));
+    let probe = format!(
+        "<script>document.body.setAttribute('data-measure',JSON.stringify((function(){{{script}}})()));</script></body>"
+    );
+    std::fs::write(&page, html.replacen("</body>", &probe, 1)).expect("write page");
+    let out = run_chromium(
+        &dir.join(format!("profile-{name}")),
+        &["--dump-dom".into()],
+        &format!("file://{}", page.display()),
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("data-rendered=\"yes\""),
+        "the plotting script did not finish:\n{}",
+        &dom[..dom.len().min(2000)]
+    );
+    let at = dom
+        .find("data-measure=\"")
+        .unwrap_or_else(|| panic!("the probe did not run:\n{}", &dom[..dom.len().min(2000)]));
+    let rest = &dom[at + "data-measure=\"".len()..];
+    let raw = &rest[..rest.find('"').expect("attribute end")];
+    let json = raw.replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("probe output {json}: {e}"))
+}
+
+/// The page's y (CSS px from the top of the document) of the first element matching `selector`.
+const TOP: &str =
+    "const top=s=>{const e=document.querySelector(s);return e?e.getBoundingClientRect().top+window.scrollY:null;};";
+
 #[test]
 fn html_report_renders_its_plots_in_headless_chromium() {
     let (bytes, _) = scenario();
@@ -80,6 +112,17 @@ fn html_report_renders_its_plots_in_headless_chromium() {
     assert!(dom.matches("class=\"alloc\"").count() >= 20, "layout rectangles for the live allocations");
     assert!(dom.contains("class=\"arena-occupied\""), "the reservation in the layout");
 
+    // Where the live-bytes plot is: below the verdicts, inside the 2000-pixel window.
+    let at = measure(
+        dir.path(),
+        "where",
+        &html,
+        &format!("{TOP} const r=document.querySelector('[data-plot=plot-live]').getBoundingClientRect(); return [r.top+window.scrollY, r.bottom+window.scrollY, top('.verdict')];"),
+    );
+    let (plot_top, plot_bottom) = (at[0].as_f64().expect("top") as usize, at[1].as_f64().expect("bottom") as usize);
+    assert!(at[2].as_f64().expect("a verdict") < plot_top as f64, "the verdict comes before the plots: {at}");
+    assert!(plot_bottom < 1900, "the live-bytes plot must be inside the screenshot: {at}");
+
     // 2. The screenshot shows them.
     let png = dir.path().join("shot.png");
     run_chromium(&dir.path().join("p2"), &[format!("--screenshot={}", png.display())], &url);
@@ -98,9 +141,10 @@ fn html_report_renders_its_plots_in_headless_chromium() {
         let i = (y * w + x) * ch;
         (buf[i], buf[i + 1], buf[i + 2])
     };
-    // The first plot sits in the top 600 pixels: count series blue and OOM red there.
+    // Count series blue and OOM red inside the live-bytes plot (the OOM incident's red
+    // border is above it).
     let (mut blue, mut red, mut ink) = (0, 0, 0);
-    for y in 100..600.min(h) {
+    for y in plot_top..plot_bottom.min(h) {
         for x in 0..w {
             let (r, g, b) = px(x, y);
             if r < 60 && (80..150).contains(&g) && b > 180 {
@@ -120,5 +164,166 @@ fn html_report_renders_its_plots_in_headless_chromium() {
     }
     assert!(blue > 400, "too few series pixels in the live-bytes plot: {blue}");
     assert!(red > 40, "no OOM marker pixels: {red}");
-    assert!(ink > 5000, "the top of the page is nearly blank: {ink}");
+    assert!(ink > 5000, "the plot is nearly blank: {ink}");
+}
+
+/// OOMs of 12 processes in a 10-second capture: three within a millisecond (one line on the
+/// plot), six 100 ms apart (12 px: lines apart, labels that would overlap), one alone and
+/// one at the right edge. Pid 99 holds memory throughout so the live plot has a series.
+fn crowded_ooms() -> (Vec<u8>, usize) {
+    use vramhook_protocol::capture::CaptureWriter;
+    use vramhook_protocol::record::{Api, Event};
+    let ms = 1_000_000u64;
+    let t0 = 2_000 * ms;
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    let mut evs = vec![
+        ev(99, t0, Event::mem_info(16 * GIB, 16 * GIB)),
+        ev(99, t0, Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000, 4 * GIB)),
+    ];
+    let at_us: Vec<u64> = vec![
+        1_000_000, 1_000_300, 1_000_600, 3_000_000, 3_100_000, 3_200_000, 3_300_000, 3_400_000, 3_500_000, 6_000_000,
+        9_990_000,
+    ];
+    for (k, us) in at_us.iter().enumerate() {
+        let ts = t0 + us * 1000;
+        let pid = 100 + k as u32;
+        evs.push(ev(pid, ts, Event::alloc(Api::cuMemAlloc_v2, 0, 20 * GIB).with_result(2)));
+        evs.push(ev(pid, ts + 1000, Event::mem_info(12 * GIB, 16 * GIB)));
+    }
+    // A second failure of pid 100 a little later: another size, another incident.
+    evs.push(ev(100, t0 + 1_000_800_000, Event::alloc(Api::cuMemAlloc_v2, 0, 30 * GIB).with_result(2)));
+    evs.push(ev(99, t0 + 10_000 * ms, Event::mem_info(12 * GIB, 16 * GIB)));
+    w.write_events(&evs).expect("write");
+    (w.finish().expect("finish"), at_us.len() + 1)
+}
+
+#[test]
+fn oom_markers_do_not_overlap() {
+    let (bytes, failures) = crowded_ooms();
+    let report = analyze_bytes("crowded.vhc", &bytes, &Options::default()).expect("analyze");
+    assert_eq!(report.ooms.len(), failures, "{:#?}", report.ooms);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plots = measure(
+        dir.path(),
+        "crowded",
+        &html::render(&report),
+        "const out=[];document.querySelectorAll('svg[data-plot]').forEach(svg=>{\
+           const labels=[...svg.querySelectorAll('.oom-label')].map(t=>{const b=t.getBBox();return [b.x,b.y,b.width,b.height];});\
+           const lines=[...svg.querySelectorAll('.oom-marker')].map(l=>[+l.getAttribute('x1'),+l.getAttribute('data-count')]);\
+           out.push({plot:svg.getAttribute('data-plot'),labels:labels,lines:lines});});return out;",
+    );
+    let plots = plots.as_array().expect("plots");
+    let mut checked = 0;
+    for p in plots {
+        let lines = p["lines"].as_array().expect("lines");
+        if lines.is_empty() {
+            continue; // the layout picture has no time axis
+        }
+        checked += 1;
+        let name = &p["plot"];
+        let count: u64 = lines.iter().map(|l| l[1].as_u64().expect("data-count")).sum();
+        assert_eq!(count as usize, failures, "{name}: every incident is on a line: {lines:?}");
+        let mut xs: Vec<f64> = lines.iter().map(|l| l[0].as_f64().expect("x")).collect();
+        xs.sort_by(f64::total_cmp);
+        for pair in xs.windows(2) {
+            assert!(pair[1] - pair[0] >= 6.0, "{name}: marker lines {} px apart: {xs:?}", pair[1] - pair[0]);
+        }
+        assert!(
+            lines.iter().any(|l| l[1].as_u64() == Some(4)),
+            "{name}: the four failures within 1 ms share a line: {lines:?}"
+        );
+        let boxes: Vec<[f64; 4]> = p["labels"]
+            .as_array()
+            .expect("labels")
+            .iter()
+            .map(|b| [0, 1, 2, 3].map(|k| b[k].as_f64().expect("bbox")))
+            .collect();
+        assert!(boxes.len() >= 5, "{name}: labels shown: {boxes:?}");
+        let rows: std::collections::BTreeSet<i64> = boxes.iter().map(|b| b[1] as i64).collect();
+        assert!(rows.len() >= 2, "{name}: crowded labels go to other rows: {boxes:?}");
+        for (i, a) in boxes.iter().enumerate() {
+            assert!(a[2] > 20.0, "{name}: a label with no width: {a:?}");
+            for b in &boxes[i + 1..] {
+                let apart = a[0] + a[2] <= b[0] || b[0] + b[2] <= a[0] || a[1] + a[3] <= b[1] || b[1] + b[3] <= a[1];
+                assert!(apart, "{name}: labels overlap: {a:?} and {b:?}");
+            }
+        }
+    }
+    assert_eq!(checked, 4, "live, free, fragmentation and span plots carry the markers");
+}
+
+#[test]
+fn empty_plots_say_no_data_without_an_axis() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/h200-oom/torch_default_fragmented.log");
+    let report = vramhook_analyzer::analyze(&[log], &Options::default()).expect("analyze");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let probe = "return ['plot-live','plot-free','plot-frag','plot-span'].map(id=>{const s=document.querySelector('[data-plot='+id+']');\
+                 return [id,s.getAttribute('data-empty'),s.querySelectorAll('.tick').length,(s.querySelector('.no-data')||{}).textContent||null];});";
+    for p in measure(dir.path(), "empty", &html::render(&report), probe).as_array().expect("plots") {
+        assert_eq!(p[1], "yes", "{p}");
+        assert_eq!(p[2], 0, "no axis ticks on an empty plot: {p}");
+        assert_eq!(p[3], "no data for this plot in the input", "{p}");
+    }
+    // A plot with data keeps its ticks, none repeated.
+    let (bytes, _) = scenario();
+    let report = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
+    let ticks = measure(
+        dir.path(),
+        "ticks",
+        &html::render(&report),
+        "return [...document.querySelectorAll('[data-plot=plot-live] .tick')].map(t=>t.textContent);",
+    );
+    let ticks: Vec<&str> = ticks.as_array().expect("ticks").iter().filter_map(|t| t.as_str()).collect();
+    assert_eq!(ticks.len(), 5, "{ticks:?}");
+    assert!(ticks.windows(2).all(|w| w[0] != w[1]), "{ticks:?}");
+}
+
+/// "Why" first: the capture's incidents with their verdicts, then the log's, then the plots.
+#[test]
+fn verdicts_and_log_incidents_come_before_the_plots() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/logs");
+    let report = vramhook_analyzer::analyze(
+        &[fixtures.join("ollama_v0.24.0_oom.h200.vhc"), fixtures.join("ollama_v0.24.0_oom.h200.log")],
+        &Options::default(),
+    )
+    .expect("analyze");
+    assert_eq!(report.log_incidents.len(), 2);
+    let page = html::render(&report);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let at = measure(
+        dir.path(),
+        "order",
+        &page,
+        &format!(
+            "{TOP} return {{ooms:top('#ooms'),verdict:top('.oom .verdict'),logs:top('#from-logs'),log1:top('#log-1'),\
+             plots:top('[data-plot=plot-live]'),log1_text:document.querySelector('#log-1').textContent,\
+             files:document.querySelector('.log-files').textContent,link:document.querySelector('#log-1 a').getAttribute('href')}};"
+        ),
+    );
+    let y = |k: &str| at[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {at}"));
+    assert!(
+        y("ooms") < y("verdict") && y("verdict") < y("logs") && y("logs") < y("log1") && y("log1") < y("plots"),
+        "{at}"
+    );
+    let text = at["log1_text"].as_str().expect("text");
+    for want in [
+        "L1 ",
+        "ollama_v0.24.0_oom.h200.log:231 (ggml, no pid",
+        "verdict: unknown",
+        "912.00 MiB",
+        "missing: ",
+        "joins capture incident #",
+        "judged from the driver alone: capacity",
+        "matched by size alone",
+        "cudaMalloc failed: out of memory",
+    ] {
+        assert!(text.contains(want), "{want:?} not in {text}");
+    }
+    let oom = report.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB failure");
+    assert_eq!(at["link"], format!("#oom-{}", oom.id));
+    let files = at["files"].as_str().expect("files");
+    let f = &report.logs[0];
+    for want in [f.lines.to_string(), f.understood.to_string(), f.skipped.to_string(), "ggml".to_string()] {
+        assert!(files.contains(&want), "{want} not in {files}");
+    }
 }

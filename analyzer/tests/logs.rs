@@ -3,9 +3,13 @@
 //! (`tests/fixtures/logs/ollama_*.h200.*`, `scripts/gpu/ollama/run.sh`); vLLM's, ggml's own
 //! and the driver's are copied from their sources (`tests/fixtures/logs/README.md`).
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use vramhook_analyzer::{analyze, logs::LogIncident, Options, Report};
+use vramhook_protocol::capture::CaptureWriter;
+use vramhook_protocol::record::{Api, Event};
 
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(rel)
@@ -168,6 +172,16 @@ fn ollama_default_engine_log_joins_the_capture_of_the_same_h200_run() {
     // ggml wrote 912.00 MiB; the driver saw the exact 956,303,360 bytes.
     let oom = r.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB cudaMalloc");
     assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
+    // ggml's lines have no time; ollama's own lines around them do, and the capture's
+    // failure (its wall clock from the capture's header) lies between them.
+    let i = &r.log_incidents[0];
+    let anchor = r.time.wall_anchor.expect("the capture's clock");
+    let wall = anchor.wall_ns + (oom.ts_ns - anchor.mono_ns);
+    let (lo, hi) = (i.time_earliest_unix_ns.expect("a timed line before"), i.time_latest_unix_ns.expect("and after"));
+    assert!(lo <= wall && wall <= hi, "{lo} <= {wall} <= {hi}");
+    assert_eq!(lo, 1_796_112_938_753_000_000, "time=2026-12-01T08:15:38.753Z, the line before");
+    let join = i.join.as_deref().unwrap_or("");
+    assert!(join.contains("within the log's timed lines around it"), "{join}");
     // The VMM pool's failed cuMemCreate is only in the capture: the log has no size to join on.
     assert!(r.ooms.iter().any(|o| o.api == "cuMemCreate"), "{:#?}", r.ooms);
     assert_eq!(r.log_incidents[1].capture_incident, None);
@@ -272,8 +286,6 @@ fn vllm_names_its_engine_process() {
 
 #[test]
 fn a_report_with_logs_matches_the_schema() {
-    #[path = "common/mod.rs"]
-    mod common;
     let r = run(&[
         fixture("h200-oom/torch_default_fragmented.vhc"),
         fixture("h200-oom/torch_default_fragmented.log"),
@@ -281,4 +293,89 @@ fn a_report_with_logs_matches_the_schema() {
         fixture("logs/nvrm_xid.from-docs.log"),
     ]);
     common::assert_valid(&r);
+}
+
+/// The capture of `common::header()` (monotonic 1 s is 2025-11-24 16:00:00 UTC) in which
+/// each `(pid, seconds after 16:00:00)` fails to allocate 2 GiB.
+fn failing_capture(dir: &Path, failures: &[(u32, u64)]) -> PathBuf {
+    const S: u64 = 1_000_000_000;
+    let mut w = CaptureWriter::new(Vec::new(), &common::header()).expect("writer");
+    let mut events = vec![common::ev(100, S, Event::mem_info(16 * common::GIB, 16 * common::GIB))];
+    for (pid, at) in failures {
+        let ts = S + at * S;
+        events.push(common::ev(*pid, ts, Event::alloc(Api::cuMemAlloc_v2, 0, 2 * common::GIB).with_result(2)));
+        events.push(common::ev(*pid, ts + 1000, Event::mem_info(common::GIB, 16 * common::GIB)));
+    }
+    w.write_events(&events).expect("write");
+    let path = dir.join("capture.vhc");
+    std::fs::write(&path, w.finish().expect("finish")).expect("write");
+    path
+}
+
+/// PyTorch's fragmented-cache message (2 GiB asked), each line prefixed with `prefix`.
+fn torch_log(dir: &Path, name: &str, prefix: &str) -> PathBuf {
+    let log = std::fs::read_to_string(fixture("h200-oom/torch_default_fragmented.log")).expect("fixture");
+    let text: String = log.lines().map(|l| format!("{prefix}{l}\n")).collect();
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+#[test]
+fn a_log_time_within_5_seconds_of_the_capture_joins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let capture = failing_capture(dir.path(), &[(100, 10)]);
+    let log = torch_log(dir.path(), "journal.txt", "2025-11-24T16:00:12+0000 gpu-host python3[100]: ");
+    let r = run(&[capture, log]);
+    assert_eq!(r.ooms.len(), 1, "{:#?}", r.ooms);
+    let i = only(&r);
+    assert_eq!(i.time_earliest_unix_ns, Some(1_764_000_012 * 1_000_000_000));
+    assert_eq!(i.capture_incident, Some(r.ooms[0].id), "{:?}", i.join);
+    let join = i.join.as_deref().unwrap_or("");
+    assert!(join.contains("matched by pid and size, 2.000 s from the log's time 2025-11-24T16:00:12+0000"), "{join}");
+    // The same log an hour later (a zone-less time read as UTC, say) does not join.
+    let later = torch_log(dir.path(), "later.txt", "2025-11-24T17:00:12+0100 gpu-host python3[100]: ");
+    let r = run(&[dir.path().join("capture.vhc"), later]);
+    assert_eq!(only(&r).capture_incident, Some(r.ooms[0].id), "+0100: the same instant");
+}
+
+#[test]
+fn a_log_time_outside_the_window_does_not_join() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let capture = failing_capture(dir.path(), &[(100, 10)]);
+    // journalctl's short format: no year (the capture's) and no zone (read as UTC).
+    let log = torch_log(dir.path(), "journal.txt", "Nov 24 16:00:20 gpu-host python3[100]: ");
+    let r = run(&[capture.clone(), log]);
+    let i = only(&r);
+    assert_eq!(i.capture_incident, None, "10 s apart: {:?}", i.join);
+    let join = i.join.as_deref().unwrap_or("");
+    assert!(join.contains("10.000 s from the log's time Nov 24 16:00:20, outside the 5-second window"), "{join}");
+    assert!(join.contains("no zone: read as UTC, no year: the capture's"), "{join}");
+    // Without its time the same log joins by pid and size alone, and says so.
+    let untimed = torch_log(dir.path(), "plain.txt", "");
+    let r = run(&[capture, untimed]);
+    let i = only(&r);
+    assert_eq!(i.capture_incident, Some(r.ooms[0].id));
+    assert!(i.join.as_deref().unwrap_or("").contains("the log gives no time"), "{:?}", i.join);
+}
+
+#[test]
+fn two_capture_incidents_within_the_window_are_ambiguous_and_the_window_tells_others_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Python logging's asctime and no pid: the match is by size alone.
+    let log = torch_log(dir.path(), "app.log", "2025-11-24 16:00:12,000 ERROR ");
+    let capture = failing_capture(dir.path(), &[(100, 10), (101, 13)]);
+    let r = run(&[capture, log.clone()]);
+    assert_eq!(r.ooms.len(), 2, "{:#?}", r.ooms);
+    let i = only(&r);
+    assert_eq!(i.pid, None);
+    assert_eq!(i.capture_incident, None, "two 2 GiB failures within 5 s: {:?}", i.join);
+    let join = i.join.as_deref().unwrap_or("");
+    assert!(join.contains("not joined: 2 capture incidents match by size alone"), "{join}");
+    // The other process's failure 30 s later is outside the window: the first one joins,
+    // where size alone could not choose.
+    let capture = failing_capture(dir.path(), &[(100, 10), (101, 42)]);
+    let r = run(&[capture, log]);
+    let first = r.ooms.iter().find(|o| o.pid == 100).expect("pid 100's incident");
+    assert_eq!(only(&r).capture_incident, Some(first.id), "{:?}", only(&r).join);
 }

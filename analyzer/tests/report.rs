@@ -253,3 +253,31 @@ fn timelines_keep_exact_extremes_of_every_process_and_device() {
     }
     assert_eq!(r.timelines.devices.len(), 2);
 }
+
+/// ollama's VMM pool on the H200: cuMemAddressReserve names no device, the handles mapped
+/// into the reservation do. Each reservation is one arena on GPU 0 (its samples before the
+/// first mapping included), and a reservation nothing was mapped into says "dev ?".
+#[test]
+fn vmm_reservations_name_their_device_in_real_captures() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let r = vramhook_analyzer::analyze(&[fixtures.join("logs/ollama_v0.24.0_oom.h200.vhc")], &Options::default())
+        .expect("analyze");
+    let vmm: Vec<_> = r.fragmentation.iter().filter(|a| a.kind == vramhook_model::ArenaKind::VmmReservation).collect();
+    assert!(!vmm.is_empty());
+    assert!(
+        vmm.iter().all(|a| a.device == 0),
+        "{:?}",
+        vmm.iter().map(|a| (a.pid, a.device, a.base)).collect::<Vec<_>>()
+    );
+    for a in &vmm {
+        // The 32 GiB reserved before anything was mapped: the arena's first points.
+        assert_eq!(a.largest_free_span.first().map(|p| p.max as u64), Some(a.size), "{:#x}", a.base);
+        assert!(a.fragmentation.windows(2).all(|w| w[0].t_ns <= w[1].t_ns));
+    }
+    assert!(!text::render(&r).contains("dev -1"));
+    let r = vramhook_analyzer::analyze(&[fixtures.join("h200-oom/torch_expandable_capacity.vhc")], &Options::default())
+        .expect("analyze");
+    assert_eq!(r.fragmentation.len(), 1);
+    assert_eq!(r.fragmentation[0].device, -1, "nothing was mapped: no device to name");
+    assert!(text::render(&r).contains("pid 555 dev ? VmmReservation"));
+}

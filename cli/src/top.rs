@@ -92,6 +92,18 @@ impl Source {
         }
     }
 
+    /// Whether the events' clock is this host's: `top` then puts OOMs on its wall clock.
+    fn local(&self) -> bool {
+        match self {
+            Source::Agent(client) => {
+                let host = client.addr().rsplit_once(':').map_or(client.addr(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            }
+            Source::Direct { .. } => true,
+        }
+    }
+
     fn label(&self) -> String {
         match self {
             Source::Agent(client) => format!("agent {}", client.addr()),
@@ -125,8 +137,9 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
             Err(e) => (None, Some(e)),
         };
         let label = source.label();
+        let clock = Clock::now(source.local());
         let mut terminal = ratatui::Terminal::new(ratatui::backend::TestBackend::new(w, h))?;
-        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), Sort::Live))?;
+        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), Sort::Live, clock))?;
         let buffer = terminal.backend().buffer();
         for y in 0..h {
             let line: String = (0..w).map(|x| buffer[(x, y)].symbol()).collect();
@@ -158,7 +171,8 @@ fn run_ui(terminal: &mut ratatui::DefaultTerminal, source: &mut Source, interval
             }
         }
         let label = source.label();
-        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), sort))?;
+        let clock = Clock::now(source.local());
+        terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), sort, clock))?;
         if event::poll(Duration::from_millis(100))? {
             if let TermEvent::Key(k) = event::read()? {
                 if k.kind != KeyEventKind::Press {
@@ -202,12 +216,102 @@ fn status_line(a: &StatsView) -> String {
     )
 }
 
-fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort) {
+/// This host's clocks at one moment, when the events' monotonic clock is this host's (a
+/// local agent, or the rings read directly); `None` for an agent elsewhere.
+#[derive(Clone, Copy)]
+struct Clock(Option<(u64, u64)>);
+
+impl Clock {
+    fn now(local: bool) -> Clock {
+        Clock(local.then(|| (vramhook_protocol::clock::monotonic_ns(), vramhook_protocol::clock::wall_ns())))
+    }
+
+    /// When an event at `ts_ns` (monotonic) happened: "04:20:31 UTC (12 s ago)" on this
+    /// host's clock, else relative to the newest event the agent has seen.
+    fn when(&self, ts_ns: u64, newest_ns: u64) -> String {
+        match self.0 {
+            Some((mono, wall)) => {
+                let ago = mono.saturating_sub(ts_ns);
+                let at = vramhook_analyzer::render::text::utc(wall.saturating_sub(ago));
+                format!("{} ({} ago)", at.get(11..).unwrap_or(&at), vramhook_analyzer::render::text::dur(ago))
+            }
+            None => format!(
+                "{} before the agent's newest event",
+                vramhook_analyzer::render::text::dur(newest_ns.saturating_sub(ts_ns))
+            ),
+        }
+    }
+}
+
+/// Greedy word wrap to `width` columns; a word longer than a line is cut.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let mut word: Vec<char> = word.chars().collect();
+        while word.len() > width {
+            if !line.is_empty() {
+                lines.push(std::mem::take(&mut line));
+            }
+            lines.push(word.drain(..width).collect());
+        }
+        let n = line.chars().count();
+        if n > 0 && n + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.extend(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// The recent OOMs, newest first, each whole: its time, process, verdict and request, then
+/// its explanation wrapped to `width`. Only incidents that fit in `height` lines whole are
+/// shown; the last line then says how many older ones are not.
+fn oom_lines(s: &State, width: usize, height: usize, clock: Clock) -> Vec<Line<'static>> {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    let mut out: Vec<Line<'static>> = Vec::new();
+    let incidents = &s.snapshot.incidents;
+    for (shown, i) in incidents.iter().rev().enumerate() {
+        let head = format!(
+            "{} · pid {} dev {} · {:?}: asked {} ({})",
+            clock.when(i.ts_ns, s.snapshot.now_ns),
+            i.pid,
+            i.device,
+            i.verdict,
+            fmt_bytes(i.requested_bytes),
+            i.api.name()
+        );
+        let mut block: Vec<Line<'static>> = wrap(&head, width).into_iter().map(|l| Line::styled(l, bold)).collect();
+        block.extend(wrap(&i.explanation, width.saturating_sub(2)).into_iter().map(|l| Line::from(format!("  {l}"))));
+        let older = incidents.len() - shown - 1;
+        // Room for this block, and for the "older" line if any incident is left after it.
+        let needed = block.len() + usize::from(older > 0);
+        if out.len() + needed > height {
+            out.push(Line::from(format!(
+                "… {} more OOM(s), older, not shown: they do not fit whole (the agent's /state has them)",
+                incidents.len() - shown
+            )));
+            break;
+        }
+        out.extend(block);
+    }
+    out.truncate(height);
+    out
+}
+
+fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort, clock: Clock) {
     let [head, devs, procs, ooms, help] = Layout::vertical([
         Constraint::Length(3),
         Constraint::Length(5),
         Constraint::Min(6),
-        Constraint::Length(7),
+        Constraint::Percentage(40),
         Constraint::Length(1),
     ])
     .areas(f.area());
@@ -297,23 +401,8 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         procs,
     );
 
-    let lines: Vec<Line<'_>> = s
-        .snapshot
-        .incidents
-        .iter()
-        .rev()
-        .take(5)
-        .map(|i| {
-            Line::from(format!(
-                "pid {} dev {} {:?}: {} (asked {})",
-                i.pid,
-                i.device,
-                i.verdict,
-                i.explanation,
-                fmt_bytes(i.requested_bytes)
-            ))
-        })
-        .collect();
+    let inner = (ooms.width.saturating_sub(2) as usize, ooms.height.saturating_sub(2) as usize);
+    let lines = oom_lines(s, inner.0, inner.1, clock);
     f.render_widget(
         Paragraph::new(lines)
             .block(Block::bordered().title(format!(" recent OOMs ({} total) ", s.snapshot.incidents.len()))),
@@ -325,6 +414,63 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramhook_protocol::record::{Api, Event};
+
+    /// A state with `n` OOMs of pid 100 (sizes 1, 2, … GiB: one incident each), 1 s apart.
+    fn state_with_ooms(n: u64) -> State {
+        let mut m = Model::new(ModelConfig::default());
+        let mut ts = 1_000_000_000u64;
+        for k in 1..=n {
+            ts += 1_000_000_000;
+            m.apply(&vramhook_testkit::events::made(
+                Event::alloc(Api::cuMemAlloc_v2, 0, k << 30).with_result(2),
+                100,
+                ts,
+                0,
+            ));
+            m.apply(&vramhook_testkit::events::made(Event::mem_info(1 << 20, 16 << 30), 100, ts + 1000, 0));
+        }
+        State { agent: StatsView::default(), ring_dir: String::new(), snapshot: m.snapshot() }
+    }
+
+    fn text(lines: &[Line<'_>]) -> Vec<String> {
+        lines.iter().map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect()).collect()
+    }
+
+    #[test]
+    fn wrapping_keeps_every_word_within_the_width() {
+        let t = "one two three four five six seven eight nine ten averyveryverylongwordthatdoesnotfit";
+        let lines = wrap(t, 12);
+        assert!(lines.iter().all(|l| l.chars().count() <= 12), "{lines:?}");
+        assert_eq!(lines.concat().replace(' ', ""), t.replace(' ', ""));
+        assert_eq!(lines[0], "one two");
+    }
+
+    #[test]
+    fn oom_lines_are_whole_newest_first_with_their_time() {
+        let s = state_with_ooms(3);
+        assert_eq!(s.snapshot.incidents.len(), 3);
+        // This host's clock: monotonic 10 s is wall 2026-12-02 04:00:10 UTC.
+        let clock = Clock(Some((10_000_000_000, 1_796_184_010_000_000_000)));
+        let lines = text(&oom_lines(&s, 70, 100, clock));
+        let joined = lines.join(" ");
+        assert!(lines[0].starts_with("04:00:04 UTC (6s ago) · pid 100 dev 0 · Capacity: asked 3.00 GiB"), "{lines:#?}");
+        for i in &s.snapshot.incidents {
+            let words: Vec<&str> = i.explanation.split_whitespace().collect();
+            assert!(joined.split_whitespace().collect::<Vec<_>>().windows(words.len()).any(|w| w == words), "{joined}");
+        }
+        assert!(lines.iter().all(|l| l.chars().count() <= 70), "{lines:#?}");
+        // Too little room for all three: whole incidents only, and a line saying so.
+        let first = text(&oom_lines(&s, 60, 100, clock)).iter().take_while(|l| !l.starts_with("04:00:03")).count();
+        let lines = text(&oom_lines(&s, 60, first + 1, clock));
+        assert_eq!(lines.len(), first + 1, "{lines:#?}");
+        assert!(lines[first].contains("2 more OOM(s), older, not shown"), "{lines:#?}");
+        // An agent elsewhere: times relative to its newest event.
+        let lines = text(&oom_lines(&s, 200, 100, Clock(None)));
+        // The newest event is the sample 1 µs after the last failure.
+        assert!(lines[0].starts_with("1µs before the agent's newest event"), "{lines:#?}");
+        assert!(lines.iter().any(|l| l.starts_with("2s before the agent's newest event")), "{lines:#?}");
+    }
 
     /// "dropped 20 (writer 0, restart 0, capture 0)" after a restart: the drops an earlier
     /// agent counted had no part. Every part is named now, and they add up.

@@ -53,7 +53,7 @@ fn top_shows_processes_peaks_and_ooms_from_the_agent() {
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let _ = oom.wait();
     let pid = leak.id();
-    agent.wait_state(Duration::from_secs(20), "the leak and the OOM", |s| {
+    let state = agent.wait_state(Duration::from_secs(20), "the leak and the OOM", |s| {
         s["snapshot"]["incidents"].as_array().is_some_and(|i| !i.is_empty())
             && s["snapshot"]["processes"]
                 .as_array()
@@ -67,6 +67,31 @@ fn top_shows_processes_peaks_and_ooms_from_the_agent() {
             && s.contains("Capacity")
     });
     assert!(screen.contains("10.01 MiB"), "peak shown:\n{screen}");
+    // The OOM whole: its time on this host's clock, and every word of its explanation.
+    let pane: Vec<String> = screen
+        .lines()
+        .skip_while(|l| !l.contains("recent OOMs"))
+        .skip(1)
+        .map(|l| {
+            l.trim_matches(|c: char| c == '│' || c == '└' || c == '─' || c == '┘' || c.is_whitespace()).to_string()
+        })
+        .collect();
+    let words: Vec<&str> = pane.iter().flat_map(|l| l.split_whitespace()).collect();
+    let explanation = state["snapshot"]["incidents"][0]["explanation"].as_str().expect("explanation");
+    let want: Vec<&str> = explanation.split_whitespace().collect();
+    assert!(
+        words.windows(want.len()).any(|w| w == want.as_slice()),
+        "the whole explanation {explanation:?} in:\n{screen}"
+    );
+    let head = pane.first().expect("the OOM's first line");
+    let (time, rest) = head.split_once(" UTC (").unwrap_or_else(|| panic!("a wall-clock time first: {head:?}"));
+    assert!(rest.contains(" ago) · pid "), "{head:?}");
+    let secs: Vec<u64> = time.split(':').filter_map(|p| p.parse().ok()).collect();
+    assert_eq!(secs.len(), 3, "HH:MM:SS: {head:?}");
+    let shown = secs[0] * 3600 + secs[1] * 60 + secs[2];
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() % 86_400;
+    let apart = now.abs_diff(shown).min(86_400 - now.abs_diff(shown));
+    assert!(apart < 120, "the OOM happened in the last minute or so, not at {time}: now {now} s of the day");
     assert!(screen.contains(&format!("agent {}", agent.addr)), "source shown:\n{screen}");
     session.keys("p");
     session.wait_screen("sorting by peak", |s| s.contains("by peak"));

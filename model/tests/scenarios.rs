@@ -566,3 +566,30 @@ fn windows_span_what_happened_since_the_last_take() {
     let w = m.take_device_windows()[0].window.expect("the exit moved it");
     assert_eq!((w.min, w.max), (0, 100), "from its value at the take down to nothing");
 }
+
+/// cuMemAddressReserve names no device (the interposer records -1); cuMemCreate does. The
+/// reservation takes the device of the memory mapped into it, and an OOM on that device
+/// sees its free span.
+#[test]
+fn a_vmm_reservation_names_the_device_of_its_mappings() {
+    let base = 0x7a00_0000_0000;
+    let mut p = Proc::new(61, 0);
+    p.device = -1;
+    p.reserve(base, 64 << 20);
+    let before = run(&[&p]);
+    assert_eq!(before.snapshot().arenas[0].device, -1, "nothing mapped yet: no device to name");
+    p.device = 1;
+    for i in 0..16u64 {
+        p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
+    }
+    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    assert_eq!(s.arenas.len(), 1);
+    assert_eq!(s.arenas[0].device, 1, "{:?}", s.arenas[0]);
+    assert!(m.layout(Some(61)).iter().all(|e| e.device == 1));
+    // The OOM on device 1 counts the reservation's free pieces (it skipped a device -1 arena).
+    let inc = &s.incidents[0];
+    assert_eq!(inc.device, 1);
+    assert_eq!(inc.verdict, Verdict::ArenaFragmentation, "{}", inc.explanation);
+}

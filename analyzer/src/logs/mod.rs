@@ -11,10 +11,12 @@
 mod bfc;
 mod ggml;
 mod nvrm;
+pub mod time;
 mod torch;
 mod vllm;
 
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::io::{BufRead, Read};
 use vramhook_model::fmt_bytes;
 use vramhook_model::framework::{judge_framework_oom, Framework, FrameworkOom};
@@ -32,7 +34,8 @@ pub struct LogLine<'a> {
     pub text: &'a str,
     /// From the journal prefix (`ident[pid]:`) or the message itself (glog's thread id is not a pid).
     pub pid: Option<u32>,
-    /// The time as the log wrote it, where it did.
+    /// The time as the log wrote it, where it did (the journal's prefix, else the
+    /// message's own: see [`time`]).
     pub time: Option<&'a str>,
 }
 
@@ -70,7 +73,14 @@ pub struct LogIncident {
     /// First line of the message (1-based).
     pub line: u64,
     pub pid: Option<u32>,
+    /// The time its first line was written at, as the log wrote it (see [`time`]).
     pub time: Option<String>,
+    /// When the message was written, in Unix ns: earliest and latest. Its own time where its
+    /// line has one (both equal); else the nearest timed lines before and after it (either
+    /// may be missing). Set where the time can be read whole: a time without a year needs a
+    /// capture to take the year from.
+    pub time_earliest_unix_ns: Option<u64>,
+    pub time_latest_unix_ns: Option<u64>,
     pub device: Option<i32>,
     /// The message's key line, verbatim (cut at 2,000 characters).
     pub message: String,
@@ -87,6 +97,14 @@ pub struct LogIncident {
     /// The capture incident this one was matched with (same pid and size within 5 s, or
     /// the same size within 5 s when the log names no pid).
     pub capture_incident: Option<u64>,
+    /// How it was matched, or why it was not (ambiguous, outside the window).
+    pub join: Option<String>,
+    /// The nearest timed lines before and after the message (line number, time as
+    /// written), for a message whose own line has no time.
+    #[serde(skip)]
+    pub time_before: Option<(u64, String)>,
+    #[serde(skip)]
+    pub time_after: Option<(u64, String)>,
 }
 
 impl LogIncident {
@@ -97,6 +115,8 @@ impl LogIncident {
             line: line.number,
             pid: line.pid,
             time: line.time.map(str::to_string),
+            time_earliest_unix_ns: None,
+            time_latest_unix_ns: None,
             device: None,
             message: message.chars().take(2000).collect(),
             quoted: Vec::new(),
@@ -107,6 +127,9 @@ impl LogIncident {
             explanation: String::new(),
             fix: None,
             capture_incident: None,
+            join: None,
+            time_before: None,
+            time_after: None,
         }
     }
 
@@ -374,6 +397,7 @@ fn read_lines_with(
     mut parsers: Vec<(Framework, Box<dyn Parser>)>,
 ) -> std::io::Result<()> {
     let mut driver = nvrm::NvrmParser;
+    let mut timing = Timing::default();
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     // Every message any parser starts on has one of these words: most lines of a busy log
     // have none and are skipped after a few vectorised scans.
@@ -405,13 +429,17 @@ fn read_lines_with(
             }
         };
         let (time, pid, message) = strip_prefix(text.trim_end_matches(['\n', '\r']));
+        let time = time.or_else(|| time::find(message));
+        if let Some(t) = time {
+            timing.saw(report.lines, t, incidents);
+        }
         let line = LogLine { number: report.lines, text: message, pid, time };
         let mut understood = false;
         for (framework, parser) in parsers.iter_mut() {
             match parser.feed(&line) {
                 Parsed::No => continue,
                 Parsed::Ended(i) => {
-                    push(incidents, report, i.judge(*framework));
+                    push(incidents, report, &mut timing, i.judge(*framework));
                     continue;
                 }
                 Parsed::Part => {}
@@ -420,7 +448,7 @@ fn read_lines_with(
                         report.notes.push(note);
                     }
                 }
-                Parsed::Incident(i) => push(incidents, report, i.judge(*framework)),
+                Parsed::Incident(i) => push(incidents, report, &mut timing, i.judge(*framework)),
             }
             understood = true;
             *report.by_source.entry(framework.name().to_string()).or_default() += 1;
@@ -430,7 +458,7 @@ fn read_lines_with(
             if let Parsed::Incident(i) = driver.feed(&line) {
                 understood = true;
                 *report.by_source.entry("nvrm".to_string()).or_default() += 1;
-                push(incidents, report, i);
+                push(incidents, report, &mut timing, i);
             }
         }
         if understood {
@@ -444,18 +472,58 @@ fn read_lines_with(
     }
     for (framework, parser) in parsers.iter_mut() {
         if let Some(i) = parser.finish() {
-            push(incidents, report, i.judge(*framework));
+            push(incidents, report, &mut timing, i.judge(*framework));
         }
     }
     Ok(())
 }
 
-fn push(incidents: &mut Vec<LogIncident>, report: &mut LogFileReport, i: Box<LogIncident>) {
+fn push(incidents: &mut Vec<LogIncident>, report: &mut LogFileReport, timing: &mut Timing, mut i: Box<LogIncident>) {
     report.incidents += 1;
     if incidents.len() < MAX_INCIDENTS {
+        timing.place(incidents.len(), &mut i);
         incidents.push(*i);
     } else {
         report.incidents_unlisted += 1;
+    }
+}
+
+/// Timed lines kept to bound a message whose own line has no time.
+const RECENT_TIMES: usize = 8;
+
+/// The times of the lines the parsers saw, for messages whose own lines have none (ggml's
+/// lines in ollama's log, a traceback on stderr): such a message was written after the
+/// timed line before it and before the timed line after it.
+#[derive(Default)]
+struct Timing {
+    /// The last timed lines (line number, time as written), oldest first.
+    recent: VecDeque<(u64, String)>,
+    /// Incidents (by index) that wait for a timed line after them.
+    awaiting: Vec<usize>,
+}
+
+impl Timing {
+    fn saw(&mut self, line: u64, time: &str, incidents: &mut [LogIncident]) {
+        for k in self.awaiting.drain(..) {
+            if let Some(i) = incidents.get_mut(k) {
+                i.time_after.get_or_insert_with(|| (line, time.to_string()));
+            }
+        }
+        if self.recent.len() == RECENT_TIMES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((line, time.chars().take(64).collect()));
+    }
+
+    fn place(&mut self, index: usize, i: &mut LogIncident) {
+        if i.time.is_some() {
+            return;
+        }
+        i.time_before = self.recent.iter().rev().find(|(l, _)| *l < i.line).cloned();
+        i.time_after = self.recent.iter().find(|(l, _)| *l > i.line).cloned();
+        if i.time_after.is_none() {
+            self.awaiting.push(index);
+        }
     }
 }
 
@@ -494,8 +562,8 @@ const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Au
 /// `2026-12-01T05:06:42+0000 host ident[pid]: ` (short-iso). Returns (time, pid, message).
 fn strip_prefix(line: &str) -> (Option<&str>, Option<u32>, &str) {
     let time_len = if line.len() > 15 && MONTHS.contains(&line.get(..3).unwrap_or("")) && line.as_bytes()[3] == b' ' {
-        // "Dec 01 05:06:42" or "Dec  1 05:06:42"
-        Some(15)
+        // "Dec 01 05:06:42", "Dec  1 05:06:42" or (short-precise) "Dec 01 05:06:42.123456"
+        time::find(line).map(str::len)
     } else if line.len() > 19 && line.as_bytes().get(4) == Some(&b'-') && line.as_bytes().get(10) == Some(&b'T') {
         line.find(' ')
     } else {
@@ -549,17 +617,117 @@ fn same_size(log: u64, exact: u64) -> bool {
     log.abs_diff(exact) <= (exact / 200).max(1 << 20)
 }
 
-/// Joins log incidents to capture incidents (`captured`: id, pid, requested bytes): same
-/// pid and size, or, when the log names no pid, the same size. A match must be the only
-/// one; an ambiguous incident stays unjoined. (Captures stamp the monotonic clock and these
-/// logs mostly carry no time, so the 5-second window applies only where both have one.)
-pub fn join(log: &mut [LogIncident], captured: &[(u64, u32, u64)]) {
+/// How far apart a log's incident and a capture's may be and still be one incident.
+pub const JOIN_WINDOW_NS: u64 = 5_000_000_000;
+
+/// A capture incident as the join sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Captured {
+    pub id: u64,
+    pub pid: u32,
+    pub requested: u64,
+    /// Its first failure on the wall clock (Unix ns), when the capture has one.
+    pub wall_ns: Option<u64>,
+}
+
+fn secs(ns: u64) -> String {
+    format!("{}.{:03} s", ns / 1_000_000_000, ns % 1_000_000_000 / 1_000_000)
+}
+
+/// Joins log incidents to capture incidents: same pid and size within 5 seconds, or, when
+/// the log names no pid, the same size within 5 seconds. The 5 seconds apply where both
+/// sides have a time (the log's own, or the timed lines around it, and the capture's wall
+/// clock); without one the match is by pid and size. A match must be the only one: an
+/// ambiguous incident stays unjoined, and `join` says why.
+pub fn join(log: &mut [LogIncident], captured: &[Captured]) {
     for i in log.iter_mut().filter(|i| i.verdict_name != "not_an_oom") {
-        let mut matches = captured
+        let by = if i.pid.is_some() { "pid and size" } else { "size alone (the log names no pid)" };
+        let same: Vec<&Captured> = captured
             .iter()
-            .filter(|(_, pid, size)| same_size(i.numbers.requested, *size) && i.pid.is_none_or(|p| p == *pid));
-        if let (Some((id, ..)), None) = (matches.next(), matches.next()) {
-            i.capture_incident = Some(*id);
+            .filter(|c| same_size(i.numbers.requested, c.requested) && i.pid.is_none_or(|p| p == c.pid))
+            .collect();
+        if same.is_empty() {
+            continue;
+        }
+        let (lo, hi) = (i.time_earliest_unix_ns, i.time_latest_unix_ns);
+        // How far a capture incident is from the log's time (0 inside its bounds).
+        let distance = |wall: u64| match (lo, hi) {
+            (Some(lo), _) if wall < lo => lo - wall,
+            (_, Some(hi)) if wall > hi => wall - hi,
+            _ => 0,
+        };
+        let timed = (lo.is_some() || hi.is_some()) && same.iter().all(|c| c.wall_ns.is_some());
+        if !timed {
+            let why =
+                if lo.is_none() && hi.is_none() { "the log gives no time" } else { "the capture has no wall clock" };
+            match same.as_slice() {
+                [one] => {
+                    i.capture_incident = Some(one.id);
+                    i.join = Some(format!("matched by {by}; {why}, so the 5-second window could not be checked"));
+                }
+                many => {
+                    i.join = Some(format!(
+                        "not joined: {} capture incidents match by {by} and {why} to tell them apart",
+                        many.len()
+                    ))
+                }
+            }
+            continue;
+        }
+        let near: Vec<(&Captured, u64)> =
+            same.iter().map(|c| (*c, distance(c.wall_ns.unwrap_or(0)))).filter(|(_, d)| *d <= JOIN_WINDOW_NS).collect();
+        let when = match (&i.time, &i.time_before, &i.time_after) {
+            (Some(t), _, _) => format!("the log's time {t}"),
+            (None, Some((lb, tb)), Some((la, ta))) => {
+                format!("the log's timed lines around it ({tb} at line {lb}, {ta} at line {la})")
+            }
+            (None, Some((lb, tb)), None) => format!("the log's last timed line before it ({tb} at line {lb})"),
+            (None, None, Some((la, ta))) => format!("the log's next timed line after it ({ta} at line {la})"),
+            (None, None, None) => "the log's time".to_string(),
+        };
+        i.join = Some(match near.as_slice() {
+            [(one, d)] => {
+                i.capture_incident = Some(one.id);
+                if *d == 0 {
+                    format!("matched by {by}, within {when}")
+                } else {
+                    format!("matched by {by}, {} from {when} (within 5 s)", secs(*d))
+                }
+            }
+            [] => {
+                let nearest = same.iter().map(|c| distance(c.wall_ns.unwrap_or(0))).min().unwrap_or(0);
+                format!(
+                    "not joined: the nearest capture incident of the same {by} is {} from {when}, outside the 5-second window",
+                    secs(nearest)
+                )
+            }
+            many => format!("not joined: {} capture incidents match by {by} within 5 s of {when}", many.len()),
+        });
+        if let Some(t) = i.time.as_deref().or(i.time_before.as_ref().map(|t| t.1.as_str())).and_then(time::parse) {
+            let assumed = t.assumed();
+            if !assumed.is_empty() {
+                if let Some(j) = &mut i.join {
+                    *j += &format!(" (the log's time has {})", assumed.join(", "));
+                }
+            }
+        }
+    }
+}
+
+impl LogIncident {
+    /// Puts the message on the wall clock: its own time, else the bounds of the timed lines
+    /// around it. `reference` (Unix ns, the capture's clock) gives a year to a time without one.
+    fn resolve_time(&mut self, reference: Option<u64>) {
+        let unix = |t: &str| time::parse(t).and_then(|t| t.unix_ns(reference));
+        match self.time.as_deref() {
+            Some(t) => {
+                self.time_earliest_unix_ns = unix(t);
+                self.time_latest_unix_ns = self.time_earliest_unix_ns;
+            }
+            None => {
+                self.time_earliest_unix_ns = self.time_before.as_ref().and_then(|(_, t)| unix(t));
+                self.time_latest_unix_ns = self.time_after.as_ref().and_then(|(_, t)| unix(t));
+            }
         }
     }
 }
@@ -587,8 +755,18 @@ impl LogInputs {
 
     /// Puts the logs into the report and joins their incidents to the capture's.
     pub fn attach(self, report: &mut crate::Report) {
-        let captured: Vec<(u64, u32, u64)> = report.ooms.iter().map(|o| (o.id, o.pid, o.requested_bytes)).collect();
+        let anchor = report.time.wall_anchor;
+        let wall =
+            |ts: u64| anchor.map(|a| (i128::from(a.wall_ns) + i128::from(ts) - i128::from(a.mono_ns)).max(0) as u64);
+        let captured: Vec<Captured> = report
+            .ooms
+            .iter()
+            .map(|o| Captured { id: o.id, pid: o.pid, requested: o.requested_bytes, wall_ns: wall(o.ts_ns) })
+            .collect();
         let mut incidents = self.incidents;
+        for i in &mut incidents {
+            i.resolve_time(anchor.map(|a| a.wall_ns));
+        }
         join(&mut incidents, &captured);
         report.logs = self.files;
         report.log_incidents = incidents;
@@ -626,7 +804,10 @@ pub fn render_text(o: &mut String, r: &crate::Report) {
         }
     }
     for (n, i) in r.log_incidents.iter().enumerate() {
-        let pid = i.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "no pid".into());
+        let mut pid = i.pid.map(|p| format!("pid {p}")).unwrap_or_else(|| "no pid".into());
+        if let Some(t) = &i.time {
+            pid += &format!(", logged {t}");
+        }
         let _ = writeln!(
             o,
             "  L{} {}:{} ({}, {}): {}",
@@ -645,6 +826,9 @@ pub fn render_text(o: &mut String, r: &crate::Report) {
             let driver = r.ooms.iter().find(|c| c.id == id).map(|c| c.verdict_name.as_str()).unwrap_or("?");
             let _ = writeln!(o, "     joins capture incident {id} (judged from the driver alone: {driver})");
         }
+        if let Some(j) = &i.join {
+            let _ = writeln!(o, "     join: {j}");
+        }
     }
 }
 
@@ -661,6 +845,19 @@ pub fn fuzz_target(data: &[u8]) {
     assert!(result.is_ok(), "reading from memory cannot fail");
     assert_eq!(report.understood + report.skipped, report.lines, "every line counted once");
     assert!(incidents.len() as u64 <= report.lines + 4, "at most one incident per line, plus those ended at the end");
+    // Times, as the join reads them: found in any line, read against any reference.
+    for line in String::from_utf8_lossy(text).lines().take(256) {
+        if let Some(t) = time::find(line).and_then(time::parse) {
+            for reference in [None, Some(0), Some(u64::MAX)] {
+                let _ = t.unix_ns(reference);
+            }
+        }
+    }
+    let captured = [Captured { id: 1, pid: 1, requested: 2 << 30, wall_ns: Some(u64::MAX) }];
+    for i in &mut incidents {
+        i.resolve_time(Some(u64::MAX));
+    }
+    join(&mut incidents, &captured);
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ struct PlotData<'a> {
     ooms: Vec<(u64, u32, i16, &'a str)>,
     fragmentation: &'a [ArenaReport],
     layout: &'a Option<LayoutReport>,
+    /// A capture or snapshot was read (else the plots say "no data in the input").
+    captured: bool,
 }
 
 // The page's style and script, kept as plain files so that editors and linters see them.
@@ -64,6 +66,7 @@ pub fn render(r: &Report) -> String {
         ooms: r.ooms.iter().map(|o| (o.ts_ns, o.pid, o.device, o.verdict_name.as_str())).collect(),
         fragmentation: &r.fragmentation,
         layout: &r.layout,
+        captured: r.inputs.iter().any(|i| i.kind != InputKind::Log),
     };
     let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".into()).replace('<', "\\u003c");
     let mut h = String::new();
@@ -81,14 +84,21 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str(") ");
     }
+    for f in &r.logs {
+        h.push_str(&esc(&format!("{} (log{}) ", f.path, if f.gzip { ", gzip" } else { "" })));
+    }
     h.push_str(&format!(
-        "<br>{} events over {} · {} processes · {} OOM incidents · {} leaks</div>\n",
+        "<br>{} events over {} · {} processes · {} OOM incidents{} · {} leaks</div>\n",
         r.events,
         rel(r, r.time.last_ts_ns).trim_start_matches('+'),
         r.processes.len(),
         r.ooms.len(),
+        if r.logs.is_empty() { String::new() } else { format!(" · {} from logs", r.log_incidents.len()) },
         r.leaks.len()
     ));
+    // Why first: the verdicts, then what limits them, then the plots that show how it came to that.
+    ooms_html(&mut h, r);
+    logs_html(&mut h, r);
     if !r.notes.is_empty() {
         h.push_str("<h2>Notes</h2><ul>");
         for n in &r.notes {
@@ -97,50 +107,6 @@ pub fn render(r: &Report) -> String {
         h.push_str("</ul>\n");
     }
     h.push_str("<h2>Timelines</h2><div id=plot-live></div><div id=plot-free></div>\n");
-    h.push_str("<h2>OOM incidents</h2>\n");
-    if r.ooms.is_empty() {
-        h.push_str("<p>None.</p>\n");
-    }
-    for (n, o) in r.ooms.iter().enumerate() {
-        h.push_str(&format!(
-            "<div class=oom><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
-             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {:?} after {} failure(s), {} retries; {} freed in between\n",
-            n + 1,
-            rel(r, o.ts_ns),
-            o.pid,
-            esc(&display_command(&o.command)),
-            o.device,
-            esc(&o.api),
-            fmt_bytes(o.requested_bytes),
-            o.device_free_bytes.map_or("?".into(), fmt_bytes),
-            o.device_total_bytes.map_or("?".into(), fmt_bytes),
-            esc(&o.verdict_name),
-            esc(&o.explanation),
-            o.outcome,
-            o.failures,
-            o.retries,
-            fmt_bytes(o.freed_bytes_between)
-        ));
-        if !o.lead_up.is_empty() {
-            h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>size<th>address<th>result</tr>\n");
-            for e in &o.lead_up {
-                h.push_str(&row(
-                    &[
-                        rel(r, e.ts_ns),
-                        e.tid.to_string(),
-                        e.kind.clone(),
-                        e.api.clone(),
-                        fmt_bytes(e.size),
-                        format!("{:#x}", e.addr),
-                        vramhook_protocol::record::result_name(e.result).to_string(),
-                    ],
-                    &[false, true, false, false, true, false, false],
-                ));
-            }
-            h.push_str("</table></details>");
-        }
-        h.push_str("</div>\n");
-    }
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
@@ -207,4 +173,149 @@ pub fn render(r: &Report) -> String {
     h.push_str(&format!("<script type=\"application/json\" id=\"report-data\">{json}</script>\n"));
     h.push_str(&format!("<script>{JS}</script>\n</body></html>\n"));
     h
+}
+
+/// The capture's OOM incidents, each with its verdict and explanation.
+fn ooms_html(h: &mut String, r: &Report) {
+    let captured = r.inputs.iter().any(|i| i.kind != InputKind::Log);
+    h.push_str(&format!("<h2 id=ooms>OOM incidents ({})</h2>\n", r.ooms.len()));
+    if r.ooms.is_empty() {
+        h.push_str(if captured {
+            "<p>None.</p>\n"
+        } else {
+            "<p>No capture or snapshot was given: the incidents below come from logs alone.</p>\n"
+        });
+    }
+    for (n, o) in r.ooms.iter().enumerate() {
+        h.push_str(&format!(
+            "<div class=oom id=oom-{}><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
+             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {:?} after {} failure(s), {} retries; {} freed in between\n",
+            o.id,
+            n + 1,
+            rel(r, o.ts_ns),
+            o.pid,
+            esc(&display_command(&o.command)),
+            o.device,
+            esc(&o.api),
+            fmt_bytes(o.requested_bytes),
+            o.device_free_bytes.map_or("?".into(), fmt_bytes),
+            o.device_total_bytes.map_or("?".into(), fmt_bytes),
+            esc(&o.verdict_name),
+            esc(&o.explanation).replace('\n', "<br>"),
+            o.outcome,
+            o.failures,
+            o.retries,
+            fmt_bytes(o.freed_bytes_between)
+        ));
+        if !o.lead_up.is_empty() {
+            h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>size<th>address<th>result</tr>\n");
+            for e in &o.lead_up {
+                h.push_str(&row(
+                    &[
+                        rel(r, e.ts_ns),
+                        e.tid.to_string(),
+                        e.kind.clone(),
+                        e.api.clone(),
+                        fmt_bytes(e.size),
+                        format!("{:#x}", e.addr),
+                        vramhook_protocol::record::result_name(e.result).to_string(),
+                    ],
+                    &[false, true, false, false, true, false, false],
+                ));
+            }
+            h.push_str("</table></details>");
+        }
+        h.push_str("</div>\n");
+    }
+}
+
+/// The logs' part, as the text report's FROM LOGS: each file with the lines understood and
+/// skipped, then each incident with its verdict, explanation, what the log did not say, the
+/// fix, and the capture incident it joins.
+fn logs_html(h: &mut String, r: &Report) {
+    if r.logs.is_empty() {
+        return;
+    }
+    h.push_str(&format!(
+        "<h2 id=from-logs>From logs ({} incident(s) in {} file(s))</h2>\n",
+        r.log_incidents.len(),
+        r.logs.len()
+    ));
+    h.push_str(
+        "<table class=log-files><tr><th>file<th>lines<th>understood<th>by source<th>skipped<th>long lines cut<th>binary lines<th>incidents</tr>\n",
+    );
+    h.push_str(&rows(&r.logs, &[false, true, true, false, true, true, true, true], |f| {
+        let sources: Vec<String> = f.by_source.iter().map(|(s, n)| format!("{s} {n}")).collect();
+        vec![
+            format!("{}{}", f.path, if f.gzip { " (gzip)" } else { "" }),
+            f.lines.to_string(),
+            f.understood.to_string(),
+            if sources.is_empty() { "none".into() } else { sources.join(", ") },
+            f.skipped.to_string(),
+            f.long_lines.to_string(),
+            f.binary_lines.to_string(),
+            if f.incidents_unlisted > 0 {
+                format!("{} ({} not listed)", f.incidents, f.incidents_unlisted)
+            } else {
+                f.incidents.to_string()
+            },
+        ]
+    }));
+    h.push_str("</table>\n");
+    let notes: Vec<(&str, &String)> =
+        r.logs.iter().flat_map(|f| f.notes.iter().map(move |n| (f.path.as_str(), n))).collect();
+    if !notes.is_empty() {
+        h.push_str("<ul>");
+        for (path, n) in notes {
+            h.push_str(&format!("<li class=note>{}: {}</li>", esc(path), esc(n)));
+        }
+        h.push_str("</ul>\n");
+    }
+    for (n, i) in r.log_incidents.iter().enumerate() {
+        let mut head = format!("L{} {}:{}", n + 1, i.file, i.line);
+        let mut about = vec![i.source.clone()];
+        about.push(i.pid.map_or_else(|| "no pid".to_string(), |p| format!("pid {p}")));
+        if let Some(d) = i.device {
+            about.push(format!("GPU {d}"));
+        }
+        if let Some(t) = &i.time {
+            about.push(format!("logged {t}"));
+        }
+        head += &format!(" ({})", about.join(", "));
+        h.push_str(&format!(
+            "<div class=\"oom log-incident\" id=log-{}><b>{}</b><br>verdict: <span class=verdict>{}</span><br>{}",
+            n + 1,
+            esc(&head),
+            esc(&i.verdict_name),
+            esc(&i.explanation)
+        ));
+        h.push_str(&format!(
+            "<br>missing: {}",
+            if i.missing.is_empty() {
+                "nothing: the log gave every number the verdict needs".to_string()
+            } else {
+                esc(&i.missing.join(", "))
+            }
+        ));
+        if let Some(fix) = &i.fix {
+            h.push_str(&format!("<br>fix: {}", esc(fix)));
+        }
+        match i.capture_incident.and_then(|id| r.ooms.iter().position(|c| c.id == id).map(|k| (k, &r.ooms[k]))) {
+            Some((k, c)) => h.push_str(&format!(
+                "<br>joins capture incident <a href=\"#oom-{}\">#{}</a> (judged from the driver alone: {})",
+                c.id,
+                k + 1,
+                esc(&c.verdict_name)
+            )),
+            None if !r.ooms.is_empty() => h.push_str("<br>joins no capture incident"),
+            None => {}
+        }
+        if let Some(j) = &i.join {
+            h.push_str(&format!(" <span class=join>({})</span>", esc(j)));
+        }
+        h.push_str(&format!(
+            "<details><summary>the log's message</summary><pre>{}</pre></details></div>\n",
+            esc(&i.message)
+        ));
+    }
 }

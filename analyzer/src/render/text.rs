@@ -278,7 +278,8 @@ pub fn render(r: &Report) -> String {
             o,
             "  pid {} dev {} {:?} {:#x} size {}: fragmentation {:.2} (max {:.2}), largest free span {} (min {})",
             a.pid,
-            a.device,
+            // -1: a reservation nothing was mapped into names no device.
+            if a.device < 0 { "?".to_string() } else { a.device.to_string() },
             a.kind,
             a.base,
             fmt_bytes(a.size),

@@ -112,7 +112,7 @@ impl Model {
         let Some(end) = self.range_end(slot, addr, size) else {
             return;
         };
-        match self.handles.get(&hkey) {
+        let handle_device = match self.handles.get(&hkey) {
             None => {
                 self.anomaly(Some(slot), Anomaly::MapUnknownHandle);
                 return;
@@ -121,8 +121,8 @@ impl Model {
                 self.anomaly(Some(slot), Anomaly::MapReleasedHandle);
                 return;
             }
-            Some(_) => {}
-        }
+            Some(h) => h.device,
+        };
         let Some(base) = self.reservation_at(pid, addr) else {
             self.anomaly(Some(slot), Anomaly::MapOutsideReservation);
             return;
@@ -137,6 +137,11 @@ impl Model {
         if prev || next {
             self.anomaly(Some(slot), Anomaly::MapOverlap);
             return;
+        }
+        // cuMemAddressReserve names no device; the memory mapped into the range does
+        // (cuMemCreate's location): the first mapping names the reservation's.
+        if r.device < 0 && handle_device >= 0 {
+            r.device = handle_device;
         }
         let before = r.numbers();
         r.occupy_interval(base, addr, end);

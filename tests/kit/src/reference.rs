@@ -671,11 +671,11 @@ impl Reference {
         let Some(end) = ev.addr.checked_add(ev.size) else {
             return self.anom(Some(slot), Anomaly::AddressOverflow);
         };
-        match self.handles.iter().find(|h| h.pid == ev.pid && h.h == ev.handle()) {
+        let handle_device = match self.handles.iter().find(|h| h.pid == ev.pid && h.h == ev.handle()) {
             None => return self.anom(Some(slot), Anomaly::MapUnknownHandle),
             Some(h) if h.released => return self.anom(Some(slot), Anomaly::MapReleasedHandle),
-            _ => {}
-        }
+            Some(h) => h.device,
+        };
         let Some(r) = self.res_at(ev.pid, ev.addr) else {
             return self.anom(Some(slot), Anomaly::MapOutsideReservation);
         };
@@ -686,6 +686,12 @@ impl Reference {
             return self.anom(Some(slot), Anomaly::MapOverlap);
         }
         self.maps.push(M { pid: ev.pid, addr: ev.addr, size: ev.size, h: ev.handle(), offset: ev.map_offset(), ts });
+        // A reservation with no device takes that of the first handle mapped into it.
+        if let Some(res) = self.res.iter_mut().find(|x| x.pid == r.pid && x.base == r.base) {
+            if res.device < 0 && handle_device >= 0 {
+                res.device = handle_device;
+            }
+        }
     }
 
     fn unmap(&mut self, slot: usize, ev: &Event) {
