@@ -15,7 +15,7 @@ use vramhook_protocol::{Api, FrameworkId};
 /// 2. **Granularity** — `R ≤ F < round_up(R, G)`: the bytes were there, not once rounded to pages.
 /// 3. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
 ///    memory counts (limits, MIG, a concurrent allocation by another process since the sample).
-/// 4. **ArenaFragmentation** — `F < R` and one of this process's arenas on the device had
+/// 4. **ArenaFragmentation** — `F < R` and one of this process's pools or segments on the device had
 ///    `free_in_arena ≥ R` but `largest_free_span < R`: the process had the bytes but in pieces,
 ///    so it had to ask the driver for more. Checked before the idle-byte rules because it says
 ///    why the process went to the driver at all.
@@ -55,7 +55,7 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
             )),
         );
     }
-    if i.arenas.iter().any(|a| a.free_in_arena >= r && a.largest_free_span < r) {
+    if i.arenas.iter().any(|a| holds_bytes(a) && a.free_in_arena >= r && a.largest_free_span < r) {
         return (Verdict::ArenaFragmentation, None);
     }
     if i.cache_segments > 0 && f.saturating_add(i.cache_free) >= r && i.cache_largest_free < r {
@@ -72,6 +72,12 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
         return (Verdict::FrameworkCache, None);
     }
     (Verdict::Capacity, None)
+}
+
+/// An arena whose free space is device memory already held (a pool's reserve, a framework
+/// segment): a VMM reservation's free space is unmapped addresses, not bytes.
+fn holds_bytes(a: &ArenaNumbers) -> bool {
+    a.kind != ArenaKind::VmmReservation
 }
 
 pub(crate) struct ExplainCtx<'a> {
@@ -192,7 +198,7 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
             )
         }
         Verdict::ArenaFragmentation => {
-            let a = i.arenas.iter().find(|a| a.free_in_arena >= i.requested && a.largest_free_span < i.requested);
+            let a = i.arenas.iter().find(|a| holds_bytes(a) && a.free_in_arena >= i.requested && a.largest_free_span < i.requested);
             if let Some(a) = a {
                 s += &format!(
                     "Verdict: arena fragmentation. Its {:?} arena at {:#x} had {} free but its largest free span was \
