@@ -7,7 +7,7 @@
 //! and `kind`: never an address, so cardinality stays bounded by processes × devices.
 
 use crate::stats::StatsView;
-use vramhook_model::{DeviceView, ModelSnapshot, ProcessView};
+use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessView};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -55,6 +55,7 @@ const DEVICE: &[&str] = &["device"];
 const PROCESS: &[&str] = &["pid", "command"];
 const NONE: &[&str] = &[];
 const KIND: &[&str] = &["kind"];
+const FRAMEWORK: &[&str] = &["pid", "command", "device", "framework"];
 
 /// Live processes only: an exited process's series end with it.
 fn live(snap: &ModelSnapshot) -> impl Iterator<Item = &ProcessView> {
@@ -67,6 +68,21 @@ fn who(p: &ProcessView) -> Vec<(&'static str, String)> {
 
 fn per_process(snap: &ModelSnapshot, f: impl Fn(&ProcessView) -> f64) -> Vec<Point> {
     live(snap).map(|p| (who(p), f(p))).collect()
+}
+
+/// One point per live process, device and framework whose lens has spoken.
+fn per_cache(snap: &ModelSnapshot, f: impl Fn(&FrameworkCache) -> Option<f64>) -> Vec<Point> {
+    live(snap)
+        .flat_map(|p| {
+            let f = &f;
+            p.framework_caches.iter().filter_map(move |c| {
+                let mut l = who(p);
+                l.push(("device", c.device.to_string()));
+                l.push(("framework", c.framework.name().to_string()));
+                Some((l, f(c)?))
+            })
+        })
+        .collect()
 }
 
 fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
@@ -212,6 +228,42 @@ pub const ALL: &[MetricDef] = &[
         labels: PROCESS,
         help: "1 - largest_free_span / free_in_arenas (0 when nothing is free).",
         values: |s, _| per_process(s, |p| p.fragmentation),
+    },
+    MetricDef {
+        otel: "vramhook.process.framework.reserved",
+        unit: "By",
+        prom: "vramhook_process_framework_reserved_bytes",
+        kind: Kind::Gauge,
+        labels: FRAMEWORK,
+        help: "Bytes a framework's cache holds from the driver, as its lens last said (PyTorch's memory_reserved()).",
+        values: |s, _| per_cache(s, |c| Some(c.reserved_bytes as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.process.framework.allocated",
+        unit: "By",
+        prom: "vramhook_process_framework_allocated_bytes",
+        kind: Kind::Gauge,
+        labels: FRAMEWORK,
+        help: "Of those, bytes the framework handed out to the program (memory_allocated()).",
+        values: |s, _| per_cache(s, |c| Some(c.allocated_bytes as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.process.framework.largest_free_block",
+        unit: "By",
+        prom: "vramhook_process_framework_largest_free_block_bytes",
+        kind: Kind::Gauge,
+        labels: FRAMEWORK,
+        help: "The largest block the framework's cache could hand out whole, as last measured (no point until measured).",
+        values: |s, _| per_cache(s, |c| Some(c.largest_free_block? as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.process.framework.fragmentation",
+        unit: "1",
+        prom: "vramhook_process_framework_fragmentation_ratio",
+        kind: Kind::Gauge,
+        labels: FRAMEWORK,
+        help: "1 - largest free block / (reserved - allocated) of the framework's cache (no point until measured).",
+        values: |s, _| per_cache(s, |c| c.fragmentation),
     },
     MetricDef {
         otel: "vramhook.agent.events.ingested",
@@ -418,6 +470,9 @@ mod tests {
         let mut m = vramhook_model::Model::default();
         m.apply(&Event::mem_info(1 << 30, 2 << 30).by(7, 7).at(1).on_device(0));
         m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        // A lens's sample with the largest free block measured.
+        let sample = Event::framework_sample(vramhook_protocol::FrameworkId::PyTorch, 4096, 1024, 2048, 1);
+        m.apply(&sample.by(7, 7).at(3).on_device(0));
         let snap = m.snapshot();
         for def in ALL {
             let points = points(def, &snap, &StatsView::default());

@@ -370,6 +370,8 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
             p.live_allocations.to_string(),
             fmt_bytes(p.largest_free_span),
             format!("{:.2}", p.fragmentation),
+            framework_free(p),
+            framework_fragmentation(p),
             p.oom_count.to_string(),
             p.dropped_events.to_string(),
         ])
@@ -383,6 +385,8 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         Constraint::Length(7),
         Constraint::Length(11),
         Constraint::Length(5),
+        Constraint::Length(11),
+        Constraint::Length(7),
         Constraint::Length(5),
         Constraint::Length(8),
     ];
@@ -394,8 +398,20 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     f.render_widget(
         Table::new(rows, widths)
             .header(
-                Row::new(["pid", "command", "live", "peak", "allocs", "free span", "frag", "OOMs", "dropped"])
-                    .style(bold),
+                Row::new([
+                    "pid",
+                    "command",
+                    "live",
+                    "peak",
+                    "allocs",
+                    "free span",
+                    "frag",
+                    "cache free",
+                    "c.frag",
+                    "OOMs",
+                    "dropped",
+                ])
+                .style(bold),
             )
             .block(Block::bordered().title(format!(" processes ({} live, by {sort_name}) ", live.len()))),
         procs,
@@ -409,6 +425,23 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         ooms,
     );
     f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+}
+
+/// Free bytes inside the process's framework caches, as their lens last said ("-": no lens).
+fn framework_free(p: &vramhook_model::ProcessView) -> String {
+    if p.framework_caches.is_empty() {
+        return "-".into();
+    }
+    fmt_bytes(p.framework_caches.iter().map(|c| c.cached_free()).sum())
+}
+
+/// The most fragmented of its framework caches ("-": no lens, or not measured yet).
+fn framework_fragmentation(p: &vramhook_model::ProcessView) -> String {
+    p.framework_caches
+        .iter()
+        .filter_map(|c| c.fragmentation)
+        .max_by(f64::total_cmp)
+        .map_or_else(|| "-".into(), |f| format!("{f:.2}"))
 }
 
 #[cfg(test)]
