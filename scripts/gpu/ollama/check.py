@@ -286,18 +286,21 @@ def agent_mode(names, mode="agent", title="vramhook agent + LD_PRELOAD=libvramho
         b = block_of.get(pid)
         if b is None or cublas is None:
             return None
+        # ggml's stream-ordered allocations (cuMemAllocAsync) live only while a graph runs.
+        pool = v["by_class"].get("pool", 0)
+        inflight = f" + in flight from the stream-ordered pool {mib(pool)}" if pool else ""
         if not new_engine:
             if not b["llama"]:
                 return None
             logged = sum(b["llama"].values()) * MIB
             vmm = v["by_class"].get("vmm", 0)
-            return logged + vmm + cublas, 0.005 * MIB * b["llama_lines"] + 1024, \
-                f"llama.cpp's CUDA0 buffers {mib(logged)} + ggml's VMM pool {mib(vmm)} + cuBLAS {mib(cublas)}"
+            return logged + vmm + cublas + pool, 0.005 * MIB * b["llama_lines"] + 1024, \
+                f"llama.cpp's CUDA0 buffers {mib(logged)} + ggml's VMM pool {mib(vmm)} + cuBLAS {mib(cublas)}{inflight}"
         if ps_model is None:
             return None
         host, tol = host_resident(b)
-        return ps_model["size_vram"] - host + cublas, tol + 0.01 * MIB, \
-            f"size_vram {mib(ps_model['size_vram'])} - host-resident {mib(host)} (log) + cuBLAS {mib(cublas)}"
+        return ps_model["size_vram"] - host + cublas + pool, tol + 0.01 * MIB, \
+            f"size_vram {mib(ps_model['size_vram'])} - host-resident {mib(host)} (log) + cuBLAS {mib(cublas)}{inflight}"
 
     # The warm context of this engine: its scenario-1 runner after its first generation.
     warm = ref_key = None
@@ -318,6 +321,11 @@ def agent_mode(names, mode="agent", title="vramhook agent + LD_PRELOAD=libvramho
             f"generation (its live bytes accounted for below): {mib(warm)} = cold {mib(cold)} + {mib(warm - cold)}")
         out(f"    against warm_probe: the largest stack frame in libggml-cuda.so is {big} B: its local memory {mib(local)}; "
             f"cuBLAS beyond its allocations {mib(extra)}")
+        try:
+            largest = open(f"{R}/stack-largest.txt").read().split("\n")
+            out(f"    libggml-cuda.so's largest frames (cuobjdump -res-usage): {[l[:90] for l in largest if l][-3:]}")
+        except FileNotFoundError:
+            pass
         if local is not None:
             check(0 <= warm - cold <= local + extra + 2 * NVML_PAGE,
                   f"{mode}: warm context - cold ({mib(warm - cold)}) is within what warm_probe measured the driver to take "

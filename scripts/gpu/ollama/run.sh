@@ -54,7 +54,7 @@ agent=$!
 for _ in $(seq 100); do curl -sf -m 1 http://127.0.0.1:9464/metrics > /dev/null && break; sleep 0.1; done
 python3 $HERE/probe.py sample "$R/agent/samples.jsonl" "$R/agent/stop-sampling" &
 sampler=$!
-timeout 250 bash $HERE/scenarios.sh agent "$R/agent" 2>&1 | tee "$R/agent/scenarios.log"
+timeout 150 bash $HERE/scenarios.sh agent "$R/agent" 2>&1 | tee "$R/agent/scenarios.log"
 curl -s -m 5 http://127.0.0.1:9464/metrics > "$R/agent/metrics.txt"
 curl -s -m 5 http://127.0.0.1:9464/api/v1/state > "$R/agent/state.json"
 touch "$R/agent/stop-sampling"; wait $sampler
@@ -63,7 +63,7 @@ while read -r _ p; do kill "$p" 2>/dev/null; done < "$R/agent/serve-pids.txt"   
 
 # Mode 2: the same under `vramhook run` (rm the models: create again, as a user would).
 rm -rf /dev/shm/vramhook "$MODELS"; mkdir -p "$R/run" "$MODELS"
-timeout 240 "$VRAMHOOK" run --record "$R/run/run.vhc" --summary-json "$R/run/summary.json" \
+timeout 150 "$VRAMHOOK" run --record "$R/run/run.vhc" --summary-json "$R/run/summary.json" \
     -- bash $HERE/scenarios.sh run "$R/run" > "$R/run/scenarios.log" 2>&1
 echo "vramhook run exit $? after $((SECONDS - t0)) s"; tail -40 "$R/run/scenarios.log"
 
@@ -74,7 +74,7 @@ agent=$!
 for _ in $(seq 100); do curl -sf -m 1 http://127.0.0.1:9464/metrics > /dev/null && break; sleep 0.1; done
 python3 $HERE/probe.py sample "$R/agent-new/samples.jsonl" "$R/agent-new/stop-sampling" &
 sampler=$!
-OLLAMA_NEW_ENGINE=1 timeout 200 bash $HERE/scenarios.sh agent "$R/agent-new" > "$R/agent-new/scenarios.log" 2>&1
+OLLAMA_NEW_ENGINE=1 timeout 130 bash $HERE/scenarios.sh agent "$R/agent-new" > "$R/agent-new/scenarios.log" 2>&1
 echo "new engine: exit $? after $((SECONDS - t0)) s"; tail -30 "$R/agent-new/scenarios.log"
 curl -s -m 5 http://127.0.0.1:9464/metrics > "$R/agent-new/metrics.txt"
 touch "$R/agent-new/stop-sampling"; wait $sampler
@@ -100,7 +100,6 @@ done
 python3 $HERE/check.py "$R" | tee "$OUT/ollama.txt"
 status=${PIPESTATUS[0]}
 cp "$R/agent/top-generating.txt" "$R/agent/metrics-generating.txt" "$R/agent/analyze-fail.txt" "$OUT/" 2>/dev/null
-cp "$R/agent/serve-fail.log" "$OUT/agent-serve-fail.log" 2>/dev/null
 rm -f "$R/res-usage.txt"
 tar -C /tmp --exclude='*.gguf' --exclude='vho/models/blobs' --exclude='vho/dist' --exclude='vho/warm_probe' -czf "$OUT/raw.tar.gz" vho
 ls -la "$OUT"
