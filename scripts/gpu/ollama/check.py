@@ -6,11 +6,13 @@ What a runner's NVML figure is made of, each part measured in the same run:
   * the cold context: NVML - live for a process holding only its cudart context (and for
     runners before their first allocation, and warm_probe before its first kernel);
   * what the driver takes with no memory call once kernels run: warm_probe launches kernels of
-    known stack frames and reads NVML after each (the local-memory reservation), then creates
-    a cuBLAS handle and runs one GEMM as ggml does (cuBLAS's allocations, which vramhook sees,
-    and what NVML adds beyond them);
+    known stack frames and reads NVML after each (local memory: on the H200 nothing beyond the
+    cold context for frames up to 1 KiB), then creates a cuBLAS handle and runs one GEMM as
+    ggml does (cuBLAS's allocations, which vramhook sees, and what NVML adds beyond them);
   * the warm context of each engine: NVML - live of its scenario-1 runner after its first
-    generation, a runner whose every allocation is known (checked below).
+    generation, a runner whose every allocation is known (checked below). What it holds beyond
+    the cold context and cuBLAS is not made by any memory call and depends on the kernels the
+    runner loaded, so it is measured per engine, not derived.
 Per runner, at each checkpoint of an agent mode:
   * live <= NVML - cold context (vramhook never counts more than the driver holds for it);
   * NVML - live - warm context within 1% of NVML (warm context: the engine's, or for a runner
@@ -207,12 +209,11 @@ def warm_probe(mode, cks):
               f"{mode}: vramhook saw nothing of warm_probe until cuBLAS, then cuBLAS's {mib(w['cublas_live'])}")
     else:
         check(False, f"{mode}: warm_probe's cuBLAS step read by vramhook (steps {list(steps)}, checkpoints {[c for c in cks if c.startswith('warm')]})")
-    for f, got in sorted(w["local"].items()):
-        want = f * threads
-        # Module code (the probe's kernels, loaded at the first launch) and NVML's 2 MiB steps.
-        ok = abs(got - want) <= 2 * NVML_PAGE
-        check(ok, f"{mode}: a kernel with a {f} B stack frame grows NVML's figure by {mib(got)} with no memory call: "
-              f"frame x threads = {mib(want)} (off by {mib(got - want)}, allowed 4 MiB)")
+    # Measured on the H200 (docs/gpu/ollama.txt): frames up to 1 KiB, the default stack limit,
+    # add nothing: the cold context already holds that local memory. Reported, not assumed.
+    grown = max(w["local"].values(), default=None)
+    out(f"    kernels with stack frames of {sorted(w['local'])} B grew NVML's figure by at most {mib(grown)}: "
+        f"{'the cold context already holds their local memory' if grown is not None and grown < NVML_PAGE else 'local memory taken on launch'}")
     return w
 
 
@@ -312,24 +313,16 @@ def agent_mode(names, mode="agent", title="vramhook agent + LD_PRELOAD=libvramho
             warm, ref_key = nv - v["live"], (name, pid)
     big = stack_sizes()
     if warm is not None and cold is not None:
-        local = None
-        if big is not None and w.get("local"):
-            f = min((f for f in w["local"] if f >= big), default=max(w["local"]))
-            local = w["local"][f]
-        extra = w.get("cublas_extra", 0)
+        extra = w.get("cublas_extra")
+        local = None if big is None or not w.get("local") else \
+            w["local"][min((f for f in w["local"] if f >= big), default=max(w["local"]))]
         out(f"  warm context ({'new' if new_engine else 'default'} engine), measured on the scenario-1 runner pid {ref_key[1]} after its first "
             f"generation (its live bytes accounted for below): {mib(warm)} = cold {mib(cold)} + {mib(warm - cold)}")
-        out(f"    against warm_probe: the largest stack frame in libggml-cuda.so is {big} B: its local memory {mib(local)}; "
-            f"cuBLAS beyond its allocations {mib(extra)}")
-        try:
-            largest = open(f"{R}/stack-largest.txt").read().split("\n")
-            out(f"    libggml-cuda.so's largest frames (cuobjdump -res-usage): {[l[:90] for l in largest if l][-3:]}")
-        except FileNotFoundError:
-            pass
-        if local is not None:
-            check(0 <= warm - cold <= local + extra + 2 * NVML_PAGE,
-                  f"{mode}: warm context - cold ({mib(warm - cold)}) is within what warm_probe measured the driver to take "
-                  f"without a memory call: local memory for {big} B frames + cuBLAS's {mib(extra)} (+ 4 MiB of NVML steps)")
+        out(f"    of which cuBLAS beyond its allocations (warm_probe) {mib(extra)}; local memory for libggml-cuda.so's largest "
+            f"frame ({big} B; warm_probe) {mib(local)}; the rest, {mib(None if extra is None else warm - cold - extra - (local or 0))}, "
+            f"is not made by any memory call and not measured apart (the code of the kernels the runner loaded, and "
+            f"the 2 MiB pages its allocations round up to, are what is left)")
+        check(warm >= cold, f"{mode}: the warm context is no smaller than the cold one ({mib(warm)} >= {mib(cold)})")
     check(warm is not None, f"{mode}: warm context measured in this run on the scenario-1 runner after its first generation")
     warm_cpu = None if cold is None else cold + w.get("cublas_extra", 0)
 

@@ -1,11 +1,12 @@
 // What a CUDA context costs once kernels run (issue #12), measured rather than inferred.
 // NVML's figure for a process is its context, its allocations and memory the driver takes with
-// no memory call: local memory (per-thread stacks), reserved for every thread the GPU can hold
-// the first time a kernel needs more than the reservation so far, and the code of the modules
-// loaded. This probe creates a context, then launches kernels of known stack frames (cudaFunc
-// GetAttributes' localSizeBytes), largest last, then creates a cuBLAS handle and runs one GEMM on
-// a stream of its own as ggml does, and prints one JSON line per step with NVML's figure for
-// this process and the device's free bytes. Between the steps named in WAIT it stops until
+// no memory call. Two candidates for the last: local memory (per-thread stacks, for every thread
+// the GPU can hold) and the code of the kernels loaded. This probe creates a context, then
+// launches kernels of known stack frames (cudaFuncGetAttributes' localSizeBytes), largest last,
+// then creates a cuBLAS handle and runs one GEMM on a stream of its own as ggml does, and prints
+// one JSON line per step with NVML's figure for this process and the device's free bytes.
+// On the H200 (driver 580.159.04, docs/gpu/ollama.txt) frames of 16 B to 1 KiB added nothing:
+// the cold context already holds local memory for the default 1 KiB stack limit. Between the steps named in WAIT it stops until
 // DIR/go-STEP exists, after writing DIR/at-STEP, so that a checkpoint can read vramhook's live
 // bytes for it there (scenarios.sh). cuBLAS is the library ggml-cuda loads (its path in
 // argv[2]), opened with dlopen, as NVML is: the probe links only cudart.
