@@ -486,31 +486,35 @@ def run_mode(names):
         cold = ck["context-only"]["nvml"].get(str(info["pid"]))
     out(f"  cold context (the context-only process): {mib(cold)}; warm_probe: {mib(steps.get('cold', {}).get('nvml'))}; "
         f"cuBLAS's allocations (warm_probe's final live): {mib(wp['final_live_bytes'] if wp else None)}")
-    warm = None
     blk = dict(zip(sorted(runners), blocks)) if len(blocks) == len(runners) else {}
-    for c in cks:
-        for m in (c["ps"].get("models", []) if isinstance(c["ps"], dict) else []):
-            name = m["name"].split(":")[0]
-            cands = [p for p, cmd in runners.items() if runner_model(cmd, names) == name and str(p) in c["nvml"]]
-            if len(cands) != 1 or peaks[cands[0]]["peak_bytes"] != peaks[cands[0]]["final_live_bytes"]:
-                continue
-            pid = cands[0]
-            live, nv = peaks[pid]["final_live_bytes"], c["nvml"][str(pid)]
-            out(f"  run {c['name']} {name} pid {pid}: size_vram {mib(m['size_vram'])} (ollama's estimate); live {mib(live)}; "
-                f"NVML {mib(nv)}; NVML - live {mib(nv - live)}")
-            if cold is not None:
-                check(live <= nv - cold, f"run {c['name']} {name} pid {pid}: live {mib(live)} <= NVML - cold context = {mib(nv - cold)}")
-            b = blk.get(pid)
-            if wp and b and b["llama"]:
-                vmm = live - sum(b["llama"].values()) * MIB - wp["final_live_bytes"]
-                out(f"    live - llama.cpp's CUDA0 buffers - cuBLAS = {mib(vmm)} (ggml's VMM pool)")
-            if c["name"] == "s1-loaded" and name == "vh-a":
-                warm = nv - live
-                out(f"    warm context (this reading, the reference): {mib(warm)}")
-            elif warm is not None:
-                d = nv - live - warm
-                check(abs(d) <= 0.01 * nv, f"run {c['name']} {name}: NVML - live - warm context ({mib(warm)}) = {mib(d)} "
-                      f"= {100 * d / nv:+.2f}% of NVML's {mib(nv)} (allowed 1%)")
+
+    def readings():
+        for c in cks:
+            for m in (c["ps"].get("models", []) if isinstance(c["ps"], dict) else []):
+                name = m["name"].split(":")[0]
+                cands = [p for p, cmd in runners.items() if runner_model(cmd, names) == name and str(p) in c["nvml"]]
+                if len(cands) == 1 and peaks[cands[0]]["peak_bytes"] == peaks[cands[0]]["final_live_bytes"]:
+                    yield c, m, name, cands[0]
+
+    warm = next((c["nvml"][str(pid)] - peaks[pid]["final_live_bytes"] for c, m, name, pid in readings()
+                 if c["name"] == "s1-loaded" and name == "vh-a"), None)
+    check(warm is not None, "run: warm context measured on the scenario-1 runner after its first generation")
+    for c, m, name, pid in readings():
+        live, nv = peaks[pid]["final_live_bytes"], c["nvml"][str(pid)]
+        out(f"  run {c['name']} {name} pid {pid}: size_vram {mib(m['size_vram'])} (ollama's estimate); live {mib(live)}; "
+            f"NVML {mib(nv)}; NVML - live {mib(nv - live)}")
+        if cold is not None:
+            check(live <= nv - cold, f"run {c['name']} {name} pid {pid}: live {mib(live)} <= NVML - cold context = {mib(nv - cold)}")
+        b = blk.get(pid)
+        if wp and b and b["llama"]:
+            vmm = live - sum(b["llama"].values()) * MIB - wp["final_live_bytes"]
+            out(f"    live - llama.cpp's CUDA0 buffers - cuBLAS = {mib(vmm)} (ggml's VMM pool)")
+        if c["name"] == "s1-loaded" and name == "vh-a":
+            out(f"    warm context (this reading, the reference): {mib(warm)}")
+        elif warm is not None:
+            d = nv - live - warm
+            check(abs(d) <= 0.01 * nv, f"run {c['name']} {name}: NVML - live - warm context ({mib(warm)}) = {mib(d)} "
+                  f"= {100 * d / nv:+.2f}% of NVML's {mib(nv)} (allowed 1%)")
 
 
 def main():
