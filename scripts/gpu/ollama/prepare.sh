@@ -24,6 +24,11 @@ fi
 gzip -9c "$OLLAMA_SRC/ollama" > "$G/ollama.gz"
 tar -C "$OLLAMA_SRC" -czf "$G/ggml-src.tar.gz" CMakeLists.txt ml/backend/ggml/ggml
 python3 -m pip download -q --no-deps -d "$G" gguf==0.19.0
+# warm_probe: run.sh builds it on the GPU machine; a copy built here (where an nvcc is on the
+# PATH: the nvidia-cuda-nvcc wheels do) is its fallback.
+if command -v nvcc > /dev/null; then
+    nvcc -O2 -arch=sm_90 -o "$G/warm_probe" scripts/gpu/ollama/warm_probe.cu -ldl
+fi
 cargo build --release -p vramhook -p vramhook-interposer
 strip -o .gpu/vramhook target/release/vramhook
 strip -o .gpu/libvramhook.so target/release/libvramhook.so

@@ -129,4 +129,22 @@ for _ in $(seq 300); do [ -e "$DIR/ctx-ready" ] && break; sleep 0.1; done
 sleep 0.5
 checkpoint context-only
 touch "$DIR/ctx-release"; wait $ctx
+
+# What the driver takes with no memory call once kernels run (warm_probe.cu): a checkpoint at
+# each of its pauses reads NVML and vramhook's live bytes for it together.
+if [ -x "${WARM_PROBE:-}" ]; then
+    rm -f "$DIR"/at-* "$DIR"/go-*
+    env "$(preload)" "$WARM_PROBE" "$DIR" "$CUBLAS_LIB" > "$DIR/warm.jsonl" 2> "$DIR/warm.log" &
+    wp=$!
+    for st in cold stacks cublas; do
+        for _ in $(seq 300); do [ -e "$DIR/at-$st" ] && break; kill -0 $wp 2>/dev/null || break; sleep 0.1; done
+        sleep 0.5
+        checkpoint "warm-$st"
+        touch "$DIR/go-$st"
+    done
+    wait $wp
+    say "warm_probe exit $?: $(tr '\n' ' ' < "$DIR/warm.jsonl" | cut -c1-600)"
+else
+    say "warm_probe: not run: no binary at '${WARM_PROBE:-}'"
+fi
 say "done"
