@@ -1006,31 +1006,17 @@ mod tests {
 
     /// A ring made with the protocol's writer, holding `events`, for a process that is gone.
     fn write_ring(dir: &Path, pid: u32, start: u64, events: &[Event]) {
-        use std::os::fd::AsRawFd;
-        use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
-        let len = ring_file_size(16);
-        let tmp = dir.join(".tmp");
-        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create");
-        file.set_len(len as u64).expect("size");
-        // SAFETY: a fresh shared mapping of the whole file, unmapped below.
-        unsafe {
-            let map = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            );
-            assert_ne!(map, libc::MAP_FAILED);
-            let init = RingInit { capacity: 16, pid, start_time: start, uid: libc::geteuid(), ..RingInit::default() };
-            let w = RingWriter::init(map as *mut u8, &init, b"");
-            for e in events {
-                assert!(w.push(&e.to_raw()));
-            }
-            libc::munmap(map, len);
+        use vramhook_protocol::ring::RingInit;
+        // SAFETY: geteuid has no preconditions.
+        let init =
+            RingInit { capacity: 16, pid, start_time: start, uid: unsafe { libc::geteuid() }, ..RingInit::default() };
+        let name = format!("{pid}-{start}-0.ring");
+        let (w, map, len) = vramhook_testkit::make_ring_file(dir, &name, &init, 1, b"", |_, _| {});
+        for e in events {
+            assert!(w.push(&e.to_raw()));
         }
-        std::fs::rename(&tmp, dir.join(format!("{pid}-{start}-0.ring"))).expect("rename");
+        // SAFETY: the mapping made above; the writer is not used after this.
+        unsafe { libc::munmap(map.cast(), len) };
     }
 
     /// Two rings of processes that are gone with the same pid (pid reuse) are never open

@@ -5,7 +5,6 @@
 //! does, with the kill placed exactly in that window, which a real SIGKILL hits only by
 //! chance.
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use vramhook_agent::capture::{self, CaptureConfig, CaptureMsg};
@@ -13,7 +12,8 @@ use vramhook_agent::rings::{RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::AgentStats;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
+use vramhook_protocol::ring::{RingInit, RingWriter};
+use vramhook_testkit::{make_ring_file, start_time};
 
 const CAPACITY: u64 = 1024;
 
@@ -28,28 +28,18 @@ struct LiveRing {
 impl LiveRing {
     fn create(dir: &Path) -> LiveRing {
         let pid = std::process::id();
-        let start = own_start_time();
-        let len = ring_file_size(CAPACITY);
-        let tmp = dir.join(".tmp");
-        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create");
-        file.set_len(len as u64).expect("size");
-        // SAFETY: a fresh shared mapping of the whole file, unmapped on drop.
-        let (writer, map) = unsafe {
-            let map = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            );
-            assert_ne!(map, libc::MAP_FAILED);
-            let init =
-                RingInit { capacity: CAPACITY, pid, start_time: start, uid: libc::geteuid(), ..RingInit::default() };
-            (RingWriter::init(map as *mut u8, &init, b""), map)
+        let start = start_time(pid);
+        // SAFETY: geteuid has no preconditions.
+        let init = RingInit {
+            capacity: CAPACITY,
+            pid,
+            start_time: start,
+            uid: unsafe { libc::geteuid() },
+            ..RingInit::default()
         };
-        std::fs::rename(&tmp, dir.join(format!("{pid}-{start}-0.ring"))).expect("rename");
-        LiveRing { writer, map, len, next: 0 }
+        // Unmapped on drop.
+        let (writer, map, len) = make_ring_file(dir, &format!("{pid}-{start}-0.ring"), &init, 1, b"", |_, _| {});
+        LiveRing { writer, map: map.cast(), len, next: 0 }
     }
 
     fn write(&mut self, n: u64) {
@@ -73,12 +63,6 @@ impl Drop for LiveRing {
         // SAFETY: our own mapping.
         unsafe { libc::munmap(self.map, self.len) };
     }
-}
-
-fn own_start_time() -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", std::process::id())).expect("stat");
-    let after = &stat[stat.rfind(')').expect(")") + 2..];
-    after.split(' ').nth(19).expect("field").parse().expect("number")
 }
 
 /// Polls once as the agent's ingest loop does (announce, apply, send to the capture);
@@ -144,7 +128,7 @@ fn a_reader_killed_between_record_and_commit_loses_nothing_and_delivers_nothing_
 
     // Second reader, recovered from the capture.
     let recovered = capture::recover(captures.path()).expect("a capture to recover from");
-    let key = (std::process::id(), own_start_time(), 0);
+    let key = (std::process::id(), start_time(std::process::id()), 0);
     let recorded = recovered.rings.get(&key).expect("the ring's record").clone();
     assert_eq!(recorded.slots, 600);
     assert_eq!(recorded.unconfirmed.len(), 600, "all 600 may still be in the ring");

@@ -45,11 +45,43 @@ fn wait_http(port: u16, path: &str, what: &str) {
     }
 }
 
+/// Starts backend `name` (`.tools/bin/<name>`) with `args`, its output in `<dir>/<name>.log`,
+/// and waits until `port` answers GET `ready_path`.
+fn start_backend(name: &str, dir: tempfile::TempDir, args: &[String], port: u16, ready_path: &str) -> Backend {
+    let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).expect("log");
+    let child = Command::new(backend_bin(name))
+        .args(args)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let b = Backend(child, dir);
+    wait_http(port, ready_path, name);
+    b
+}
+
+/// Tries `probe` every 300 ms until it gives a value. Past `timeout` after `start` the test
+/// fails with what the last try said and the agent's counters.
+fn poll_for<T>(agent: &Agent, start: Instant, timeout: Duration, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(what) => assert!(start.elapsed() < timeout, "{what}; agent counters {}", agent.state()["agent"]),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// This build's agent on `rings`, with the exporter settings `otel_env`.
+fn agent_on(rings: &tempfile::TempDir, otel_env: &[(&str, &str)]) -> Agent {
+    Agent::start(&vramhook_bin(), &["--ring-dir", rings.path().to_str().expect("utf-8 ring dir")], otel_env)
+}
+
 #[test]
 fn promtool_accepts_the_metrics_endpoint() {
     let promtool = backend_bin("promtool");
     let rings = ring_dir("promtool");
-    let agent = Agent::start(&vramhook_bin(), &["--ring-dir", rings.path().to_str().unwrap()], &[]);
+    let agent = agent_on(&rings, &[]);
     let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "5"], rings.path(), &[]);
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let _ = oom.wait();
@@ -78,7 +110,6 @@ fn promtool_accepts_the_metrics_endpoint() {
 }
 
 fn start_jaeger(otlp_grpc: u16, otlp_http: u16, query_http: u16, query_grpc: u16) -> Backend {
-    let bin = backend_bin("jaeger");
     let dir = tempfile::tempdir().expect("jaeger dir");
     let config = format!(
         r#"service:
@@ -128,17 +159,7 @@ exporters:
     );
     let path = dir.path().join("jaeger.yaml");
     std::fs::write(&path, config).expect("config");
-    let log = std::fs::File::create(dir.path().join("jaeger.log")).expect("log");
-    let child = Command::new(bin)
-        .arg("--config")
-        .arg(&path)
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start jaeger");
-    let b = Backend(child, dir);
-    wait_http(query_http, "/api/services", "jaeger");
-    b
+    start_backend("jaeger", dir, &["--config".into(), path.display().to_string()], query_http, "/api/services")
 }
 
 fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
@@ -151,9 +172,8 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
     let rings = ring_dir("jaeger");
     let endpoint = format!("http://127.0.0.1:{}", ports[0]);
-    let agent = Agent::start(
-        &vramhook_bin(),
-        &["--ring-dir", rings.path().to_str().unwrap()],
+    let agent = agent_on(
+        &rings,
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
@@ -176,11 +196,10 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
 
     let query = format!("/api/traces?service=vramhook-agent&operation={}&limit=50", urlencode("vramhook.oom"));
     let addr = format!("127.0.0.1:{}", ports[2]).parse().expect("addr");
-    let start = Instant::now();
-    let span = loop {
-        if let Ok(body) = http_get(addr, &query) {
+    let span = poll_for(&agent, Instant::now(), Duration::from_secs(60), || {
+        let found = http_get(addr, &query).ok().and_then(|body| {
             let v: Value = serde_json::from_str(&body).expect("jaeger JSON");
-            let found = v["data"]
+            v["data"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -188,18 +207,11 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
                 .find(|s| {
                     s["operationName"] == "vramhook.oom"
                         && tag(s, "pid").and_then(Value::as_u64) == Some(u64::from(pid))
-                });
-            if let Some(s) = found {
-                break s.clone();
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "Jaeger never received the OOM span; agent counters {}",
-            agent.state()["agent"]
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+                })
+                .cloned()
+        });
+        found.ok_or_else(|| "Jaeger never received the OOM span".to_string())
+    });
     let verdict = incident["verdict"].as_str().expect("verdict");
     assert_eq!(tag(&span, "vramhook.oom.verdict").and_then(Value::as_str), Some(verdict));
     assert_eq!(tag(&span, "vramhook.oom.explanation"), Some(&incident["explanation"]));
@@ -214,19 +226,14 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     // exporter prints it.
     let log_path = jaeger.1.path().join("jaeger.log");
     let explanation = incident["explanation"].as_str().expect("explanation");
-    let start = Instant::now();
-    loop {
+    poll_for(&agent, Instant::now(), Duration::from_secs(30), || {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         if log.contains("vramhook.oom.verdict") && log.contains(explanation) && log.contains("ERROR") {
-            break;
+            Ok(())
+        } else {
+            Err(format!("the OOM log record never reached the collector:\n{log}\n"))
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the OOM log record never reached the collector; agent counters {}\n{log}",
-            agent.state()["agent"]
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    });
     assert!(agent.state()["agent"]["otlp_log_exports"].as_u64().unwrap_or(0) >= 1);
 }
 
@@ -265,22 +272,15 @@ impl Drop for Slow {
 }
 
 fn start_prometheus(port: u16) -> Backend {
-    let bin = backend_bin("prometheus");
     let dir = tempfile::tempdir().expect("prometheus dir");
     std::fs::write(dir.path().join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").expect("config");
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
-    let child = Command::new(bin)
-        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--web.enable-otlp-receiver")
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start prometheus");
-    let b = Backend(child, dir);
-    wait_http(port, "/-/ready", "prometheus");
-    b
+    let args = [
+        format!("--config.file={}", dir.path().join("prometheus.yml").display()),
+        format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+        "--web.enable-otlp-receiver".into(),
+    ];
+    start_backend("prometheus", dir, &args, port, "/-/ready")
 }
 
 fn promql(port: u16, query: &str) -> Option<f64> {
@@ -295,9 +295,8 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
     let port = free_port();
     let rings = ring_dir("prom");
     let endpoint = format!("http://127.0.0.1:{port}/api/v1/otlp/v1/metrics");
-    let agent = Agent::start(
-        &vramhook_bin(),
-        &["--ring-dir", rings.path().to_str().unwrap()],
+    let agent = agent_on(
+        &rings,
         &[
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
@@ -355,18 +354,10 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
     let start = Instant::now();
     for (query, expected) in &checks {
         let expected = expected.unwrap_or_else(|| panic!("model has no value for {query}"));
-        loop {
-            let got = promql(port, query);
-            if got == Some(expected) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "PromQL {query} = {got:?}, the model says {expected}; agent counters {}",
-                agent.state()["agent"]
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        poll_for(&agent, start, Duration::from_secs(90), || match promql(port, query) {
+            Some(got) if got == expected => Ok(()),
+            got => Err(format!("PromQL {query} = {got:?}, the model says {expected}")),
+        });
     }
     assert_eq!(p["live_bytes"], 6_295_456u64, "the simulated driver's ground truth");
     let s = agent.state();

@@ -27,13 +27,15 @@ impl Drop for Reap {
     }
 }
 
-/// Whether eBPF mode can work here (else reported not run).
-fn ebpf_ready(test: &str) -> bool {
+/// This test's turn (the `SERIAL` lock), or `None` where eBPF mode cannot work here (then
+/// reported not run).
+fn ebpf_turn(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     match vramhook_ebpf::probe::preflight() {
-        Ok(()) => true,
+        Ok(()) => Some(turn),
         Err(e) => {
             not_run(test, &e.to_string());
-            false
+            None
         }
     }
 }
@@ -60,11 +62,8 @@ fn number_after(line: &str, key: &str) -> u64 {
 /// The acceptance scenario on the simulated driver.
 #[test]
 fn a_process_running_before_the_agent_is_traced_without_restart() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let test = "agent_ebpf::a_process_running_before_the_agent_is_traced_without_restart";
-    if !ebpf_ready(test) {
-        return;
-    }
+    let Some(_serial) = ebpf_turn(test) else { return };
     let rings = ring_dir("ebpf");
     let mut w = Reap(
         Command::new(workload("wait_alloc"))
@@ -118,11 +117,8 @@ fn a_process_running_before_the_agent_is_traced_without_restart() {
 
 #[test]
 fn a_process_with_a_ring_is_counted_once() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let test = "agent_ebpf::a_process_with_a_ring_is_counted_once";
-    if !ebpf_ready(test) {
-        return;
-    }
+    let Some(_serial) = ebpf_turn(test) else { return };
     let rings = ring_dir("ebpf-ring");
     let go = rings.path().join("go-file");
     std::fs::write(&go, b"").expect("go file");

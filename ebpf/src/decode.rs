@@ -83,6 +83,78 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(a)
 }
 
+/// The fields of one `struct vh_event` as the probe wrote them, before they are read as a
+/// call: the one place that knows the offsets, for decoding and for building records
+/// (tests, fuzzing). The magic sits at byte 116.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireRecord {
+    /// Monotonic ns when the call returned.
+    pub ts_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The `Api` code the probe was attached with.
+    pub api: u32,
+    /// The driver's `CUresult`.
+    pub result: i32,
+    /// The call's first five arguments.
+    pub args: [u64; 5],
+    /// What the call wrote through its out-pointers (valid where `flags` says).
+    pub out: [u64; 2],
+    /// Descriptor or properties words copied from user memory (valid where `flags` says).
+    pub extra: [u64; 4],
+    /// `OUT0 | OUT1 | EXTRA`: which of `out` and `extra` were read.
+    pub flags: u32,
+    /// Monotonic ns when the call entered.
+    pub entry_ns: u64,
+}
+
+impl WireRecord {
+    /// Reads the fields of a record of exactly [`WIRE_SIZE`] bytes with the right magic.
+    pub fn parse(b: &[u8]) -> Result<Self, DecodeError> {
+        if b.len() != WIRE_SIZE {
+            return Err(DecodeError::Length(b.len()));
+        }
+        let magic = u32_at(b, 116);
+        if magic != WIRE_MAGIC {
+            return Err(DecodeError::Magic(magic));
+        }
+        Ok(WireRecord {
+            ts_ns: u64_at(b, 0),
+            tgid: u32_at(b, 8),
+            tid: u32_at(b, 12),
+            api: u32_at(b, 16),
+            result: u32_at(b, 20) as i32,
+            args: std::array::from_fn(|i| u64_at(b, 24 + 8 * i)),
+            out: [u64_at(b, 64), u64_at(b, 72)],
+            extra: std::array::from_fn(|i| u64_at(b, 80 + 8 * i)),
+            flags: u32_at(b, 112),
+            entry_ns: u64_at(b, 120),
+        })
+    }
+
+    /// The record's bytes, magic included.
+    pub fn encode(&self) -> [u8; WIRE_SIZE] {
+        let mut b = [0u8; WIRE_SIZE];
+        b[0..8].copy_from_slice(&self.ts_ns.to_le_bytes());
+        b[8..12].copy_from_slice(&self.tgid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.tid.to_le_bytes());
+        b[16..20].copy_from_slice(&self.api.to_le_bytes());
+        b[20..24].copy_from_slice(&self.result.to_le_bytes());
+        for (i, a) in self.args.iter().enumerate() {
+            b[24 + 8 * i..32 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        b[64..72].copy_from_slice(&self.out[0].to_le_bytes());
+        b[72..80].copy_from_slice(&self.out[1].to_le_bytes());
+        for (i, x) in self.extra.iter().enumerate() {
+            b[80 + 8 * i..88 + 8 * i].copy_from_slice(&x.to_le_bytes());
+        }
+        b[112..116].copy_from_slice(&self.flags.to_le_bytes());
+        b[116..120].copy_from_slice(&WIRE_MAGIC.to_le_bytes());
+        b[120..128].copy_from_slice(&self.entry_ns.to_le_bytes());
+        b
+    }
+}
+
 /// Bytes per element of a `CUarray_format` times channels (the interposer's estimate).
 fn element_bytes(format: i32, channels: u32) -> u64 {
     let per = match format {
@@ -104,23 +176,7 @@ fn array_bytes(width: u64, height: u64, depth: u64, format: i32, channels: u32) 
 
 /// Decodes one record. `seq` is left 0 (the source numbers each process's events).
 pub fn decode(b: &[u8]) -> Result<Wire, DecodeError> {
-    if b.len() != WIRE_SIZE {
-        return Err(DecodeError::Length(b.len()));
-    }
-    let magic = u32_at(b, 116);
-    if magic != WIRE_MAGIC {
-        return Err(DecodeError::Magic(magic));
-    }
-    let ts_ns = u64_at(b, 0);
-    let tgid = u32_at(b, 8);
-    let tid = u32_at(b, 12);
-    let code = u32_at(b, 16);
-    let result = u32_at(b, 20) as i32;
-    let args: [u64; 5] = std::array::from_fn(|i| u64_at(b, 24 + 8 * i));
-    let out = [u64_at(b, 64), u64_at(b, 72)];
-    let extra: [u64; 4] = std::array::from_fn(|i| u64_at(b, 80 + 8 * i));
-    let flags = u32_at(b, 112);
-    let entry_ns = u64_at(b, 120);
+    let WireRecord { ts_ns, tgid, tid, api: code, result, args, out, extra, flags, entry_ns } = WireRecord::parse(b)?;
     let api = u16::try_from(code)
         .ok()
         .and_then(Api::from_code)
@@ -210,80 +266,87 @@ pub fn decode(b: &[u8]) -> Result<Wire, DecodeError> {
     Ok(Wire { event: ev, entry_ns })
 }
 
-/// Builds a wire record (tests, fuzzing).
-#[allow(clippy::too_many_arguments)]
-pub fn encode(
-    ts_ns: u64,
-    tgid: u32,
-    tid: u32,
-    api: u32,
-    result: i32,
-    args: [u64; 5],
-    out: [u64; 2],
-    extra: [u64; 4],
-    flags: u32,
-) -> [u8; WIRE_SIZE] {
-    let mut b = [0u8; WIRE_SIZE];
-    b[0..8].copy_from_slice(&ts_ns.to_le_bytes());
-    b[8..12].copy_from_slice(&tgid.to_le_bytes());
-    b[12..16].copy_from_slice(&tid.to_le_bytes());
-    b[16..20].copy_from_slice(&api.to_le_bytes());
-    b[20..24].copy_from_slice(&result.to_le_bytes());
-    for (i, a) in args.iter().enumerate() {
-        b[24 + 8 * i..32 + 8 * i].copy_from_slice(&a.to_le_bytes());
-    }
-    b[64..72].copy_from_slice(&out[0].to_le_bytes());
-    b[72..80].copy_from_slice(&out[1].to_le_bytes());
-    for (i, x) in extra.iter().enumerate() {
-        b[80 + 8 * i..88 + 8 * i].copy_from_slice(&x.to_le_bytes());
-    }
-    b[112..116].copy_from_slice(&flags.to_le_bytes());
-    b[116..120].copy_from_slice(&WIRE_MAGIC.to_le_bytes());
-    b[120..128].copy_from_slice(&ts_ns.to_le_bytes());
-    b
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A successful call of `api` by pid 1, tid 1 at 1 ns, with nothing read beyond its
+    /// arguments: each test sets what it is about.
+    fn call(api: Api, args: [u64; 5]) -> WireRecord {
+        WireRecord { ts_ns: 1, tgid: 1, tid: 1, api: api.code().into(), args, entry_ns: 1, ..WireRecord::default() }
+    }
+
     #[test]
     fn alloc_reads_the_out_pointer_only_on_success() {
-        let b = encode(5, 10, 11, Api::cuMemAlloc_v2.code().into(), 0, [0x7f00, 4096, 0, 0, 0], [0xabc, 0], [0; 4], 1);
-        let e = decode(&b).unwrap().event;
+        let alloc = WireRecord {
+            ts_ns: 5,
+            tgid: 10,
+            tid: 11,
+            out: [0xabc, 0],
+            flags: OUT0,
+            ..call(Api::cuMemAlloc_v2, [0x7f00, 4096, 0, 0, 0])
+        };
+        let e = decode(&alloc.encode()).unwrap().event;
         assert_eq!(
             (e.kind(), e.addr, e.size, e.pid, e.tid, e.result),
             (Some(EventKind::Alloc), 0xabc, 4096, 10, 11, 0)
         );
-        let b =
-            encode(5, 10, 11, Api::cuMemAlloc_v2.code().into(), 2, [0x7f00, 1 << 40, 0, 0, 0], [0xabc, 0], [0; 4], 1);
-        let e = decode(&b).unwrap().event;
+        let oom = WireRecord { result: 2, args: [0x7f00, 1 << 40, 0, 0, 0], ..alloc };
+        let e = decode(&oom.encode()).unwrap().event;
         assert_eq!((e.addr, e.size, e.result, e.is_oom()), (0, 1 << 40, 2, true));
     }
 
     #[test]
     fn pitch_and_arrays_are_sized_like_the_interposer() {
-        let b = encode(1, 1, 1, 2, 0, [1, 2, 1000, 10, 4], [0x100, 1024], [0; 4], 3);
-        let e = decode(&b).unwrap().event;
+        let pitch =
+            WireRecord { out: [0x100, 1024], flags: OUT0 | OUT1, ..call(Api::cuMemAllocPitch_v2, [1, 2, 1000, 10, 4]) };
+        let e = decode(&pitch.encode()).unwrap().event;
         assert_eq!((e.addr, e.size, e.aux), (0x100, 10240, 1024));
         // 2D array: 100 x 10, float (0x20) x 4 channels
-        let b = encode(1, 1, 1, 18, 0, [1, 2, 0, 0, 0], [0x55, 0], [100, 10, 0x20 | (4 << 32), 0], 5);
-        assert_eq!(decode(&b).unwrap().event.size, 100 * 10 * 16);
+        let array = WireRecord {
+            out: [0x55, 0],
+            extra: [100, 10, 0x20 | (4 << 32), 0],
+            flags: OUT0 | EXTRA,
+            ..call(Api::cuArrayCreate_v2, [1, 2, 0, 0, 0])
+        };
+        assert_eq!(decode(&array.encode()).unwrap().event.size, 100 * 10 * 16);
         // mipmapped: 8x8x0, 2 levels, u8 x 1
-        let b = encode(1, 1, 1, 20, 0, [1, 2, 2, 0, 0], [0x55, 0], [8, 8, 0, 0x01 | (1 << 32)], 5);
-        let e = decode(&b).unwrap().event;
+        let mipmapped = WireRecord {
+            out: [0x55, 0],
+            extra: [8, 8, 0, 0x01 | (1 << 32)],
+            flags: OUT0 | EXTRA,
+            ..call(Api::cuMipmappedArrayCreate, [1, 2, 2, 0, 0])
+        };
+        let e = decode(&mipmapped.encode()).unwrap().event;
         assert_eq!((e.size, e.aux), (64 + 16, 2));
+    }
+
+    #[test]
+    fn fields_come_back_as_written() {
+        let r = WireRecord {
+            ts_ns: 9,
+            tgid: 7,
+            tid: 8,
+            api: 3,
+            result: -1,
+            args: [1, 2, 3, 4, 5],
+            out: [6, 7],
+            extra: [8, 9, 10, 11],
+            flags: 12,
+            entry_ns: 13,
+        };
+        assert_eq!(WireRecord::parse(&r.encode()), Ok(r));
     }
 
     #[test]
     fn hostile_records_are_refused() {
         assert_eq!(decode(&[0u8; 64]), Err(DecodeError::Length(64)));
-        let mut b = encode(1, 1, 1, 1, 0, [0; 5], [0; 2], [0; 4], 0);
+        let mut b = call(Api::cuMemAlloc_v2, [0; 5]).encode();
         b[116] ^= 1;
         assert!(matches!(decode(&b), Err(DecodeError::Magic(_))));
-        let b = encode(1, 1, 1, 0xFFFF, 0, [0; 5], [0; 2], [0; 4], 0);
+        let b = call(Api::Interposer, [0; 5]).encode();
         assert_eq!(decode(&b), Err(DecodeError::Api(0xFFFF)));
-        let b = encode(1, 0, 1, 1, 0, [0; 5], [0; 2], [0; 4], 0);
+        let b = WireRecord { tgid: 0, ..call(Api::cuMemAlloc_v2, [0; 5]) }.encode();
         assert_eq!(decode(&b), Err(DecodeError::Pid));
         // Any bytes of the right length decode or are refused, never panic.
         for seed in 0..2000u64 {
@@ -303,8 +366,13 @@ mod tests {
 
     #[test]
     fn create_takes_the_device_from_its_properties() {
-        let b = encode(1, 1, 1, 12, 0, [1, 2 << 20, 3, 0, 0], [0x77, 0], [1, 0, 0, 0], 5);
-        let e = decode(&b).unwrap().event;
+        let create = WireRecord {
+            out: [0x77, 0],
+            extra: [1, 0, 0, 0],
+            flags: OUT0 | EXTRA,
+            ..call(Api::cuMemCreate, [1, 2 << 20, 3, 0, 0])
+        };
+        let e = decode(&create.encode()).unwrap().event;
         assert_eq!((e.kind(), e.device, e.size, e.aux), (Some(EventKind::VmmCreate), 1, 2 << 20, 0x77));
     }
 }

@@ -70,6 +70,46 @@ fn start_source(test: &str, cfg: SourceConfig) -> Option<EbpfSource> {
     }
 }
 
+/// A test's turn (the `SERIAL` lock) and its wait_alloc, started with `args` and waiting
+/// at its "ready" line, logging to `logs`.
+struct Started {
+    _turn: std::sync::MutexGuard<'static, ()>,
+    logs: tempfile::TempDir,
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+    pid: u32,
+}
+
+/// Takes the test's turn and starts wait_alloc with `args`, or `None` (reported) where the
+/// sim is not built.
+fn start(test: &str, args: &[&str]) -> Option<Started> {
+    let turn = serial();
+    let bin = workload(test)?;
+    let logs = tempfile::tempdir().expect("tempdir");
+    let (child, out) = start_workload(&bin, logs.path(), args);
+    Some(Started { _turn: turn, pid: child.id(), logs, child, out })
+}
+
+/// Loads the probes for `child` alone; where they cannot load, the child is stopped and the
+/// reason reported.
+fn attach(test: &str, child: &mut Child) -> Option<EbpfSource> {
+    let src = start_source(test, SourceConfig::new(Targets::Pids(vec![child.id()])));
+    if src.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    src
+}
+
+/// Lets a waiting wait_alloc make its `after` calls, and waits for it to exit.
+fn release(child: &mut Child, out: &mut BufReader<std::process::ChildStdout>) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap_or(0) > 0 {}
+    let _ = child.wait();
+}
+
 #[derive(Default)]
 struct Seen {
     processes: Vec<u32>,
@@ -87,8 +127,32 @@ fn poll(src: &mut EbpfSource, seen: &mut Seen, ring_pids: &dyn Fn(u32) -> bool) 
     });
 }
 
+/// Polls every 20 ms until `done` holds or `timeout` has passed (the callers assert after).
+fn poll_until(
+    src: &mut EbpfSource,
+    seen: &mut Seen,
+    ring_pids: &dyn Fn(u32) -> bool,
+    timeout: Duration,
+    done: impl Fn(&EbpfSource, &Seen) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !done(src, seen) && Instant::now() < deadline {
+        poll(src, seen, ring_pids);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `pid`'s events as the probes delivered them and its calls in the driver's log from line
+/// `skip` on, each as (fn, result, addr, size).
+type Key = (String, u64, u64, u64);
+fn got_and_truth(seen: &Seen, log_dir: &Path, pid: u32, skip: usize) -> (Vec<Key>, Vec<Key>) {
+    let got = seen.events.iter().filter(|e| e.pid == pid).map(event_key).collect();
+    let truth = log_lines(log_dir, pid).get(skip..).unwrap_or_default().iter().map(truth_key).collect();
+    (got, truth)
+}
+
 /// The probe's record of one ground-truth line, as (fn, result, addr, size).
-fn truth_key(v: &serde_json::Value) -> (String, u64, u64, u64) {
+fn truth_key(v: &serde_json::Value) -> Key {
     let f = v["fn"].as_str().unwrap_or("").to_string();
     let r = v["result"].as_u64().unwrap_or(0);
     let addr = v["addr"].as_u64().unwrap_or(0);
@@ -104,7 +168,7 @@ fn truth_key(v: &serde_json::Value) -> (String, u64, u64, u64) {
     }
 }
 
-fn event_key(e: &Event) -> (String, u64, u64, u64) {
+fn event_key(e: &Event) -> Key {
     let f = e.api().map(Api::name).unwrap_or("?").to_string();
     match e.kind() {
         Some(EventKind::VmmCreate) => (f, u64::from(e.result), e.aux, e.size),
@@ -114,20 +178,15 @@ fn event_key(e: &Event) -> (String, u64, u64, u64) {
 
 #[test]
 fn a_running_process_is_traced_without_restart() {
-    let _serial = serial();
     let test = "ebpf::a_running_process_is_traced_without_restart";
-    let Some(bin) = workload(test) else { return };
-    let logs = tempfile::tempdir().expect("tempdir");
-    let (mut child, mut out) = start_workload(&bin, logs.path(), &["--before", "4", "--after", "10"]);
-    let pid = child.id();
+    let Some(Started { _turn, logs, mut child, mut out, pid }) = start(test, &["--before", "4", "--after", "10"])
+    else {
+        return;
+    };
     let before = log_lines(logs.path(), pid).len();
     assert!(before >= 4, "the workload logged {before} calls before attach");
 
-    let Some(mut src) = start_source(test, SourceConfig::new(Targets::Pids(vec![pid]))) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return;
-    };
+    let Some(mut src) = attach(test, &mut child) else { return };
     assert!(src.links() >= 2 * 20, "only {} probe links", src.links());
     let mut seen = Seen::default();
     poll(&mut src, &mut seen, &|_| false);
@@ -147,15 +206,10 @@ fn a_running_process_is_traced_without_restart() {
     assert!(after.starts_with("after"), "workload output {after:?}");
     let status = child.wait().expect("wait");
     assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while seen.ended.is_empty() && Instant::now() < deadline {
-        poll(&mut src, &mut seen, &|_| false);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(&mut src, &mut seen, &|_| false, Duration::from_secs(10), |_, seen| !seen.ended.is_empty());
     assert_eq!(seen.ended, vec![pid], "the process's end was seen");
 
-    let truth: Vec<_> = log_lines(logs.path(), pid)[before..].iter().map(truth_key).collect();
-    let got: Vec<_> = seen.events.iter().filter(|e| e.pid == pid).map(event_key).collect();
+    let (got, truth) = got_and_truth(&seen, logs.path(), pid, before);
     assert!(truth.len() >= 20, "ground truth has {} calls after attach", truth.len());
     assert_eq!(got, truth, "eBPF events versus the simulated driver's log after attach");
     // The failed call keeps its code; thread ids are the callers'.
@@ -171,32 +225,18 @@ fn a_running_process_is_traced_without_restart() {
 
 #[test]
 fn a_process_with_a_ring_is_left_to_its_ring() {
-    let _serial = serial();
     let test = "ebpf::a_process_with_a_ring_is_left_to_its_ring";
-    let Some(bin) = workload(test) else { return };
-    let logs = tempfile::tempdir().expect("tempdir");
-    let (mut child, mut out) = start_workload(&bin, logs.path(), &["--before", "1", "--after", "4"]);
-    let pid = child.id();
-    let Some(mut src) = start_source(test, SourceConfig::new(Targets::Pids(vec![pid]))) else {
-        let _ = child.kill();
-        let _ = child.wait();
+    let Some(Started { _turn, logs, mut child, mut out, pid }) = start(test, &["--before", "1", "--after", "4"]) else {
         return;
     };
+    let Some(mut src) = attach(test, &mut child) else { return };
     let mut seen = Seen::default();
     // The agent says this pid has a ring: nothing of it is delivered, everything counted.
     let ring = |p: u32| p == pid;
     poll(&mut src, &mut seen, &ring);
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap_or(0) > 0 {}
-    let _ = child.wait();
+    release(&mut child, &mut out);
     let before = log_lines(logs.path(), pid).len();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while src.tracked() > 0 && Instant::now() < deadline {
-        poll(&mut src, &mut seen, &ring);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(&mut src, &mut seen, &ring, Duration::from_secs(5), |src, _| src.tracked() == 0);
     assert!(seen.events.is_empty(), "{} events delivered", seen.events.len());
     assert!(seen.processes.is_empty());
     assert!(src.stats.ring_won >= 10, "ring_won {} of {before} logged calls", src.stats.ring_won);
@@ -221,13 +261,8 @@ fn every_process_mode_sees_a_process_started_later() {
     while out.read_line(&mut line).unwrap_or(0) > 0 {}
     let _ = child.wait();
     let mut seen = Seen::default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !seen.ended.contains(&pid) && Instant::now() < deadline {
-        poll(&mut src, &mut seen, &|_| false);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let truth: Vec<_> = log_lines(logs.path(), pid).iter().map(truth_key).collect();
-    let got: Vec<_> = seen.events.iter().filter(|e| e.pid == pid).map(event_key).collect();
+    poll_until(&mut src, &mut seen, &|_| false, Duration::from_secs(10), |_, seen| seen.ended.contains(&pid));
+    let (got, truth) = got_and_truth(&seen, logs.path(), pid, 0);
     assert_eq!(got, truth);
     assert!(!seen.attached.iter().any(|(p, _)| *p == pid), "a process started after attach has no gap");
 }
@@ -277,24 +312,12 @@ fn a_process_in_another_mount_namespace_is_traced() {
     let pid = child.id(); // sh exec'd the workload: same pid
     assert!(!private.join("libcuda.so.1").exists(), "the library is visible outside its namespace");
     let before = log_lines(logs.path(), pid).len();
-    let Some(mut src) = start_source(test, SourceConfig::new(Targets::Pids(vec![pid]))) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        return;
-    };
+    let Some(mut src) = attach(test, &mut child) else { return };
     let mut seen = Seen::default();
     poll(&mut src, &mut seen, &|_| false);
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGUSR1) };
-    while out.read_line(&mut line).unwrap_or(0) > 0 {}
-    let _ = child.wait();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !seen.ended.contains(&pid) && Instant::now() < deadline {
-        poll(&mut src, &mut seen, &|_| false);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let truth: Vec<_> = log_lines(logs.path(), pid)[before..].iter().map(truth_key).collect();
-    let got: Vec<_> = seen.events.iter().filter(|e| e.pid == pid).map(event_key).collect();
+    release(&mut child, &mut out);
+    poll_until(&mut src, &mut seen, &|_| false, Duration::from_secs(10), |_, seen| seen.ended.contains(&pid));
+    let (got, truth) = got_and_truth(&seen, logs.path(), pid, before);
     assert!(!truth.is_empty());
     assert_eq!(got, truth, "events of a process whose libcuda only its own namespace sees");
 }

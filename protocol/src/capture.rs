@@ -40,28 +40,15 @@ pub const MAX_FRAME_PAYLOAD: usize = 64 << 20;
 /// (with 4 MiB frames both passes read memory: the replay benchmark ran 15% slower).
 pub const FRAME_EVENTS: usize = 4096;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum FrameType {
-    Events = 1,
-    Process = 2,
-    ProcessEnd = 3,
-    Checkpoint = 4,
-    Note = 5,
-    End = 0xFFFF,
-}
-
-impl FrameType {
-    pub fn from_code(code: u16) -> Option<FrameType> {
-        Some(match code {
-            1 => FrameType::Events,
-            2 => FrameType::Process,
-            3 => FrameType::ProcessEnd,
-            4 => FrameType::Checkpoint,
-            5 => FrameType::Note,
-            0xFFFF => FrameType::End,
-            _ => return None,
-        })
+code_enum! {
+    /// What a frame holds (its type field).
+    FrameType: u16 {
+        Events = 1 => "events",
+        Process = 2 => "process",
+        ProcessEnd = 3 => "process_end",
+        Checkpoint = 4 => "checkpoint",
+        Note = 5 => "note",
+        End = 0xFFFF => "end",
     }
 }
 

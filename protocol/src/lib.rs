@@ -13,12 +13,14 @@
 //! - [`ring`]: the per-process shared-memory ring (layout, writer, reader);
 //! - [`ringdir`]: the ring directory (names, ownership rules, flock, gc).
 
+// First: its `code_enum!` macro also makes the capture's frame types.
+#[macro_use]
+pub mod record;
 pub mod capture;
 pub mod clock;
 pub mod host;
 pub mod kinds;
 pub mod mapped;
-pub mod record;
 pub mod ring;
 pub mod ringdir;
 pub mod seqset;

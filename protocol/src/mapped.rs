@@ -62,6 +62,19 @@ pub struct Mapped {
 // The map is private to this value and read-only.
 unsafe impl Send for Mapped {}
 
+/// Maps the first `len` bytes of `file` shared and read-write: a ring file, which its writer
+/// and its reader both map. The caller unmaps it (`munmap`).
+pub fn map_shared_rw(file: &File, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a fresh mapping of a file we hold open; checked below.
+    let map = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if map == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(map.cast())
+}
+
 impl Mapped {
     /// Maps `file` as it is now. Fails for what cannot be mapped (empty files, pipes,
     /// special files): read those with a stream instead.

@@ -184,55 +184,51 @@ impl Model {
         let g = self.config.granularity;
         let mut v = Vec::new();
         for ((pid, base), r) in self.reservations.range((lo, 0)..=(hi, u64::MAX)) {
-            let (f, l) = r.numbers();
-            v.push(ArenaView {
-                pid: *pid,
-                start_time: self.start_of(*pid),
+            let u = ArenaUsage {
                 device: r.device,
-                kind: ArenaKind::VmmReservation,
-                base: *base,
                 size: r.size,
                 occupied: r.mapped,
-                free_in_arena: f,
-                largest_free_span: l,
-                fragmentation: fragmentation(l, f),
-                live_allocations: r.mappings.len() as u64,
-            });
+                free: r.numbers(),
+                live: r.mappings.len() as u64,
+            };
+            v.push(self.arena_view(*pid, ArenaKind::VmmReservation, *base, u));
         }
         for ((pid, default, h), p) in self.pools.range((lo, false, 0)..=(hi, true, u64::MAX)) {
-            let (f, l) = p.numbers(g);
-            v.push(ArenaView {
-                pid: *pid,
-                start_time: self.start_of(*pid),
+            let u = ArenaUsage {
                 device: p.device,
-                kind: ArenaKind::Pool,
-                base: if *default { 0 } else { *h },
                 size: p.reserve(g),
                 occupied: p.live,
-                free_in_arena: f,
-                largest_free_span: l,
-                fragmentation: 0.0,
-                live_allocations: p.count,
-            });
+                free: p.numbers(g),
+                live: p.count,
+            };
+            v.push(self.arena_view(*pid, ArenaKind::Pool, if *default { 0 } else { *h }, u));
         }
         for ((pid, base), s) in self.segments.range((lo, 0)..=(hi, u64::MAX)) {
-            let (f, l) = s.numbers();
-            v.push(ArenaView {
-                pid: *pid,
-                start_time: self.start_of(*pid),
-                device: s.device,
-                kind: ArenaKind::FrameworkSegment,
-                base: *base,
-                size: s.size,
-                occupied: s.allocated,
-                free_in_arena: f,
-                largest_free_span: l,
-                fragmentation: fragmentation(l, f),
-                live_allocations: s.blocks,
-            });
+            let u =
+                ArenaUsage { device: s.device, size: s.size, occupied: s.allocated, free: s.numbers(), live: s.blocks };
+            v.push(self.arena_view(*pid, ArenaKind::FrameworkSegment, *base, u));
         }
         v.sort_by_key(|a| (a.pid, a.kind, a.base, a.device));
         v
+    }
+
+    fn arena_view(&self, pid: u32, kind: ArenaKind, base: u64, u: ArenaUsage) -> ArenaView {
+        let (free, largest) = u.free;
+        // A pool's free bytes are idle reserve handed out again as is: no fragmentation.
+        let fragmentation = if kind == ArenaKind::Pool { 0.0 } else { fragmentation(largest, free) };
+        ArenaView {
+            pid,
+            start_time: self.start_of(pid),
+            device: u.device,
+            kind,
+            base,
+            size: u.size,
+            occupied: u.occupied,
+            free_in_arena: free,
+            largest_free_span: largest,
+            fragmentation,
+            live_allocations: u.live,
+        }
     }
 
     /// Latest event time seen (monotonic ns).
@@ -341,4 +337,14 @@ impl Model {
         v.sort_by_key(|e| (e.addr, e.pid));
         v
     }
+}
+
+/// What every kind of arena reports from its own bookkeeping (see [`Model::arenas_in`]).
+struct ArenaUsage {
+    device: i16,
+    size: u64,
+    occupied: u64,
+    /// Free bytes and the largest free span.
+    free: (u64, u64),
+    live: u64,
 }

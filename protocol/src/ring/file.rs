@@ -71,20 +71,7 @@ impl MappedRing {
         if len < HEADER_SIZE {
             return Err(RingError::TooSmall(len));
         }
-        // SAFETY: mapping a file we opened read-write, with its current length.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        let map = crate::mapped::map_shared_rw(&file, len)?.cast::<libc::c_void>();
         let Some(guard) = crate::mapped::guard(map as usize, len, true) else {
             // SAFETY: unmapping what we mapped above.
             unsafe { libc::munmap(map, len) };

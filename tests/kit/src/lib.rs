@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use vramhook_protocol::ring::{ring_file_size, RingInit, RingWriter};
+use vramhook_protocol::ring::{ring_file_size_lanes, RingInit, RingWriter};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
@@ -96,22 +96,37 @@ pub fn start_time(pid: u32) -> u64 {
     stat[stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start time")
 }
 
-/// A ring file `dir/<pid>-<start>-0.ring` of `capacity` slots for the live process `pid`,
-/// owned by this user, made with the protocol's own writer (header anchored now, `meta` as
-/// the process's exe and argv) and mapped here. Returns the writer and the mapping, which
-/// stays mapped until the caller unmaps it (or the process exits).
-pub fn ring_file(dir: &Path, pid: u32, capacity: u64, meta: &[u8]) -> (RingWriter, *mut u8, usize) {
-    use std::os::unix::io::AsRawFd;
-    let start = start_time(pid);
-    let path = dir.join(format!("{pid}-{start}-0.ring"));
-    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("ring file");
-    let len = ring_file_size(capacity);
+/// Makes the ring file `dir/<name>`, `lanes` lanes of `init.capacity` slots, with the
+/// protocol's own writer (`meta`: the process's exe and argv): complete under a hidden name,
+/// then renamed into place, so that a reader never sees it half made. `prepare` gets the
+/// file first (to chmod or chown it). Returns the writer and the mapping (base, length),
+/// which stays mapped until the caller unmaps it (or the process exits).
+pub fn make_ring_file(
+    dir: &Path,
+    name: &str,
+    init: &RingInit,
+    lanes: u32,
+    meta: &[u8],
+    prepare: impl FnOnce(&std::fs::File, &Path),
+) -> (RingWriter, *mut u8, usize) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let len = ring_file_size_lanes(init.capacity, lanes);
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create ring");
     file.set_len(len as u64).expect("size the ring");
-    // SAFETY: a fresh shared mapping of the file just sized.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-    };
-    assert!(base != libc::MAP_FAILED, "mmap the ring");
+    prepare(&file, &tmp);
+    let base = vramhook_protocol::mapped::map_shared_rw(&file, len).expect("mmap the ring");
+    // SAFETY: a fresh (zero-filled) shared mapping of the size the header asks for.
+    let writer = unsafe { RingWriter::init_lanes(base, init, lanes, meta) };
+    std::fs::rename(&tmp, dir.join(name)).expect("rename the ring into place");
+    (writer, base, len)
+}
+
+/// A ring file `dir/<pid>-<start>-0.ring` of `capacity` slots for the live process `pid`,
+/// owned by this user, made with [`make_ring_file`] (header anchored now, `meta` as the
+/// process's exe and argv). Returns the writer and the mapping, which stays mapped until the
+/// caller unmaps it (or the process exits).
+pub fn ring_file(dir: &Path, pid: u32, capacity: u64, meta: &[u8]) -> (RingWriter, *mut u8, usize) {
+    let start = start_time(pid);
     let init = RingInit {
         capacity,
         pid,
@@ -125,9 +140,7 @@ pub fn ring_file(dir: &Path, pid: u32, capacity: u64, meta: &[u8]) -> (RingWrite
         mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
         wall_anchor_ns: vramhook_protocol::clock::wall_ns(),
     };
-    // SAFETY: the mapping is `len` bytes and writable.
-    let writer = unsafe { RingWriter::init(base as *mut u8, &init, meta) };
-    (writer, base as *mut u8, len)
+    make_ring_file(dir, &format!("{pid}-{start}-0.ring"), &init, 1, meta, |_, _| {})
 }
 
 /// A fresh directory on tmpfs (or the temp dir where there is no `/dev/shm`).

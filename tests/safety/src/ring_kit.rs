@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use vramhook_protocol::record::{Api, Event};
-use vramhook_protocol::ring::{ring_file_size_lanes, RingHeader, RingInit, RingWriter};
-use vramhook_testkit::{http_get, spawn_agent, StderrLog};
+use vramhook_protocol::ring::{RingHeader, RingInit, RingWriter};
+use vramhook_testkit::{http_get, make_ring_file, spawn_agent, StderrLog};
 
 /// A ring file mapped read-write by the test, written through the protocol's writer.
 pub struct RingFile {
@@ -31,29 +31,6 @@ impl RingFile {
     }
 
     pub fn create_named(dir: &Path, name: &str, pid: u32, start: u64, uid: u32, capacity: u64) -> RingFile {
-        use std::os::fd::AsRawFd;
-        let path = dir.join(name);
-        // Made complete under a hidden name, then renamed into place: a reader never sees
-        // it half made (owned by root before its chown, say).
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let len = ring_file_size_lanes(capacity, 1);
-        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&tmp).expect("create ring");
-        file.set_len(len as u64).expect("size ring");
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).expect("chmod ring");
-        std::os::unix::fs::fchown(&file, Some(uid), Some(uid)).expect("chown ring");
-        // SAFETY: a fresh shared mapping of the whole file, checked below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED, "mmap ring");
-        let base = map as *mut u8;
         let init = RingInit {
             capacity,
             pid,
@@ -65,10 +42,11 @@ impl RingFile {
             mono_anchor_ns: vramhook_protocol::clock::monotonic_ns(),
             ..RingInit::default()
         };
-        // SAFETY: a zero-filled (new, sparse) shared mapping of the right size, page aligned.
-        let writer = unsafe { RingWriter::init_lanes(base, &init, 1, b"/hostile\0hostile") };
-        std::fs::rename(&tmp, &path).expect("rename ring into place");
-        RingFile { path, base, len, writer }
+        let (writer, base, len) = make_ring_file(dir, name, &init, 1, b"/hostile\0hostile", |file, tmp| {
+            std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o600)).expect("chmod ring");
+            std::os::unix::fs::fchown(file, Some(uid), Some(uid)).expect("chown ring");
+        });
+        RingFile { path: dir.join(name), base, len, writer }
     }
 
     fn header(&self) -> &RingHeader {
@@ -113,11 +91,7 @@ pub fn oom(pid: u32, size: u64) -> Event {
     alloc(pid, 0, size).with_result(vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-/// Start time (clock ticks since boot) of a running process.
-pub fn start_time(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    stat[stat.rfind(')').expect(")") + 2..].split(' ').nth(19).expect("field").parse().expect("start time")
-}
+pub use vramhook_testkit::start_time;
 
 /// A process of the hostile uid that just sleeps (its pid and start time are real), killed
 /// when dropped.

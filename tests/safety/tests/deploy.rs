@@ -218,19 +218,22 @@ fn agent_image_tree_runs_the_agent_as_its_non_root_user() {
     assert!(p["peak_bytes"].as_u64().unwrap_or(0) >= live, "{p}");
 }
 
-/// The manifest checker built by `scripts/ci-backends.sh` (k8s.io/api's types, strict).
-fn k8s_check() -> Option<PathBuf> {
-    let bin = repo_root().join(".tools/bin/k8s-check");
-    bin.is_file().then_some(bin)
+/// `.tools/bin/<name>`, one of the programs `scripts/ci-backends.sh` builds; without it the
+/// test is not run (and says so).
+fn ci_tool(test: &str, name: &str) -> Option<PathBuf> {
+    let bin = repo_root().join(".tools/bin").join(name);
+    if bin.is_file() {
+        return Some(bin);
+    }
+    not_run(test, &format!(".tools/bin/{name} is missing (scripts/ci-backends.sh builds it)"));
+    None
 }
 
 #[test]
 fn kubernetes_manifests_decode_strictly_into_the_api_types() {
     const TEST: &str = "kubernetes_manifests_decode_strictly_into_the_api_types";
-    let Some(check) = k8s_check() else {
-        not_run(TEST, ".tools/bin/k8s-check is missing (scripts/ci-backends.sh builds it)");
-        return;
-    };
+    // The manifest checker: k8s.io/api's types, decoded strictly.
+    let Some(check) = ci_tool(TEST, "k8s-check") else { return };
     let dir = repo_root().join("deploy/kubernetes");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("deploy/kubernetes")
@@ -271,11 +274,7 @@ fn kubernetes_manifests_decode_strictly_into_the_api_types() {
 fn collector_pipeline_is_loaded_by_a_real_collector() {
     const TEST: &str = "collector_pipeline_is_loaded_by_a_real_collector";
     // Jaeger v2 is an OpenTelemetry Collector build: it loads the pipeline as any would.
-    let jaeger = repo_root().join(".tools/bin/jaeger");
-    if !jaeger.is_file() {
-        not_run(TEST, ".tools/bin/jaeger is missing (scripts/ci-backends.sh builds it)");
-        return;
-    }
+    let Some(jaeger) = ci_tool(TEST, "jaeger") else { return };
     let config = repo_root().join("deploy/otel-collector.yaml");
     let validate = |path: &Path| {
         Command::new(&jaeger).arg("validate").arg(format!("--config={}", path.display())).output().expect("jaeger")
@@ -294,11 +293,7 @@ fn collector_pipeline_is_loaded_by_a_real_collector() {
 #[test]
 fn alert_rules_check_and_their_tests_pass_including_the_headroom_forecast() {
     const TEST: &str = "alert_rules_check_and_their_tests_pass_including_the_headroom_forecast";
-    let promtool = repo_root().join(".tools/bin/promtool");
-    if !promtool.is_file() {
-        not_run(TEST, ".tools/bin/promtool is missing (scripts/ci-backends.sh builds it)");
-        return;
-    }
+    let Some(promtool) = ci_tool(TEST, "promtool") else { return };
     let dir = repo_root().join("deploy/prometheus");
     for args in [&["check", "rules", "alerts.yml"][..], &["test", "rules", "alerts_test.yml"][..]] {
         let out = Command::new(&promtool).args(args).current_dir(&dir).output().expect("promtool");

@@ -6,7 +6,7 @@
 //! and the agent-restart losses counted once.
 
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use vramhook_protocol::capture::{CaptureHeader, CaptureReader, CaptureWriter, ProcessEnd, ProcessInfo};
@@ -36,6 +36,21 @@ fn analyze_bounded(file: &Path, extra: &[&str]) -> Value {
     json.expect("JSON report")
 }
 
+/// Makes the file `name` in a fresh directory with `make`, then analyses it bounded.
+fn made_and_analyzed<T>(name: &str, make: impl FnOnce(&Path) -> T) -> (tempfile::TempDir, PathBuf, Value) {
+    let d = dir();
+    let f = d.path().join(name);
+    make(&f);
+    let r = analyze_bounded(&f, &[]);
+    (d, f, r)
+}
+
+/// `key` kept up to the limit, and `n` more folded.
+fn kept_and_folded(r: &Value, key: &str, n: u64) {
+    assert_eq!(count(r, key) as u64, LIMIT, "{key} kept");
+    assert_eq!(folded(r, key), n, "{key} folded");
+}
+
 fn count(v: &Value, key: &str) -> usize {
     v[key].as_array().map_or(0, Vec::len)
 }
@@ -63,12 +78,8 @@ fn tuples_nested_200k_deep_are_refused_with_a_reason() {
 /// 100,000 OOM failures (12.8 MB; 734 MiB before): at most 10,000 incidents, the rest folded.
 #[test]
 fn a_hundred_thousand_ooms_keep_ten_thousand_incidents() {
-    let d = dir();
-    let f = d.path().join("ooms.vhc");
-    many_ooms(&f, 100_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "ooms") as u64, LIMIT);
-    assert_eq!(folded(&r, "ooms"), 90_000);
+    let (_d, _, r) = made_and_analyzed("ooms.vhc", |f| many_ooms(f, 100_000));
+    kept_and_folded(&r, "ooms", 90_000);
     assert_eq!(folded(&r, "oom_bytes"), 90_000 * 200 * GIB);
     assert!(notes(&r).contains("90000 more out-of-memory failures after 10000 incidents"), "{}", notes(&r));
 }
@@ -76,12 +87,8 @@ fn a_hundred_thousand_ooms_keep_ten_thousand_incidents() {
 /// 300,000 processes (19.2 MB; 738 MiB before): 10,000 replayed, the rest counted.
 #[test]
 fn three_hundred_thousand_processes_keep_ten_thousand() {
-    let d = dir();
-    let f = d.path().join("procs.vhc");
-    many_processes(&f, 300_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "processes") as u64, LIMIT);
-    assert_eq!(folded(&r, "processes"), 290_000);
+    let (_d, _, r) = made_and_analyzed("procs.vhc", |f| many_processes(f, 300_000));
+    kept_and_folded(&r, "processes", 290_000);
     assert_eq!(folded(&r, "process_events"), 290_000);
     assert_eq!(folded(&r, "process_bytes"), 290_000 * 4096);
     assert_eq!(r["folded"]["max_items"], LIMIT);
@@ -91,13 +98,9 @@ fn three_hundred_thousand_processes_keep_ten_thousand() {
 /// the idle bytes of every process).
 #[test]
 fn fifty_thousand_processes_with_an_oom_each() {
-    let d = dir();
-    let f = d.path().join("proc-ooms.vhc");
-    many_processes_with_an_oom(&f, 50_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "processes") as u64, LIMIT);
+    let (_d, _, r) = made_and_analyzed("proc-ooms.vhc", |f| many_processes_with_an_oom(f, 50_000));
     assert_eq!(count(&r, "ooms") as u64, LIMIT);
-    assert_eq!(folded(&r, "processes"), 40_000);
+    kept_and_folded(&r, "processes", 40_000);
     assert_eq!(folded(&r, "process_events"), 40_000);
 }
 
@@ -105,12 +108,8 @@ fn fifty_thousand_processes_with_an_oom_each() {
 /// snapshot of every process, and sampled them all again at the next event).
 #[test]
 fn twenty_thousand_processes_exiting() {
-    let d = dir();
-    let f = d.path().join("exits.vhc");
-    many_processes_exiting(&f, 20_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "processes") as u64, LIMIT);
-    assert_eq!(folded(&r, "processes"), 10_000);
+    let (_d, _, r) = made_and_analyzed("exits.vhc", |f| many_processes_exiting(f, 20_000));
+    kept_and_folded(&r, "processes", 10_000);
     assert_eq!(folded(&r, "process_events"), 20_000);
     // Every kept process is reported as exited, with what it held at exit.
     let procs = r["processes"].as_array().expect("processes");
@@ -122,12 +121,8 @@ fn twenty_thousand_processes_exiting() {
 /// over two minutes before: every end frame sampled every process).
 #[test]
 fn twenty_thousand_process_end_frames() {
-    let d = dir();
-    let f = d.path().join("ends.vhc");
-    many_process_ends(&f, 20_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "processes") as u64, LIMIT);
-    assert_eq!(folded(&r, "processes"), 10_000);
+    let (_d, _, r) = made_and_analyzed("ends.vhc", |f| many_process_ends(f, 20_000));
+    kept_and_folded(&r, "processes", 10_000);
     let procs = r["processes"].as_array().expect("processes");
     assert!(procs.iter().all(|p| p["exited"] == true && p["exit_status"] == 0), "{}", procs[0]);
 }
@@ -136,12 +131,8 @@ fn twenty_thousand_process_end_frames() {
 /// search at every flush). `--max-items` sets the limit.
 #[test]
 fn fifty_thousand_device_numbers_and_the_max_items_flag() {
-    let d = dir();
-    let f = d.path().join("devices.vhc");
-    many_devices(&f, 50_000);
-    let r = analyze_bounded(&f, &[]);
-    assert_eq!(count(&r, "devices") as u64, LIMIT);
-    assert_eq!(folded(&r, "devices"), 40_000);
+    let (_d, f, r) = made_and_analyzed("devices.vhc", |f| many_devices(f, 50_000));
+    kept_and_folded(&r, "devices", 40_000);
     assert_eq!(folded(&r, "device_bytes"), 40_000 * 4096);
     let r = analyze_bounded(&f, &["--max-items", "100"]);
     assert_eq!(count(&r, "devices"), 100);
@@ -153,10 +144,7 @@ fn fifty_thousand_device_numbers_and_the_max_items_flag() {
 /// before: every OOM handed every segment to the model again).
 #[test]
 fn ten_thousand_segments_times_ten_thousand_shared_ooms() {
-    let d = dir();
-    let f = d.path().join("segs.pickle");
-    segments_and_shared_ooms(&f, 10_000, 10_000);
-    let r = analyze_bounded(&f, &[]);
+    let (_d, f, r) = made_and_analyzed("segs.pickle", |f| segments_and_shared_ooms(f, 10_000, 10_000));
     let py = &r["inputs"][0]["pytorch"];
     assert_eq!(py["segments"], 10_000);
     assert_eq!(py["trace_entries"], 10_000);
@@ -171,10 +159,7 @@ fn ten_thousand_segments_times_ten_thousand_shared_ooms() {
 /// A 40 MB snapshot (1 GB before): the pickle reader keeps a bounded number of values.
 #[test]
 fn a_forty_megabyte_snapshot_stays_bounded() {
-    let d = dir();
-    let f = d.path().join("big.pickle");
-    big_snapshot(&f, 40 << 20);
-    let r = analyze_bounded(&f, &[]);
+    let (_d, _, r) = made_and_analyzed("big.pickle", |f| big_snapshot(f, 40 << 20));
     assert!(folded(&r, "pickle_values") > 0, "{}", r["folded"]);
     assert!(notes(&r).contains("pickle values past the reader's budget"), "{}", notes(&r));
 }
@@ -222,6 +207,15 @@ fn small_capture(path: &Path) -> Vec<u8> {
     bytes
 }
 
+/// `vramhook analyze --json <(cat file)`: the capture arrives through a pipe.
+fn analyze_json_through_a_pipe(file: &Path) -> std::process::Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!("exec {} analyze --json <(cat {})", vramhook_bin().display(), file.display()))
+        .output()
+        .expect("bash")
+}
+
 fn events_of(r: &Value) -> u64 {
     r["inputs"][0]["events"].as_u64().unwrap_or(0)
 }
@@ -235,11 +229,7 @@ fn pipes_and_fifos_are_streamed_to_their_end() {
     small_capture(&f);
     let file_report = analyze_bounded(&f, &[]);
     // Process substitution.
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(format!("exec {} analyze --json <(cat {})", vramhook_bin().display(), f.display()))
-        .output()
-        .expect("bash");
+    let out = analyze_json_through_a_pipe(&f);
     assert!(out.status.success(), "pipe: {}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(r["inputs"][0]["status"], "complete");
@@ -283,11 +273,7 @@ fn pipes_and_fifos_are_streamed_to_their_end() {
     let bad = d.path().join("bad.vhc");
     std::fs::write(&bad, &bytes).expect("write");
     let via_file = analyze_bounded(&bad, &[]);
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(format!("exec {} analyze --json <(cat {})", vramhook_bin().display(), bad.display()))
-        .output()
-        .expect("bash");
+    let out = analyze_json_through_a_pipe(&bad);
     let via_pipe: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(via_pipe["inputs"][0]["status"], "corrupt");
     assert_eq!(via_pipe["inputs"][0]["corrupt_frames"], via_file["inputs"][0]["corrupt_frames"]);

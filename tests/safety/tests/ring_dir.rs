@@ -9,7 +9,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use vramhook_safety_tests::shm_kit::*;
 use vramhook_safety_tests::{as_uid, not_run, require_root, traced_workload, HOSTILE_UID};
 
@@ -68,74 +68,52 @@ fn assert_refused(shm: &Path, problem: &str) {
     assert_eq!(rings_below(shm), Vec::<PathBuf>::new(), "no ring made");
 }
 
-#[test]
-fn interposer_refuses_a_symlinked_shared_parent() {
-    if !ready("interposer_refuses_a_symlinked_shared_parent") {
-        return;
+/// What is under the fake /dev/shm before the victim runs, made in order: a directory
+/// (path, mode, owner) or a symbolic link (path, target, owner). `<victim>` in a path is
+/// the victim's uid.
+enum Made {
+    Dir(&'static str, u32, u32),
+    Link(&'static str, &'static str, u32),
+}
+use Made::{Dir, Link};
+
+const USER_DIR: &str = "vramhook/<victim>";
+
+fn make(shm: &Path, made: &[Made]) {
+    let at = |path: &str| shm.join(path.replace("<victim>", &VICTIM.to_string()));
+    for m in made {
+        match *m {
+            Dir(path, mode, uid) => dir_as(&at(path), mode, uid),
+            Link(path, target, uid) => {
+                std::os::unix::fs::symlink(at(target), at(path)).expect("symlink");
+                chown(&at(path), uid);
+            }
+        }
     }
-    let shm = fake_shm();
-    let theirs = shm.path().join("theirs");
-    dir_as(&theirs, 0o1777, HOSTILE_UID);
-    std::os::unix::fs::symlink(&theirs, shm.path().join("vramhook")).expect("symlink");
-    chown(&shm.path().join("vramhook"), HOSTILE_UID);
-    assert_refused(shm.path(), "symbolic link");
 }
 
-#[test]
-fn interposer_refuses_a_shared_parent_owned_by_another_user() {
-    if !ready("interposer_refuses_a_shared_parent_owned_by_another_user") {
-        return;
-    }
-    let shm = fake_shm();
-    dir_as(&shm.path().join("vramhook"), 0o1777, HOSTILE_UID);
-    assert_refused(shm.path(), "owned by another user");
+/// One test per squatted layout: the victim runs untraced, with one line naming `problem`.
+macro_rules! refused {
+    ($($name:ident: $made:expr => $problem:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            if !ready(stringify!($name)) {
+                return;
+            }
+            let shm = fake_shm();
+            make(shm.path(), &$made);
+            assert_refused(shm.path(), $problem);
+        }
+    )*};
 }
 
-#[test]
-fn interposer_refuses_a_shared_parent_without_the_sticky_bit() {
-    if !ready("interposer_refuses_a_shared_parent_without_the_sticky_bit") {
-        return;
-    }
-    let shm = fake_shm();
-    dir_as(&shm.path().join("vramhook"), 0o777, 0);
-    assert_refused(shm.path(), "1777");
-}
-
-#[test]
-fn interposer_refuses_a_symlinked_user_dir() {
-    if !ready("interposer_refuses_a_symlinked_user_dir") {
-        return;
-    }
-    let shm = fake_shm();
-    dir_as(&shm.path().join("vramhook"), 0o1777, 0);
-    let theirs = shm.path().join("theirs");
-    dir_as(&theirs, 0o777, HOSTILE_UID);
-    let link = shm.path().join(format!("vramhook/{VICTIM}"));
-    std::os::unix::fs::symlink(&theirs, &link).expect("symlink");
-    chown(&link, HOSTILE_UID);
-    assert_refused(shm.path(), "symbolic link");
-}
-
-#[test]
-fn interposer_refuses_a_user_dir_owned_by_another_user() {
-    if !ready("interposer_refuses_a_user_dir_owned_by_another_user") {
-        return;
-    }
-    let shm = fake_shm();
-    dir_as(&shm.path().join("vramhook"), 0o1777, 0);
-    dir_as(&shm.path().join(format!("vramhook/{VICTIM}")), 0o777, HOSTILE_UID);
-    assert_refused(shm.path(), "owned by another user");
-}
-
-#[test]
-fn interposer_refuses_a_user_dir_that_is_not_private() {
-    if !ready("interposer_refuses_a_user_dir_that_is_not_private") {
-        return;
-    }
-    let shm = fake_shm();
-    dir_as(&shm.path().join("vramhook"), 0o1777, 0);
-    dir_as(&shm.path().join(format!("vramhook/{VICTIM}")), 0o755, VICTIM);
-    assert_refused(shm.path(), "0700");
+refused! {
+    interposer_refuses_a_symlinked_shared_parent: [Dir("theirs", 0o1777, HOSTILE_UID), Link("vramhook", "theirs", HOSTILE_UID)] => "symbolic link";
+    interposer_refuses_a_shared_parent_owned_by_another_user: [Dir("vramhook", 0o1777, HOSTILE_UID)] => "owned by another user";
+    interposer_refuses_a_shared_parent_without_the_sticky_bit: [Dir("vramhook", 0o777, 0)] => "1777";
+    interposer_refuses_a_symlinked_user_dir: [Dir("vramhook", 0o1777, 0), Dir("theirs", 0o777, HOSTILE_UID), Link(USER_DIR, "theirs", HOSTILE_UID)] => "symbolic link";
+    interposer_refuses_a_user_dir_owned_by_another_user: [Dir("vramhook", 0o1777, 0), Dir(USER_DIR, 0o777, HOSTILE_UID)] => "owned by another user";
+    interposer_refuses_a_user_dir_that_is_not_private: [Dir("vramhook", 0o1777, 0), Dir(USER_DIR, 0o755, VICTIM)] => "0700";
 }
 
 /// With nothing there, the first traced user makes the parent 1777 (sticky) and their own
@@ -158,20 +136,40 @@ fn interposer_makes_the_default_layout_right() {
     assert_eq!(rings(&shm.path().join(format!("vramhook/{VICTIM}"))).len(), 1);
 }
 
+/// Polls every 100 ms, for at most 60 s, until `done` holds or `child` has exited; says
+/// whether it exited.
+fn exited_or(child: &mut Child, done: impl Fn() -> bool) -> bool {
+    for _ in 0..600 {
+        if child.try_wait().expect("wait").is_some() {
+            return true;
+        }
+        if done() {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+/// `vramhook agent` on the default ring directory of a private /dev/shm (`shm`).
+fn agent_on(shm: &Path, stderr: Stdio) -> Child {
+    let mut cmd = Command::new(vramhook_safety_tests::vramhook_bin());
+    cmd.args(["agent", "--no-http", "--no-recover"]).stdout(Stdio::null()).stderr(stderr);
+    private_dev_shm(&mut cmd, shm);
+    cmd.spawn().expect("spawn agent")
+}
+
 /// Runs `vramhook` with `args` and waits at most 60 s (an agent that does not refuse runs
 /// forever: it is killed and the test fails).
 fn vramhook_refusing(args: &[&str]) -> Output {
     let mut child = Command::new(vramhook_safety_tests::vramhook_bin())
         .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn vramhook");
-    for _ in 0..600 {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+    if exited_or(&mut child, || false) {
+        return child.wait_with_output().expect("output");
     }
     let _ = child.kill();
     let out = child.wait_with_output().expect("output");
@@ -213,19 +211,9 @@ fn agent_makes_the_default_dirs_with_the_right_modes() {
         return;
     }
     let shm = fake_shm();
-    let mut cmd = Command::new(vramhook_safety_tests::vramhook_bin());
-    cmd.args(["agent", "--no-http", "--no-recover"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    private_dev_shm(&mut cmd, shm.path());
-    let mut child = cmd.spawn().expect("spawn agent");
+    let mut child = agent_on(shm.path(), Stdio::null());
     let user_dir = shm.path().join("vramhook/0");
-    for _ in 0..600 {
-        if user_dir.exists() || child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    exited_or(&mut child, || user_dir.exists());
     let _ = child.kill();
     let _ = child.wait();
     let parent = std::fs::symlink_metadata(shm.path().join("vramhook")).expect("parent made");
@@ -293,22 +281,12 @@ fn agent_repairs_its_own_dirs_left_0755_by_an_earlier_version() {
     let shm = fake_shm();
     dir_as(&shm.path().join("vramhook"), 0o755, 0);
     dir_as(&shm.path().join("vramhook/0"), 0o755, 0);
-    let mut cmd = Command::new(vramhook_safety_tests::vramhook_bin());
-    cmd.args(["agent", "--no-http", "--no-recover"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    private_dev_shm(&mut cmd, shm.path());
-    let mut child = cmd.spawn().expect("spawn agent");
+    let mut child = agent_on(shm.path(), Stdio::piped());
     let modes = || {
         let m = |p: PathBuf| std::fs::symlink_metadata(p).map(|m| m.mode() & 0o7777).unwrap_or(0);
         (m(shm.path().join("vramhook")), m(shm.path().join("vramhook/0")))
     };
-    for _ in 0..600 {
-        if modes() == (0o1777, 0o700) || child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    exited_or(&mut child, || modes() == (0o1777, 0o700));
     let _ = child.kill();
     let out = child.wait_with_output().expect("agent output");
     assert_eq!(modes(), (0o1777, 0o700), "repaired; agent said: {}", String::from_utf8_lossy(&out.stderr));

@@ -329,6 +329,32 @@ static CUresult cur_dev(int *dev) {
     return CUDA_SUCCESS;
 }
 
+/* The checks a device query starts with: initialised, an out pointer, a device in range. */
+static CUresult device_query(const void *out, CUdevice dev) {
+    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    return dev >= 0 && dev < g_ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* A memory call holds mu from its first check to its log line. These take mu and make the
+ * first check: initialised, or a current context (whose device goes to *dev). */
+static CUresult lock_inited(void) {
+    pthread_mutex_lock(&mu);
+    return g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static CUresult lock_cur_dev(int *dev) {
+    pthread_mutex_lock(&mu);
+    return cur_dev(dev);
+}
+
+/* Logs the call, leaves mu and returns the call's result. */
+static CUresult log_unlock(const char *fn, CUresult r, u64 addr, u64 size, u64 aux, int dev) {
+    logc(fn, r, addr, size, aux, dev);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 static int stream_ok(CUstream s) {
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return 1;
     return ((struct stream *)s)->magic == STREAM_MAGIC;
@@ -359,32 +385,26 @@ EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-    *device = ordinal;
-    return CUDA_SUCCESS;
+    CUresult r = device_query(device, ordinal);
+    if (!r) *device = ordinal;
+    return r;
 }
 
 EXPORT CUresult cuDeviceGetCount(int *count) {
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = g_ndev;
-    return CUDA_SUCCESS;
+    CUresult r = device_query(count, 0); /* device 0 always exists */
+    if (!r) *count = g_ndev;
+    return r;
 }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = g_cap;
-    return CUDA_SUCCESS;
+    CUresult r = device_query(bytes, dev);
+    if (!r) *bytes = g_cap;
+    return r;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = device_query(pctx, dev);
+    if (r) return r;
     pthread_mutex_lock(&mu);
     primary_ctx[dev].refcount++;
     pthread_mutex_unlock(&mu);
@@ -405,9 +425,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = device_query(pctx, dev);
+    if (r) return r;
     struct ctx *c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     c->magic = CTX_MAGIC;
@@ -508,37 +527,69 @@ EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
 
 /* ---------- plain allocations ---------- */
 
-static CUresult alloc_common(const char *fn, CUdeviceptr *dptr, u64 size, u64 aux, int kind) {
-    int dev = 0;
-    CUresult r;
-    pthread_mutex_lock(&mu);
-    r = cur_dev(&dev);
-    if (r == CUDA_SUCCESS && (!dptr || size == 0)) r = CUDA_ERROR_INVALID_VALUE;
-    u64 addr = 0;
-    if (r == CUDA_SUCCESS) {
-        u64 phys = round_up(size, GRAN);
-        if (!charge(dev, phys)) {
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            addr = va_alloc(dev, round_up(size, 512), 512);
-            struct obj *o = addr ? obj_add(OBJ_ALLOC, addr) : NULL;
-            if (!o) {
-                uncharge(dev, phys);
-                addr = 0;
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-            } else {
-                o->kind = kind;
-                o->dev = dev;
-                o->size = size;
-                o->phys = phys;
-            }
-        }
+/* A new object of `type` at `key` (0: none, as va_alloc gives when out of address space)
+ * on `dev`, of `size` bytes, or NULL. Caller holds mu. */
+static struct obj *obj_new(int type, u64 key, int dev, u64 size) {
+    struct obj *o = key ? obj_add(type, key) : NULL;
+    if (o) {
+        o->dev = dev;
+        o->size = size;
     }
+    return o;
+}
+
+/* A new OBJ_ALLOC of `kind` for `size` bytes at fresh address space of `dev`, or NULL. */
+static struct obj *alloc_obj(int dev, u64 size, int kind) {
+    struct obj *o = obj_new(OBJ_ALLOC, va_alloc(dev, round_up(size, 512), 512), dev, size);
+    if (o) o->kind = kind;
+    return o;
+}
+
+/* Charges `phys` bytes on `dev` for a new object of `type`, keyed by the handle *next_key
+ * (then advanced by `step`); or charges nothing, takes no handle and returns NULL. */
+static struct obj *obj_charged(int type, u64 *next_key, u64 step, int dev, u64 size, u64 phys) {
+    if (!charge(dev, phys)) return NULL;
+    u64 key = *next_key;
+    *next_key += step;
+    struct obj *o = obj_new(type, key, dev, size);
+    if (o) o->phys = phys;
+    else uncharge(dev, phys);
+    return o;
+}
+
+/* What an allocation writes through its out pointer: the address, or 0 when out of memory. */
+static void put_dptr(CUdeviceptr *dptr, CUresult r, u64 addr) {
     if (r == CUDA_SUCCESS) *dptr = addr;
     else if (dptr && r == CUDA_ERROR_OUT_OF_MEMORY) *dptr = 0;
-    logc(fn, r, addr, size, aux, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+}
+
+/* An allocation whose arguments are invalid: logged as the driver's error (the context's
+ * if there is none). */
+static CUresult refuse_invalid(const char *fn, u64 size, u64 aux) {
+    int dev = 0;
+    CUresult r = lock_cur_dev(&dev);
+    if (!r) r = CUDA_ERROR_INVALID_VALUE;
+    return log_unlock(fn, r, 0, size, aux, dev);
+}
+
+static CUresult alloc_common(const char *fn, CUdeviceptr *dptr, u64 size, u64 aux, int kind) {
+    int dev = 0;
+    CUresult r = lock_cur_dev(&dev);
+    if (r == CUDA_SUCCESS && (!dptr || size == 0)) r = CUDA_ERROR_INVALID_VALUE;
+    u64 addr = 0, phys = round_up(size, GRAN);
+    if (r == CUDA_SUCCESS && !charge(dev, phys)) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        struct obj *o = alloc_obj(dev, size, kind);
+        if (o) {
+            o->phys = phys;
+            addr = o->key;
+        } else {
+            uncharge(dev, phys);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    put_dptr(dptr, r, addr);
+    return log_unlock(fn, r, addr, size, aux, dev);
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
@@ -564,13 +615,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
                                    unsigned int ElementSizeBytes) {
     if (!pPitch || WidthInBytes == 0 || Height == 0 ||
         (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
-        int dev = 0;
-        pthread_mutex_lock(&mu);
-        CUresult r = cur_dev(&dev);
-        if (!r) r = CUDA_ERROR_INVALID_VALUE;
-        logc("cuMemAllocPitch_v2", r, 0, 0, 0, dev);
-        pthread_mutex_unlock(&mu);
-        return r;
+        return refuse_invalid("cuMemAllocPitch_v2", 0, 0);
     }
     u64 pitch = round_up(WidthInBytes, 512);
     CUresult r = alloc_common("cuMemAllocPitch_v2", dptr, pitch * Height, pitch, K_PITCH);
@@ -580,13 +625,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wid
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
-        int dev = 0;
-        pthread_mutex_lock(&mu);
-        CUresult r = cur_dev(&dev);
-        if (!r) r = CUDA_ERROR_INVALID_VALUE;
-        logc("cuMemAllocManaged", r, 0, bytesize, flags, dev);
-        pthread_mutex_unlock(&mu);
-        return r;
+        return refuse_invalid("cuMemAllocManaged", bytesize, flags);
     }
     return alloc_common("cuMemAllocManaged", dptr, bytesize, flags, K_MANAGED);
 }
@@ -614,8 +653,7 @@ static void free_alloc_locked(struct obj *o) {
 
 static CUresult free_common(const char *fn, CUdeviceptr dptr, int async, CUstream s) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     u64 size = 0, aux = 0;
     if (r == CUDA_SUCCESS && async && !stream_ok(s)) r = CUDA_ERROR_INVALID_HANDLE;
     if (r == CUDA_SUCCESS) {
@@ -629,9 +667,7 @@ static CUresult free_common(const char *fn, CUdeviceptr dptr, int async, CUstrea
             free_alloc_locked(o);
         }
     }
-    logc(fn, r, dptr, size, aux, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock(fn, r, dptr, size, aux, dev);
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -647,8 +683,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemoryPool hpool, int use_default,
                             CUstream s) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     struct pool *p = NULL;
     u64 addr = 0;
     if (r == CUDA_SUCCESS) {
@@ -667,25 +702,16 @@ static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemor
             else p->reserve += grow;
         }
     }
-    if (r == CUDA_SUCCESS) {
-        addr = va_alloc(dev, round_up(size, 512), 512);
-        struct obj *o = addr ? obj_add(OBJ_ALLOC, addr) : NULL;
-        if (!o) {
-            addr = 0;
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->kind = K_ASYNC;
-            o->dev = dev;
-            o->size = size;
-            o->pool = p;
-            p->inuse += size;
-        }
+    struct obj *o = r == CUDA_SUCCESS ? alloc_obj(dev, size, K_ASYNC) : NULL;
+    if (o) {
+        o->pool = p;
+        p->inuse += size;
+        addr = o->key;
+    } else if (r == CUDA_SUCCESS) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (r == CUDA_SUCCESS) *dptr = addr;
-    else if (dptr && r == CUDA_ERROR_OUT_OF_MEMORY) *dptr = 0;
-    logc(fn, r, addr, size, (u64)(uintptr_t)p, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    put_dptr(dptr, r, addr);
+    return log_unlock(fn, r, addr, size, (u64)(uintptr_t)p, dev);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
@@ -710,8 +736,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct pool *p = NULL;
     if (r == CUDA_SUCCESS && (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
                               props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
@@ -730,15 +755,12 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         created_pools = p;
         *pool = (CUmemoryPool)p;
     }
-    logc("cuMemPoolCreate", r, 0, 0, (u64)(uintptr_t)p, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemPoolCreate", r, 0, 0, (u64)(uintptr_t)p, dev);
 }
 
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct pool *p = NULL;
     u64 released = 0;
     if (r == CUDA_SUCCESS && (!(p = pool_check(pool)) || p->is_default)) r = CUDA_ERROR_INVALID_VALUE;
@@ -749,38 +771,30 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
         pool_trim_locked(p, 0);
         released = before - p->reserve;
     }
-    logc("cuMemPoolDestroy", r, 0, released, (u64)(uintptr_t)pool, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemPoolDestroy", r, 0, released, (u64)(uintptr_t)pool, dev);
 }
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct pool *p = NULL;
     if (r == CUDA_SUCCESS && !(p = pool_check(pool))) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         dev = p->dev;
         pool_trim_locked(p, minBytesToKeep);
     }
-    logc("cuMemPoolTrimTo", r, 0, minBytesToKeep, (u64)(uintptr_t)pool, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemPoolTrimTo", r, 0, minBytesToKeep, (u64)(uintptr_t)pool, dev);
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
-    if (!g_inited) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool_out) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-    *pool_out = (CUmemoryPool)&default_pool[dev];
-    return CUDA_SUCCESS;
+    CUresult r = device_query(pool_out, dev);
+    if (!r) *pool_out = (CUmemoryPool)&default_pool[dev];
+    return r;
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     u64 f = 0;
     if (r == CUDA_SUCCESS && (!free_b || !total)) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
@@ -789,9 +803,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
         *free_b = f;
         *total = g_cap;
     }
-    logc("cuMemGetInfo_v2", r, 0, f, g_cap, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemGetInfo_v2", r, 0, f, g_cap, dev);
 }
 
 /* ---------- virtual memory management ---------- */
@@ -814,31 +826,20 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     u64 h = 0;
     if (r == CUDA_SUCCESS && prop_ok(prop)) dev = prop->location.id;
     if (r == CUDA_SUCCESS && (!handle || !prop_ok(prop) || flags != 0 || size == 0 || size % GRAN))
         r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS && !charge(dev, size)) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS) {
-        h = next_vmm_handle++;
-        struct obj *o = obj_add(OBJ_HANDLE, h);
-        if (!o) {
-            uncharge(dev, size);
-            h = 0;
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->dev = dev;
-            o->size = size;
-            o->phys = size;
+        struct obj *o = obj_charged(OBJ_HANDLE, &next_vmm_handle, 1, dev, size, size);
+        if (!o) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
             o->export_ok = (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
-            *handle = h;
+            *handle = h = o->key;
         }
     }
-    logc("cuMemCreate", r, 0, size, h, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemCreate", r, 0, size, h, dev);
 }
 
 static void handle_drop_if_dead(struct obj *o) {
@@ -850,8 +851,7 @@ static void handle_drop_if_dead(struct obj *o) {
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     u64 size = 0;
     struct obj *o = NULL;
     if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_HANDLE, handle)) || o->released)) r = CUDA_ERROR_INVALID_VALUE;
@@ -861,16 +861,13 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
         o->released = 1; /* physical memory goes when the last mapping goes */
         handle_drop_if_dead(o);
     }
-    logc("cuMemRelease", r, 0, size, handle, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemRelease", r, 0, size, handle, dev);
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                     unsigned long long flags) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     u64 a = 0;
     (void)addr; /* the hint is ignored, as the driver may */
     if (r == CUDA_SUCCESS && (!ptr || size == 0 || size % GRAN || flags != 0 ||
@@ -892,15 +889,12 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
             *ptr = a;
         }
     }
-    logc("cuMemAddressReserve", r, a, size, alignment, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemAddressReserve", r, a, size, alignment, dev);
 }
 
 EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct resv **pp = &resvs;
     if (r == CUDA_SUCCESS) {
         while (*pp && !((*pp)->addr == ptr && (*pp)->size == size)) pp = &(*pp)->next;
@@ -916,16 +910,13 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
         *pp = rv->next;
         free(rv);
     }
-    logc("cuMemAddressFree", r, ptr, size, 0, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemAddressFree", r, ptr, size, 0, dev);
 }
 
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct obj *o = NULL;
     struct resv *rv = NULL;
     if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_HANDLE, handle)) || o->released)) r = CUDA_ERROR_INVALID_HANDLE;
@@ -957,15 +948,12 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
             o->map_count++;
         }
     }
-    logc("cuMemMap", r, ptr, size, handle, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemMap", r, ptr, size, handle, dev);
 }
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     u64 first_handle = 0;
     int found = 0;
     if (r == CUDA_SUCCESS && size == 0) r = CUDA_ERROR_INVALID_VALUE;
@@ -999,9 +987,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
             }
         }
     }
-    logc("cuMemUnmap", r, ptr, size, first_handle, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemUnmap", r, ptr, size, first_handle, dev);
 }
 
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
@@ -1058,36 +1044,23 @@ static u64 array_bytes(u64 w, u64 h, u64 d, int fmt, unsigned ch, unsigned level
 
 static CUresult array_create(const char *fn, void **out, u64 bytes, int kind) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     u64 h = 0;
     if (r == CUDA_SUCCESS && (!out || bytes == 0)) r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS && !charge(dev, round_up(bytes, GRAN))) r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) {
-        h = next_array_handle;
-        next_array_handle += 0x40;
-        struct obj *o = obj_add(OBJ_ARRAY, h);
-        if (!o) {
-            uncharge(dev, round_up(bytes, GRAN));
-            h = 0;
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->dev = dev;
-            o->kind = kind;
-            o->size = bytes;
-            o->phys = round_up(bytes, GRAN);
-            *out = (void *)(uintptr_t)h;
-        }
+    struct obj *o = r ? NULL : obj_charged(OBJ_ARRAY, &next_array_handle, 0x40, dev, bytes, round_up(bytes, GRAN));
+    if (o) {
+        o->kind = kind;
+        h = o->key;
+        *out = (void *)(uintptr_t)h;
+    } else if (!r) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    logc(fn, r, h, bytes, 0, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock(fn, r, h, bytes, 0, dev);
 }
 
 static CUresult array_destroy(const char *fn, u64 h, int kind) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     u64 size = 0;
     struct obj *o = NULL;
     if (r == CUDA_SUCCESS && (!(o = obj_find(OBJ_ARRAY, h)) || o->kind != kind)) r = CUDA_ERROR_INVALID_HANDLE;
@@ -1097,9 +1070,7 @@ static CUresult array_destroy(const char *fn, u64 h, int kind) {
         uncharge(o->dev, o->phys);
         obj_del(o);
     }
-    logc(fn, r, h, size, 0, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock(fn, r, h, size, 0, dev);
 }
 
 EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
@@ -1141,8 +1112,7 @@ struct ipc_payload {
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     struct obj *o = NULL;
     if (r == CUDA_SUCCESS && (!pHandle || !(o = obj_find(OBJ_ALLOC, dptr)) || o->kind != K_PLAIN))
         r = CUDA_ERROR_INVALID_VALUE;
@@ -1157,8 +1127,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
 
 static CUresult ipc_open(const char *fname, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     struct ipc_payload pl;
     memcpy(&pl, handle.reserved, sizeof pl);
     u64 a = 0;
@@ -1167,21 +1136,14 @@ static CUresult ipc_open(const char *fname, CUdeviceptr *pdptr, CUipcMemHandle h
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         dev = pl.dev;
-        a = va_alloc(dev, round_up(pl.size, GRAN), GRAN);
-        struct obj *o = a ? obj_add(OBJ_IPC, a) : NULL;
-        if (!o) {
-            a = 0;
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->dev = dev;
-            o->size = pl.size;
+        struct obj *o = obj_new(OBJ_IPC, va_alloc(dev, round_up(pl.size, GRAN), GRAN), dev, pl.size);
+        if (!o) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
             o->imported = 1; /* takes no physical bytes in the importer */
-            *pdptr = a;
+            *pdptr = a = o->key;
         }
     }
-    logc(fname, r, a, r == CUDA_SUCCESS ? pl.size : 0, pl.magic == IPC_MAGIC ? pl.addr : 0, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock(fname, r, a, r == CUDA_SUCCESS ? pl.size : 0, pl.magic == IPC_MAGIC ? pl.addr : 0, dev);
 }
 
 /* Base and size of the allocation containing dptr (exact base addresses only in the sim). */
@@ -1213,8 +1175,7 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdev
 
 EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = cur_dev(&dev);
+    CUresult r = lock_cur_dev(&dev);
     u64 size = 0;
     struct obj *o = NULL;
     if (r == CUDA_SUCCESS && !(o = obj_find(OBJ_IPC, dptr))) r = CUDA_ERROR_INVALID_VALUE;
@@ -1223,9 +1184,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
         size = o->size;
         obj_del(o);
     }
-    logc("cuIpcCloseMemHandle", r, dptr, size, 0, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuIpcCloseMemHandle", r, dptr, size, 0, dev);
 }
 
 EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
@@ -1260,8 +1219,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneric
 EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                                CUmemAllocationHandleType shHandleType) {
     int dev = 0;
-    pthread_mutex_lock(&mu);
-    CUresult r = g_inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = lock_inited();
     struct ipc_payload pl = {0, 0, 0, 0, 0};
     u64 h = 0;
     if (r == CUDA_SUCCESS && shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) r = CUDA_ERROR_NOT_SUPPORTED;
@@ -1271,23 +1229,15 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
             pl.dev >= g_ndev)
             r = CUDA_ERROR_INVALID_VALUE;
     }
-    if (r == CUDA_SUCCESS) {
-        dev = pl.dev;
-        h = next_vmm_handle++;
-        struct obj *o = obj_add(OBJ_HANDLE, h);
-        if (!o) {
-            h = 0;
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->dev = dev;
-            o->size = pl.size;
-            o->imported = 1; /* no new physical bytes */
-            *handle = h;
-        }
+    if (r == CUDA_SUCCESS) dev = pl.dev;
+    struct obj *o = r ? NULL : obj_new(OBJ_HANDLE, next_vmm_handle++, dev, pl.size);
+    if (o) {
+        o->imported = 1; /* no new physical bytes */
+        *handle = h = o->key;
+    } else if (!r) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    logc("cuMemImportFromShareableHandle", r, 0, pl.size, h, dev);
-    pthread_mutex_unlock(&mu);
-    return r;
+    return log_unlock("cuMemImportFromShareableHandle", r, 0, pl.size, h, dev);
 }
 
 /* ---------- cuGetProcAddress ---------- */
@@ -1340,56 +1290,64 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     return gpa_impl(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
+/* Rows of the table, named once: a symbol known from version `since` with one entry point;
+ * one answered by its _v2 from version `v2` on (the sim has no older entry point); one with
+ * both; one with a _ptsz variant for per-thread default streams. */
+#define SYM(f, since) {#f, since, FN(f), 0, NULL, NULL}
+#define SYM_V2(f, since, v2) {#f, since, NULL, v2, FN(f##_v2), NULL}
+#define SYM_AND_V2(f, since, v2) {#f, since, FN(f), v2, FN(f##_v2), NULL}
+#define SYM_PTSZ(f, since) {#f, since, FN(f), 0, NULL, FN(f##_ptsz)}
+
 static const struct proc_entry *proc_table(size_t *n) {
     static const struct proc_entry t[] = {
-        {"cuInit", 2000, FN(cuInit), 0, NULL, NULL},
-        {"cuDriverGetVersion", 2020, FN(cuDriverGetVersion), 0, NULL, NULL},
-        {"cuDeviceGet", 2000, FN(cuDeviceGet), 0, NULL, NULL},
-        {"cuDeviceGetCount", 2000, FN(cuDeviceGetCount), 0, NULL, NULL},
-        {"cuDeviceTotalMem", 2000, NULL, 3020, FN(cuDeviceTotalMem_v2), NULL},
-        {"cuDevicePrimaryCtxRetain", 7000, FN(cuDevicePrimaryCtxRetain), 0, NULL, NULL},
-        {"cuDevicePrimaryCtxRelease", 7000, NULL, 11000, FN(cuDevicePrimaryCtxRelease_v2), NULL},
-        {"cuCtxCreate", 2000, NULL, 3020, FN(cuCtxCreate_v2), NULL},
-        {"cuCtxSetCurrent", 4000, FN(cuCtxSetCurrent), 0, NULL, NULL},
-        {"cuCtxGetCurrent", 4000, FN(cuCtxGetCurrent), 0, NULL, NULL},
-        {"cuCtxGetDevice", 2000, FN(cuCtxGetDevice), 0, NULL, NULL},
-        {"cuCtxSynchronize", 2000, FN(cuCtxSynchronize), 0, NULL, NULL},
-        {"cuStreamCreate", 2000, FN(cuStreamCreate), 0, NULL, NULL},
-        {"cuStreamDestroy", 2000, NULL, 4000, FN(cuStreamDestroy_v2), NULL},
-        {"cuStreamSynchronize", 2000, FN(cuStreamSynchronize), 0, NULL, NULL},
-        {"cuGetProcAddress", 11030, FN(cuGetProcAddress), 12000, FN(cuGetProcAddress_v2), NULL},
-        {"cuGetErrorName", 6000, FN(cuGetErrorName), 0, NULL, NULL},
-        {"cuMemGetInfo", 2000, NULL, 3020, FN(cuMemGetInfo_v2), NULL},
-        {"cuMemAlloc", 2000, NULL, 3020, FN(cuMemAlloc_v2), NULL},
-        {"cuMemAllocPitch", 2000, NULL, 3020, FN(cuMemAllocPitch_v2), NULL},
-        {"cuMemAllocManaged", 6000, FN(cuMemAllocManaged), 0, NULL, NULL},
-        {"cuMemFree", 2000, NULL, 3020, FN(cuMemFree_v2), NULL},
-        {"cuMemAllocAsync", 11020, FN(cuMemAllocAsync), 0, NULL, FN(cuMemAllocAsync_ptsz)},
-        {"cuMemAllocFromPoolAsync", 11020, FN(cuMemAllocFromPoolAsync), 0, NULL, FN(cuMemAllocFromPoolAsync_ptsz)},
-        {"cuMemFreeAsync", 11020, FN(cuMemFreeAsync), 0, NULL, FN(cuMemFreeAsync_ptsz)},
-        {"cuMemPoolCreate", 11020, FN(cuMemPoolCreate), 0, NULL, NULL},
-        {"cuMemPoolDestroy", 11020, FN(cuMemPoolDestroy), 0, NULL, NULL},
-        {"cuMemPoolTrimTo", 11020, FN(cuMemPoolTrimTo), 0, NULL, NULL},
-        {"cuDeviceGetDefaultMemPool", 11020, FN(cuDeviceGetDefaultMemPool), 0, NULL, NULL},
-        {"cuMemGetAllocationGranularity", 10020, FN(cuMemGetAllocationGranularity), 0, NULL, NULL},
-        {"cuMemCreate", 10020, FN(cuMemCreate), 0, NULL, NULL},
-        {"cuMemRelease", 10020, FN(cuMemRelease), 0, NULL, NULL},
-        {"cuMemAddressReserve", 10020, FN(cuMemAddressReserve), 0, NULL, NULL},
-        {"cuMemAddressFree", 10020, FN(cuMemAddressFree), 0, NULL, NULL},
-        {"cuMemMap", 10020, FN(cuMemMap), 0, NULL, NULL},
-        {"cuMemUnmap", 10020, FN(cuMemUnmap), 0, NULL, NULL},
-        {"cuMemSetAccess", 10020, FN(cuMemSetAccess), 0, NULL, NULL},
-        {"cuArrayCreate", 2000, NULL, 3020, FN(cuArrayCreate_v2), NULL},
-        {"cuArray3DCreate", 2000, NULL, 3020, FN(cuArray3DCreate_v2), NULL},
-        {"cuArrayDestroy", 2000, FN(cuArrayDestroy), 0, NULL, NULL},
-        {"cuMipmappedArrayCreate", 5000, FN(cuMipmappedArrayCreate), 0, NULL, NULL},
-        {"cuMipmappedArrayDestroy", 5000, FN(cuMipmappedArrayDestroy), 0, NULL, NULL},
-        {"cuIpcGetMemHandle", 4010, FN(cuIpcGetMemHandle), 0, NULL, NULL},
-        {"cuIpcOpenMemHandle", 4010, FN(cuIpcOpenMemHandle), 11000, FN(cuIpcOpenMemHandle_v2), NULL},
-        {"cuIpcCloseMemHandle", 4010, FN(cuIpcCloseMemHandle), 0, NULL, NULL},
-        {"cuMemGetAddressRange", 2000, NULL, 3020, FN(cuMemGetAddressRange_v2), NULL},
-        {"cuMemExportToShareableHandle", 10020, FN(cuMemExportToShareableHandle), 0, NULL, NULL},
-        {"cuMemImportFromShareableHandle", 10020, FN(cuMemImportFromShareableHandle), 0, NULL, NULL},
+        SYM(cuInit, 2000),
+        SYM(cuDriverGetVersion, 2020),
+        SYM(cuDeviceGet, 2000),
+        SYM(cuDeviceGetCount, 2000),
+        SYM_V2(cuDeviceTotalMem, 2000, 3020),
+        SYM(cuDevicePrimaryCtxRetain, 7000),
+        SYM_V2(cuDevicePrimaryCtxRelease, 7000, 11000),
+        SYM_V2(cuCtxCreate, 2000, 3020),
+        SYM(cuCtxSetCurrent, 4000),
+        SYM(cuCtxGetCurrent, 4000),
+        SYM(cuCtxGetDevice, 2000),
+        SYM(cuCtxSynchronize, 2000),
+        SYM(cuStreamCreate, 2000),
+        SYM_V2(cuStreamDestroy, 2000, 4000),
+        SYM(cuStreamSynchronize, 2000),
+        SYM_AND_V2(cuGetProcAddress, 11030, 12000),
+        SYM(cuGetErrorName, 6000),
+        SYM_V2(cuMemGetInfo, 2000, 3020),
+        SYM_V2(cuMemAlloc, 2000, 3020),
+        SYM_V2(cuMemAllocPitch, 2000, 3020),
+        SYM(cuMemAllocManaged, 6000),
+        SYM_V2(cuMemFree, 2000, 3020),
+        SYM_PTSZ(cuMemAllocAsync, 11020),
+        SYM_PTSZ(cuMemAllocFromPoolAsync, 11020),
+        SYM_PTSZ(cuMemFreeAsync, 11020),
+        SYM(cuMemPoolCreate, 11020),
+        SYM(cuMemPoolDestroy, 11020),
+        SYM(cuMemPoolTrimTo, 11020),
+        SYM(cuDeviceGetDefaultMemPool, 11020),
+        SYM(cuMemGetAllocationGranularity, 10020),
+        SYM(cuMemCreate, 10020),
+        SYM(cuMemRelease, 10020),
+        SYM(cuMemAddressReserve, 10020),
+        SYM(cuMemAddressFree, 10020),
+        SYM(cuMemMap, 10020),
+        SYM(cuMemUnmap, 10020),
+        SYM(cuMemSetAccess, 10020),
+        SYM_V2(cuArrayCreate, 2000, 3020),
+        SYM_V2(cuArray3DCreate, 2000, 3020),
+        SYM(cuArrayDestroy, 2000),
+        SYM(cuMipmappedArrayCreate, 5000),
+        SYM(cuMipmappedArrayDestroy, 5000),
+        SYM(cuIpcGetMemHandle, 4010),
+        SYM_AND_V2(cuIpcOpenMemHandle, 4010, 11000),
+        SYM(cuIpcCloseMemHandle, 4010),
+        SYM_V2(cuMemGetAddressRange, 2000, 3020),
+        SYM(cuMemExportToShareableHandle, 10020),
+        SYM(cuMemImportFromShareableHandle, 10020),
     };
     *n = sizeof t / sizeof t[0];
     return t;

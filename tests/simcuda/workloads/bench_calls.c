@@ -51,10 +51,8 @@ static uint64_t pct(uint64_t *v, size_t n, double p) {
 }
 
 int main(int argc, char **argv) {
-    int nt = 1;
-    const char *v;
-    if ((v = arg_val(argc, argv, "--threads"))) nt = atoi(v);
-    if ((v = arg_val(argc, argv, "--iters"))) iters = atoi(v);
+    int nt = arg_int(argc, argv, "--threads", 1);
+    iters = arg_int(argc, argv, "--iters", iters);
     if (nt < 1) nt = 1;
     if (iters < 1) iters = 1;
     size_t n = (size_t)nt * (size_t)iters;

@@ -28,6 +28,11 @@ static inline const char *arg_val(int argc, char **argv, const char *name) {
         if (strcmp(argv[i], name) == 0) return argv[i + 1];
     return NULL;
 }
+/* --name N as an int, or dflt when the flag is absent. */
+static inline int arg_int(int argc, char **argv, const char *name, int dflt) {
+    const char *v = arg_val(argc, argv, name);
+    return v ? atoi(v) : dflt;
+}
 static inline int has_flag(int argc, char **argv, const char *name) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], name) == 0) return 1;

@@ -6,6 +6,7 @@
 #include "common.h"
 #include "sim_cuda.h"
 #include "sim_cuda_runtime.h"
+#include "vmm.h"
 
 int main(int argc, char **argv) {
     cksum_t ck;
@@ -22,11 +23,7 @@ int main(int argc, char **argv) {
         ck_add(&ck, (uint64_t)(uintptr_t)t[i]);
     }
 
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = pinned_on_device(0);
     size_t gran = 0;
     CUresult r = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r) DIE("granularity: %d", r);

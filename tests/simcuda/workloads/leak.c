@@ -9,12 +9,11 @@
 #include "sim_cuda_runtime.h"
 
 int main(int argc, char **argv) {
-    int n = 10, code = 0, hold = 0;
+    int n = 10;
     const char *v;
     if ((v = arg_val(argc, argv, "--n"))) n = atoi(v);
     else if (argc > 1 && argv[1][0] >= '0' && argv[1][0] <= '9') n = atoi(argv[1]);
-    if ((v = arg_val(argc, argv, "--exit"))) code = atoi(v);
-    if ((v = arg_val(argc, argv, "--hold"))) hold = atoi(v);
+    int code = arg_int(argc, argv, "--exit", 0), hold = arg_int(argc, argv, "--hold", 0);
     if (n < 0) n = 0;
     cksum_t ck;
     ck_init(&ck);

@@ -11,6 +11,7 @@
 #include "common.h"
 #include "sim_cuda.h"
 #include "sim_cuda_runtime.h"
+#include "vmm.h"
 
 static cksum_t ck;
 
@@ -73,12 +74,8 @@ int main(void) {
     EXPECT(cudaFree(ip), cudaSuccess);
 
     /* shareable handle export/import */
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    CUmemAllocationProp prop = pinned_on_device(0);
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
     CUmemGenericAllocationHandle h = 0, imported = 0;
     EXPECT(cuMemCreate(&h, 3 * MiB, &prop, 0), CUDA_ERROR_INVALID_VALUE); /* not a granularity multiple */
     EXPECT(cuMemCreate(&h, 4 * MiB, &prop, 0), CUDA_SUCCESS);

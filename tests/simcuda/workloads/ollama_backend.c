@@ -7,6 +7,7 @@
 #include "common.h"
 #include "sim_cuda.h"
 #include "sim_cuda_runtime.h"
+#include "vmm.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -37,11 +38,7 @@ EXPORT int backend_load(uint64_t gpu_mib, uint64_t *checksum) {
     void *tmp = NULL;
     if (cudaMallocAsync(&tmp, 1 * MiB, 0) != cudaSuccess || cudaFreeAsync(tmp, 0) != cudaSuccess) return 3;
 
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = pinned_on_device(0);
     CUdeviceptr base = 0;
     if (cuMemAddressReserve(&base, 32 * GiB, 0, 0, 0) != CUDA_SUCCESS) return 4;
     for (int i = 0; i < 3; i++) {

@@ -37,10 +37,8 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int nt = 16;
-    const char *v;
-    if ((v = arg_val(argc, argv, "--threads"))) nt = atoi(v);
-    if ((v = arg_val(argc, argv, "--iters"))) iters = atoi(v);
+    int nt = arg_int(argc, argv, "--threads", 16);
+    iters = arg_int(argc, argv, "--iters", iters);
     if (nt < 1) nt = 1;
     pthread_t *th = calloc((size_t)nt, sizeof *th);
     for (int i = 0; i < nt; i++)

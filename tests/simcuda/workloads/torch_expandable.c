@@ -11,6 +11,7 @@
 #include "common.h"
 #include "sim_cuda.h"
 #include "sim_cuda_runtime.h"
+#include "vmm.h"
 
 #define PAGE (20 * MiB)
 
@@ -120,9 +121,7 @@ int main(void) {
     if (e != cudaSuccess) DIE("cudaSetDevice: %s", cudaGetErrorString(e));
     cudaFree(NULL); /* PyTorch's usual context kick */
     load_shim();
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    prop = pinned_on_device(0);
     size_t fr = 0, total = 0;
     if (cudaMemGetInfo(&fr, &total) != cudaSuccess) DIE("cudaMemGetInfo");
 

@@ -14,16 +14,16 @@
 #include "common.h"
 #include "sim_cuda.h"
 #include "sim_cuda_runtime.h"
+#include "vmm.h"
 
 static volatile sig_atomic_t go, stop;
 static void on_usr1(int s) { (void)s; go = 1; }
 static void on_term(int s) { (void)s; stop = 1; }
 
 int main(int argc, char **argv) {
-    int before = 4, after = 10, hold = has_flag(argc, argv, "--hold");
-    const char *v, *go_file = arg_val(argc, argv, "--go-file");
-    if ((v = arg_val(argc, argv, "--before"))) before = atoi(v);
-    if ((v = arg_val(argc, argv, "--after"))) after = atoi(v);
+    int before = arg_int(argc, argv, "--before", 4), after = arg_int(argc, argv, "--after", 10);
+    int hold = has_flag(argc, argv, "--hold");
+    const char *go_file = arg_val(argc, argv, "--go-file");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_usr1;
@@ -59,11 +59,7 @@ int main(int argc, char **argv) {
     size_t pitch = 0;
     if (cudaMallocPitch(&pitched, &pitch, 1000, 100)) DIE("pitch");
     live += pitch * 100;
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    CUmemAllocationProp prop = pinned_on_device(0);
     CUdeviceptr base = 0;
     CUmemGenericAllocationHandle h = 0;
     if (cuMemAddressReserve(&base, 64 * MiB, 0, 0, 0)) DIE("reserve");
