@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Hook overhead per driver call, on the simulated driver (no GPU needed).
-# Builds tests/simcuda, runs bench_calls for 1 and 16 threads, plain and with
-# LD_PRELOAD=$VRAMHOOK_LIB (default target/release/libvramhook.so), and prints the
-# median added ns per call (hooked - plain) and the ratio hooked/plain.
+# Hook cost per driver call, on the simulated driver (no GPU needed).
+# Builds tests/simcuda, then for 1 and 16 threads runs bench_calls plain and with
+# LD_PRELOAD=$VRAMHOOK_LIB (default target/release/libvramhook.so) in interleaved rounds,
+# pinned with taskset, and prints side by side the p50, p99 and p99.9 of plain and hooked
+# calls; "added" is hooked - plain at the same percentile (each percentile the median over
+# the rounds), with the spread of the p50 added over the rounds, and the page faults the
+# timed loops took (getrusage, summed over rounds). Then the instructions the hook adds per
+# call (callgrind, exact) split into what they are for (scripts/bench-calls-split.py).
 # Env: VRAMHOOK_LIB, BENCH_ITERS (default 20000), BENCH_THREADS (default "1 16"),
-# BENCH_REPEAT (default 5): plain and hooked runs alternate that many times and the table
-# gives the median of the runs' medians, with the spread of the added cost.
+# BENCH_ROUNDS (default 10; BENCH_REPEAT is the older name), BENCH_CPU (the CPU a 1-thread
+# run is pinned to, default the last one; more threads are pinned to all CPUs),
+# BENCH_RING_DIR (default a fresh directory in /dev/shm, where rings live by default),
+# BENCH_JSONL (a file to append every run's JSON line to).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
 case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
 ITERS="${BENCH_ITERS:-20000}"
 THREADS="${BENCH_THREADS:-1 16}"
-REPEAT="${BENCH_REPEAT:-5}"
+ROUNDS="${BENCH_ROUNDS:-${BENCH_REPEAT:-10}}"
+NCPU="$(nproc)"
+CPU="${BENCH_CPU:-$((NCPU - 1))}"
 
 if [ ! -f "$LIB" ]; then
     echo "############################################################" >&2
@@ -26,60 +34,88 @@ fi
 [ "${SIM_SKIP_BUILD:-0}" = 1 ] || make -s -C "$ROOT/tests/simcuda" -j2 all
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
-trap 'rm -rf "$TMP"' EXIT
+if [ -n "${BENCH_RING_DIR:-}" ]; then
+    RINGS="$BENCH_RING_DIR/bench-calls.$$"
+elif [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    RINGS="$(mktemp -d /dev/shm/vramhook-bench.XXXXXX)"
+else
+    RINGS="$TMP/rings"
+fi
+trap 'rm -rf "$TMP" "$RINGS"' EXIT
 
-# run_one LABEL THREADS [preload] -> JSON line on stdout
+# run_one THREADS [preload] -> the run's JSON line on stdout
 run_one() {
-    local threads=$1 preload=${2:-}
-    local out
+    local threads=$1 preload=${2:-} pin out
+    if [ "$threads" = 1 ]; then pin="$CPU"; else pin="0-$((NCPU - 1))"; fi
     if [ -n "$preload" ]; then
         # A private ring big enough for every event: this measures the recording path,
         # not the (cheaper) path that drops events when a ring is full.
-        rm -rf "$TMP/rings"
-        out=$(env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$TMP/rings" VRAMHOOK_RING_SLOTS=2097152 \
-              LD_PRELOAD="$preload" "$BENCH" --threads "$threads" --iters "$ITERS")
+        rm -rf "$RINGS"
+        out=$(env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$RINGS" VRAMHOOK_RING_SLOTS=2097152 \
+              LD_PRELOAD="$preload" taskset -c "$pin" "$BENCH" --threads "$threads" --iters "$ITERS")
     else
-        out=$(env VRAMHOOK_SIM_FAST=1 "$BENCH" --threads "$threads" --iters "$ITERS")
+        out=$(env VRAMHOOK_SIM_FAST=1 taskset -c "$pin" "$BENCH" --threads "$threads" --iters "$ITERS")
     fi
-    echo "$out" | grep '^{'
+    local line
+    line=$(echo "$out" | grep '^{' | sed "s/^{/{\"hooked\":$([ -n "$preload" ] && echo true || echo false),/")
+    [ -z "${BENCH_JSONL:-}" ] || echo "$line" >> "$BENCH_JSONL"
+    echo "$line"
 }
 
-printf '%-8s %-6s %12s %12s %12s %10s %16s %8s\n' threads call plain_med hooked_med hooked_p99 added_ns added_min..max ratio
 for t in $THREADS; do
     runs=()
-    for _ in $(seq "$REPEAT"); do
+    for _ in $(seq "$ROUNDS"); do
         runs+=("$(run_one "$t")" "$(run_one "$t" "$LIB")")
     done
-    python3 - "$t" "${runs[@]}" <<'PY'
-import json, statistics, sys
-t, rows = sys.argv[1], [json.loads(r) for r in sys.argv[2:]]
-plain, hooked = rows[0::2], rows[1::2]
-for call in ("alloc", "free"):
-    pm = [r[f"{call}_median_ns"] for r in plain]
-    hm = [r[f"{call}_median_ns"] for r in hooked]
-    added = [h - p for p, h in zip(pm, hm)]
-    p, h = statistics.median(pm), statistics.median(hm)
-    hp99 = statistics.median(r[f"{call}_p99_ns"] for r in hooked)
-    print(f"{t:<8} {call:<6} {p:>12.0f} {h:>12.0f} {hp99:>12.0f} {h - p:>10.0f} {min(added):>7}..{max(added):<8} {h / p:>8.2f}")
-if any(r.get("errors") for r in rows):
-    print("warning: calls returned errors", file=sys.stderr)
-PY
+    printf '%s\n' "${runs[@]}" > "$TMP/runs.$t"
 done
-echo "(ns per call: median over all threads' calls, then the median over $REPEAT alternating runs; VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread)"
+
+python3 - "$TMP" "$ROUNDS" $THREADS <<'PY'
+import json, statistics, sys
+tmp, rounds, threads = sys.argv[1], sys.argv[2], sys.argv[3:]
+med = statistics.median
+print(f"{'threads':>7} {'call':5} | {'plain p50':>9} {'p99':>6} {'p99.9':>6} | {'hooked p50':>10} {'p99':>6} {'p99.9':>6} |"
+      f" {'added p50':>9} {'p99':>6} {'p99.9':>6} {'p50 spread':>11} | faults in timed loops (minor/major)")
+added_p50 = {}
+for t in threads:
+    rows = [json.loads(l) for l in open(f"{tmp}/runs.{t}")]
+    plain = [r for r in rows if not r["hooked"]]
+    hooked = [r for r in rows if r["hooked"]]
+    for call in ("alloc", "free"):
+        p = {q: med(r[f"{call}_{q}_ns"] for r in plain) for q in ("p50", "p99", "p999")}
+        h = {q: med(r[f"{call}_{q}_ns"] for r in hooked) for q in ("p50", "p99", "p999")}
+        spread = [b[f"{call}_p50_ns"] - a[f"{call}_p50_ns"] for a, b in zip(plain, hooked)]
+        added_p50[(t, call)] = h["p50"] - p["p50"]
+        faults = (f"plain {sum(r['minflt'] for r in plain)}/{sum(r['majflt'] for r in plain)}, "
+                  f"hooked {sum(r['minflt'] for r in hooked)}/{sum(r['majflt'] for r in hooked)}")
+        print(f"{t:>7} {call:5} | {p['p50']:>9.0f} {p['p99']:>6.0f} {p['p999']:>6.0f} | {h['p50']:>10.0f} {h['p99']:>6.0f}"
+              f" {h['p999']:>6.0f} | {h['p50'] - p['p50']:>+9.0f} {h['p99'] - p['p99']:>+6.0f} {h['p999'] - p['p999']:>+6.0f}"
+              f" {min(spread):>+5}..{max(spread):<+5} | {faults}")
+    if any(r.get("errors") for r in rows):
+        print("warning: calls returned errors", file=sys.stderr)
+if "1" in threads:
+    for t in threads:
+        if t != "1":
+            for call in ("alloc", "free"):
+                one = added_p50[("1", call)]
+                ratio = added_p50[(t, call)] / one if one > 0 else float("nan")
+                print(f"added p50 at {t} threads / at 1 thread, {call}: {ratio:.2f}")
+PY
+echo "(ns per call, clock_gettime around each; each percentile over all threads' calls of a run, then the median over $ROUNDS interleaved plain/hooked rounds; VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread after 64 untimed; 1 thread pinned to CPU $CPU, more to CPUs 0-$((NCPU - 1)); rings in $(dirname "$RINGS"))"
 
 # Instructions are counted exactly (callgrind), whatever else the machine is doing: the
 # added instructions per call are the stable measure of the hook's cost.
 if command -v valgrind >/dev/null; then
     count() {
-        local out="$TMP/cg.$1"
-        rm -rf "$TMP/rings"
-        env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$TMP/rings" VRAMHOOK_RING_SLOTS=65536 ${2:+LD_PRELOAD="$2"} \
-            valgrind --tool=callgrind --callgrind-out-file="$out" "$BENCH" --threads 1 --iters 20000 >/dev/null 2>&1
-        callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+        rm -rf "$RINGS"
+        env VRAMHOOK_SIM_FAST=1 VRAMHOOK_DIR="$RINGS" VRAMHOOK_RING_SLOTS=2097152 ${2:+LD_PRELOAD="$2"} \
+            valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$TMP/cg.$1" \
+            "$BENCH" --threads 1 --iters 20000 >/dev/null 2>&1
     }
-    plain_ir=$(count plain)
-    hooked_ir=$(count hooked "$LIB")
-    echo "instructions added per call (callgrind, 1 thread, 40000 calls): $(( (hooked_ir - plain_ir) / 40000 ))"
+    count plain
+    count hooked "$LIB"
+    # 64 warm-up pairs and 20000 timed pairs: 40128 calls.
+    python3 "$ROOT/scripts/bench-calls-split.py" "$TMP/cg.hooked" "$TMP/cg.plain" "$LIB" 40128
 else
     echo "(valgrind not installed: instruction counts skipped)"
 fi

@@ -44,6 +44,11 @@ fn check_workload(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Traced {
         }
     }
     assert_eq!(t.summary["dropped_events"], 0, "{name}: events dropped with a large ring");
+    assert_eq!(
+        allocation_devices(&t, Side::Captured),
+        allocation_devices(&t, Side::Truth),
+        "{name}: the device of a successful allocation differs from the driver's"
+    );
 
     for (pid, live) in truth_live_at_exit(&t) {
         assert_eq!(
@@ -60,6 +65,51 @@ fn check_workload(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Traced {
         }
     }
     t
+}
+
+enum Side {
+    Truth,
+    Captured,
+}
+
+/// Per pid and thread, the (address, device) of each successful allocation in order: the
+/// interposer asks the driver for the device once per thread and context, so this checks
+/// that a context switch is never missed.
+fn allocation_devices(t: &Traced, side: Side) -> BTreeMap<(u64, u64), Vec<(u64, i64)>> {
+    const ALLOCATING: &[&str] = &[
+        "cuMemAlloc_v2",
+        "cuMemAllocPitch_v2",
+        "cuMemAllocManaged",
+        "cuMemAllocAsync",
+        "cuMemAllocAsync_ptsz",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuArrayCreate_v2",
+        "cuArray3DCreate_v2",
+        "cuMipmappedArrayCreate",
+    ];
+    let mut out: BTreeMap<(u64, u64), Vec<(u64, i64)>> = BTreeMap::new();
+    let mut add = |v: &serde_json::Value, pid: u64, name: &str| {
+        if ALLOCATING.contains(&name) && v["result"] == 0 {
+            let (tid, addr, device) = (v["tid"].as_u64(), v["addr"].as_u64(), v["device"].as_i64());
+            out.entry((pid, tid.expect("tid"))).or_default().push((addr.expect("addr"), device.expect("device")));
+        }
+    };
+    match side {
+        Side::Truth => {
+            for (pid, lines) in &t.truth {
+                for v in lines {
+                    add(v, u64::from(*pid), v["fn"].as_str().unwrap_or(""));
+                }
+            }
+        }
+        Side::Captured => {
+            for e in t.events.iter().filter(|e| e["kind"] == "alloc") {
+                add(e, e["pid"].as_u64().expect("pid"), e["api"].as_str().unwrap_or(""));
+            }
+        }
+    }
+    out
 }
 
 #[test]

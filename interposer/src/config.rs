@@ -3,8 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// `VRAMHOOK_DISABLE=1`: pass every call through untouched and record nothing.
-pub static DISABLED: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_QUIET=1`: never print the one-line warning when the ring cannot be made.
 pub static QUIET: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_RING_SLOTS`: ring capacity in 64-byte slots (power of two).
@@ -65,7 +63,8 @@ fn truthy(v: &[u8]) -> bool {
 
 pub fn load_from_env() {
     if let Some(v) = env(c"VRAMHOOK_DISABLE") {
-        DISABLED.store(truthy(v), Ordering::Relaxed);
+        // Kept in the line every hook reads (sink::RING).
+        crate::sink::set_disabled(truthy(v));
     }
     if let Some(v) = env(c"VRAMHOOK_QUIET") {
         QUIET.store(truthy(v), Ordering::Relaxed);
@@ -123,6 +122,8 @@ pub fn ring_dir() -> Option<&'static [u8]> {
     }
 }
 
+/// `VRAMHOOK_DISABLE=1`: pass every call through untouched and record nothing.
+#[inline(always)]
 pub fn disabled() -> bool {
-    DISABLED.load(Ordering::Relaxed)
+    crate::sink::disabled()
 }

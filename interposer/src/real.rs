@@ -21,16 +21,17 @@ macro_rules! driver_functions {
 }
 
 driver_functions! {
+    // The hottest first: their real addresses share the table's first cache line.
     cuMemAlloc_v2,
-    cuMemAllocPitch_v2,
-    cuMemAllocManaged,
     cuMemFree_v2,
     cuMemAllocAsync,
+    cuMemFreeAsync,
     cuMemAllocAsync_ptsz,
+    cuMemFreeAsync_ptsz,
     cuMemAllocFromPoolAsync,
     cuMemAllocFromPoolAsync_ptsz,
-    cuMemFreeAsync,
-    cuMemFreeAsync_ptsz,
+    cuMemAllocPitch_v2,
+    cuMemAllocManaged,
     cuMemPoolTrimTo,
     cuMemPoolCreate,
     cuMemPoolDestroy,
@@ -52,6 +53,23 @@ driver_functions! {
     cuMemGetInfo_v2,
     cuGetProcAddress,
     cuGetProcAddress_v2,
+    // Calls that change which context is current: wrapped only to forget the device a
+    // thread's allocations were last attributed to (see sink::Hook::device).
+    cuCtxSetCurrent,
+    cuCtxPushCurrent,
+    cuCtxPushCurrent_v2,
+    cuCtxPopCurrent,
+    cuCtxPopCurrent_v2,
+    cuCtxCreate,
+    cuCtxCreate_v2,
+    cuCtxCreate_v3,
+    cuCtxCreate_v4,
+    cuCtxDestroy,
+    cuCtxDestroy_v2,
+    cuDevicePrimaryCtxRelease,
+    cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset,
+    cuDevicePrimaryCtxReset_v2,
     // Called, never wrapped:
     cuCtxGetDevice,
     cuMemGetAddressRange_v2,
@@ -62,18 +80,23 @@ pub fn is_wrapped(f: F) -> bool {
     !matches!(f, F::cuCtxGetDevice | F::cuMemGetAddressRange_v2)
 }
 
-static REAL: [AtomicPtr<c_void>; COUNT] = [const { AtomicPtr::new(core::ptr::null_mut()) }; COUNT];
+/// One table entry per function, the table aligned to a cache line, so that the hot
+/// wrappers' entries (the first eight) take one line.
+#[repr(C, align(64))]
+struct Table([AtomicPtr<c_void>; COUNT]);
+
+static REAL: Table = Table([const { AtomicPtr::new(core::ptr::null_mut()) }; COUNT]);
 static RESOLVED: AtomicBool = AtomicBool::new(false);
 
 /// The real function, resolving libcuda's table on first use.
 #[inline]
 pub fn real(f: F) -> *mut c_void {
-    let p = REAL[f as usize].load(Ordering::Acquire);
+    let p = REAL.0[f as usize].load(Ordering::Acquire);
     if !p.is_null() {
         return p;
     }
     resolve_from_loaded_driver();
-    REAL[f as usize].load(Ordering::Acquire)
+    REAL.0[f as usize].load(Ordering::Acquire)
 }
 
 /// Looks for an already-loaded libcuda and resolves every function from it.
@@ -104,7 +127,7 @@ pub fn resolve_all(handle: *mut c_void) -> bool {
             let p = dlsym(handle, NAMES[f as usize].as_ptr() as *const libc::c_char);
             if !p.is_null() {
                 let _ =
-                    REAL[f as usize].compare_exchange(core::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire);
+                    REAL.0[f as usize].compare_exchange(core::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire);
             }
         }
     }
@@ -118,7 +141,7 @@ pub fn wrapped_by_real_address(addr: *mut c_void) -> Option<F> {
     if addr.is_null() {
         return None;
     }
-    ALL.into_iter().find(|f| is_wrapped(*f) && REAL[*f as usize].load(Ordering::Acquire) == addr)
+    ALL.into_iter().find(|f| is_wrapped(*f) && REAL.0[*f as usize].load(Ordering::Acquire) == addr)
 }
 
 /// The function with this exact exported name, if we wrap it.
@@ -158,6 +181,22 @@ pub fn is_memory_base_name(name: &[u8]) -> bool {
         b"cuIpcOpenMemHandle",
         b"cuIpcCloseMemHandle",
         b"cuMemImportFromShareableHandle",
+    ];
+    BASES.contains(&name)
+}
+
+/// Base names of the calls that change a thread's current context. A pointer for one of
+/// them that matches no wrapper means a context switch we would not see: the per-thread
+/// device cache is then turned off (every allocation asks the driver, as before).
+pub fn is_context_base_name(name: &[u8]) -> bool {
+    const BASES: &[&[u8]] = &[
+        b"cuCtxSetCurrent",
+        b"cuCtxPushCurrent",
+        b"cuCtxPopCurrent",
+        b"cuCtxCreate",
+        b"cuCtxDestroy",
+        b"cuDevicePrimaryCtxRelease",
+        b"cuDevicePrimaryCtxReset",
     ];
     BASES.contains(&name)
 }

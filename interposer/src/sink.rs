@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use vramhook_protocol::clock::{self, ClockSource};
 use vramhook_protocol::record::{Event, RawRecord};
 use vramhook_protocol::ring::{
-    encode_meta, lanes_for_cpus, ring_file_size_lanes, RingInit, RingWriter, META_CAPACITY, MIN_CAPACITY,
+    encode_meta, lanes_for_cpus, ring_file_size_lanes, OwnedLane, RingInit, RingWriter, MAX_LANES, META_CAPACITY,
+    MIN_CAPACITY,
 };
 use vramhook_protocol::ringdir;
 
@@ -17,85 +18,229 @@ const CREATING: u8 = 1;
 const READY: u8 = 2;
 const FAILED: u8 = 3;
 
+/// Everything a hook reads of the process, in one cache line: the ring's writer, whether
+/// it is ready, how to stamp, and the epoch that tells threads their cached state is stale.
+#[repr(C, align(64))]
 struct Ring {
-    state: AtomicU8,
     writer: UnsafeCell<MaybeUninit<RingWriter>>,
+    state: AtomicU8,
+    tsc: AtomicBool,
+    /// `VRAMHOOK_DISABLE=1`.
+    disabled: AtomicBool,
+    /// False once a call that changes the current context might go unseen: then every
+    /// allocation asks the driver for its device.
+    device_cache: AtomicBool,
+    pid: AtomicU32,
+    /// Bumped when what threads keep of their own may be stale: after fork (tid, lane) and
+    /// when a context is destroyed or the device cache turned off (device).
+    epoch: AtomicU32,
     map: AtomicUsize,
     map_len: AtomicUsize,
-    pid: AtomicU32,
-    tsc: AtomicBool,
 }
+
+const _: () = assert!(core::mem::size_of::<Ring>() == 64);
 
 // SAFETY: `writer` is written only by the thread that moved `state` to CREATING, and
 // read only after `state` is READY (release/acquire).
 unsafe impl Sync for Ring {}
 
 static RING: Ring = Ring {
-    state: AtomicU8::new(UNINIT),
     writer: UnsafeCell::new(MaybeUninit::uninit()),
+    state: AtomicU8::new(UNINIT),
+    tsc: AtomicBool::new(false),
+    disabled: AtomicBool::new(false),
+    device_cache: AtomicBool::new(true),
+    pid: AtomicU32::new(0),
+    epoch: AtomicU32::new(1),
     map: AtomicUsize::new(0),
     map_len: AtomicUsize::new(0),
-    pid: AtomicU32::new(0),
-    tsc: AtomicBool::new(false),
 };
 
-/// Bumped in the child after fork, so cached thread ids are refetched.
+/// Bumped in the child after fork, so cached thread ids and lanes are taken anew.
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(1);
 static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 /// Coarse-clock ms of the last periodic cuMemGetInfo sample.
 static LAST_MEMINFO_MS: AtomicU64 = AtomicU64::new(0);
 
-/// Everything a hook needs of its thread, in one thread-local: a shared library reaches
-/// thread-locals through `__tls_get_addr`, so each hook makes exactly one such access.
-struct ThreadState {
-    in_hook: bool,
-    /// `FORK_GENERATION` when `tid` was fetched.
-    generation: u32,
-    tid: u32,
-    /// Allocations since this thread last looked at the clock for sampling.
-    allocs: u32,
+/// `VRAMHOOK_DISABLE=1`: pass every call through.
+#[inline(always)]
+pub fn disabled() -> bool {
+    RING.disabled.load(Ordering::Relaxed)
 }
 
-thread_local! {
-    static THREAD: UnsafeCell<ThreadState> =
-        const { UnsafeCell::new(ThreadState { in_hook: false, generation: 0, tid: 0, allocs: 0 }) };
+pub fn set_disabled(on: bool) {
+    RING.disabled.store(on, Ordering::Relaxed);
+}
+
+/// A thread made a context current (or popped one): its next allocation asks the driver.
+#[inline]
+pub fn context_changed_on_this_thread() {
+    // SAFETY: only this thread touches its own state.
+    unsafe { (*thread::state()).device_known = false };
+}
+
+/// A context was destroyed or reset: any thread that had it current asks again.
+pub fn contexts_changed_everywhere() {
+    context_changed_on_this_thread();
+    RING.epoch.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A context switch may go unseen (a context entry point we could not wrap): from now on
+/// every allocation asks the driver for its device.
+pub fn turn_off_device_cache() {
+    RING.device_cache.store(false, Ordering::Release);
+    contexts_changed_everywhere();
+}
+
+/// Lane states in `ThreadState::lane_mode`.
+const LANE_NONE: u8 = 0;
+/// `lane` is this thread's alone (see `claim_lane`).
+const LANE_OWNED: u8 = 1;
+/// Lane 0, shared by every thread without a lane of its own (compare-and-swap).
+const LANE_SHARED: u8 = 2;
+
+/// Everything a hook needs of its thread, in one cache line, zero when the thread starts.
+#[repr(C, align(64))]
+pub struct ThreadState {
+    in_hook: bool,
+    /// `device` holds the device of this thread's current context.
+    device_known: bool,
+    lane_mode: u8,
+    lane: u8,
+    device: i16,
+    _pad: u16,
+    /// `RING.epoch` when this state was last brought up to date.
+    epoch: u32,
+    /// `FORK_GENERATION` when `tid` and the lane were taken.
+    generation: u32,
+    tid: u32,
+    /// Allocations since this thread started (sampling and device checks every 64th).
+    allocs: u32,
+    /// This thread's own lane, while `lane_mode` is `LANE_OWNED`.
+    owned: OwnedLane,
+}
+
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 64);
+
+/// The calling thread's `ThreadState`.
+///
+/// A `thread_local!` in a shared library is reached through `__tls_get_addr` (a call and
+/// a dozen instructions). On x86-64 Linux the state is instead a symbol of our own in the
+/// initial-exec TLS model: two instructions. The library then takes static TLS space,
+/// which it has as an `LD_PRELOAD` library; a later `dlopen` of it takes the 64 bytes
+/// from glibc's reserve for such libraries.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod thread {
+    use super::ThreadState;
+
+    core::arch::global_asm!(
+        ".pushsection .tbss.vramhook_thread_state,\"awT\",@nobits",
+        ".p2align 6",
+        // Global for the other codegen units, hidden so that it binds inside the library.
+        ".globl vramhook_thread_state",
+        ".hidden vramhook_thread_state",
+        ".type vramhook_thread_state, @object",
+        ".size vramhook_thread_state, 64",
+        "vramhook_thread_state:",
+        ".skip 64",
+        ".popsection",
+    );
+
+    #[inline(always)]
+    pub fn state() -> *mut ThreadState {
+        let p: usize;
+        // SAFETY: the thread pointer (fs:0) plus the GOT's TLS offset of our symbol is its
+        // address in this thread's static TLS block; reads nothing that changes.
+        unsafe {
+            core::arch::asm!(
+                "mov {p}, qword ptr fs:[0]",
+                "add {p}, qword ptr [rip + vramhook_thread_state@GOTTPOFF]",
+                p = out(reg) p,
+                options(pure, nomem, nostack),
+            );
+        }
+        p as *mut ThreadState
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod thread {
+    use super::ThreadState;
+    use core::cell::UnsafeCell;
+
+    thread_local! {
+        static STATE: UnsafeCell<ThreadState> = const {
+            UnsafeCell::new(ThreadState {
+                in_hook: false, device_known: false, lane_mode: 0, lane: 0, device: 0, _pad: 0,
+                epoch: 0, generation: 0, tid: 0, allocs: 0, owned: vramhook_protocol::ring::OwnedLane::UNSET,
+            })
+        };
+    }
+
+    #[inline(always)]
+    pub fn state() -> *mut ThreadState {
+        STATE.with(|c| c.get())
+    }
 }
 
 /// The calling thread inside one of our hooks. Made by `Hook::enter`, which refuses when
-/// the thread is already inside one (the driver calling itself, or our own sampling): the
-/// caller then passes straight through. Leaves the hook when dropped.
+/// the thread is already inside one (the driver calling itself, our own sampling, or a
+/// signal handler that interrupted a hook): the caller then passes straight through.
+/// Leaves the hook when dropped.
 pub struct Hook {
     state: *mut ThreadState,
 }
 
 impl Hook {
-    #[inline]
+    #[inline(always)]
     pub fn enter() -> Option<Hook> {
-        THREAD.with(|cell| {
-            let state = cell.get();
-            // SAFETY: only this thread touches its own state.
-            unsafe {
-                if (*state).in_hook {
-                    None
-                } else {
-                    (*state).in_hook = true;
-                    Some(Hook { state })
-                }
+        let state = thread::state();
+        // SAFETY: only this thread touches its own state.
+        unsafe {
+            if (*state).in_hook {
+                return None;
             }
-        })
+            (*state).in_hook = true;
+            if (*state).epoch != RING.epoch.load(Ordering::Relaxed) {
+                refresh(&mut *state);
+            }
+        }
+        Some(Hook { state })
     }
 
+    /// The device of this thread's current context, when a previous allocation asked the
+    /// driver and no context change was seen since.
     #[inline(always)]
-    fn tid(&self) -> u32 {
+    pub fn cached_device(&self) -> Option<i16> {
         // SAFETY: `state` is this thread's, alive while the thread runs this hook.
+        let s = unsafe { &*self.state };
+        s.device_known.then_some(s.device)
+    }
+
+    /// Keeps the device the driver just named for this thread's current context. Returns
+    /// false when a check found the cache wrong (then it is off for the whole process).
+    pub fn remember_device(&self, device: i16, checking: bool) -> bool {
+        // SAFETY: as in `cached_device`.
         let s = unsafe { &mut *self.state };
-        let generation = FORK_GENERATION.load(Ordering::Relaxed);
-        if s.generation != generation {
-            // SAFETY: gettid has no preconditions.
-            s.tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
-            s.generation = generation;
+        if checking && s.device_known && s.device != device {
+            turn_off_device_cache();
+            return false;
         }
-        s.tid
+        if device >= 0 && RING.device_cache.load(Ordering::Acquire) {
+            s.device = device;
+            s.device_known = true;
+        }
+        true
+    }
+
+    /// Counts an allocation of this thread; true on every 64th (from the first), when the
+    /// hook samples the device and checks the cached device against the driver.
+    #[inline(always)]
+    pub fn alloc_tick(&self) -> bool {
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &mut *self.state };
+        s.allocs = s.allocs.wrapping_add(1);
+        s.allocs % 64 == 1
     }
 
     /// Records one event (built by one of `Event`'s per-kind constructors) as made by
@@ -103,7 +248,25 @@ impl Hook {
     #[inline(always)]
     pub fn emit(&self, ev: Event) {
         if let Some(w) = ring() {
-            w.push(&stamp(ev, self.tid()));
+            self.push(w, ev);
+        }
+    }
+
+    #[inline(always)]
+    fn push(&self, w: &RingWriter, ev: Event) {
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &mut *self.state };
+        if s.lane_mode == LANE_NONE {
+            claim_lane(s, w);
+        }
+        // Both pushes inlined, so that the record goes from registers into its slot.
+        let raw = stamp(ev, s.tid);
+        if s.lane_mode == LANE_OWNED {
+            // SAFETY: the lane is this thread's alone (claim_lane), and this thread is in
+            // a hook, so no handler of a signal that interrupted it pushes here too.
+            unsafe { w.push_exclusive(&mut s.owned, &raw) };
+        } else {
+            w.push_to_lane(0, &raw);
         }
     }
 
@@ -111,7 +274,7 @@ impl Hook {
     pub fn emit_checked(&self, ev: Event) -> bool {
         match ring() {
             Some(w) => {
-                w.push(&stamp(ev, self.tid()));
+                self.push(w, ev);
                 true
             }
             None => false,
@@ -122,28 +285,95 @@ impl Hook {
     /// looks at the (coarse) clock only every 64th allocation, keeping it off most calls.
     #[inline]
     pub fn periodic_sample_due(&self) -> bool {
-        // SAFETY: as in `tid`.
-        let s = unsafe { &mut *self.state };
-        s.allocs = s.allocs.wrapping_add(1);
-        s.allocs % 64 == 1 && sample_clock_due()
+        self.alloc_tick() && sample_clock_due()
     }
 }
 
 impl Drop for Hook {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: as in `tid`.
+        // SAFETY: as in `cached_device`.
         unsafe { (*self.state).in_hook = false };
     }
 }
 
-/// This thread's id outside a hook (cold paths).
-fn current_tid() -> u32 {
-    match Hook::enter() {
-        Some(hook) => hook.tid(),
+/// Brings a thread's state up to date after `RING.epoch` moved.
+#[cold]
+#[inline(never)]
+fn refresh(s: &mut ThreadState) {
+    let epoch = RING.epoch.load(Ordering::Acquire);
+    let generation = FORK_GENERATION.load(Ordering::Acquire);
+    if s.generation != generation {
         // SAFETY: gettid has no preconditions.
-        None => (unsafe { libc::syscall(libc::SYS_gettid) }) as u32,
+        s.tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        s.generation = generation;
+        s.lane_mode = LANE_NONE;
     }
+    s.device_known = false;
+    s.epoch = epoch;
+}
+
+/// Which thread holds each lane (its tid; 0: free). Lane 0 is never held: it is where
+/// threads without a lane of their own write, with a compare-and-swap.
+static LANE_OWNERS: [AtomicU32; MAX_LANES as usize] = [const { AtomicU32::new(0) }; MAX_LANES as usize];
+
+/// The first push of a thread: takes a lane of its own if one is free (or held by a
+/// thread that is gone), else the thread writes to the shared lane 0 from now on.
+#[cold]
+#[inline(never)]
+fn claim_lane(s: &mut ThreadState, w: &RingWriter) {
+    s.lane_mode = LANE_SHARED;
+    let own = w.lanes().saturating_sub(1);
+    if own == 0 {
+        return;
+    }
+    let start = s.tid % own;
+    let lanes = || (0..own).map(|i| 1 + (start + i) % own);
+    let mut taken = lanes().find(|&lane| {
+        LANE_OWNERS[lane as usize].compare_exchange(0, s.tid, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    });
+    if taken.is_none() {
+        // Every lane is held: one whose thread is gone may be taken over (a holder with
+        // our own tid is gone: tids are unique among living threads).
+        taken = lanes().find(|&lane| {
+            let holder = LANE_OWNERS[lane as usize].load(Ordering::Acquire);
+            holder != 0
+                && (holder == s.tid || !thread_alive(holder))
+                && LANE_OWNERS[lane as usize]
+                    .compare_exchange(holder, s.tid, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        });
+    }
+    if let Some(lane) = taken {
+        s.lane = lane as u8;
+        s.owned = w.own_lane(lane);
+        s.lane_mode = LANE_OWNED;
+    }
+}
+
+/// Whether thread `tid` of this process still exists (a signal 0 sends nothing).
+fn thread_alive(tid: u32) -> bool {
+    // SAFETY: tgkill with signal 0 only checks that the thread exists.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_int, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Records `ev` from a path outside the wrappers (a hook miss, process exit): in this
+/// thread's lane, or, when the thread is inside a hook (this may be a signal handler that
+/// interrupted its push), in the shared lane.
+fn push_outside_hook(w: &RingWriter, ev: Event) {
+    match Hook::enter() {
+        Some(hook) => hook.push(w, ev),
+        None => {
+            w.push_to_lane(0, &stamp(ev, current_tid()));
+        }
+    }
+}
+
+/// This thread's id, by system call (cold paths).
+fn current_tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    (unsafe { libc::syscall(libc::SYS_gettid) }) as u32
 }
 
 #[inline(always)]
@@ -484,6 +714,7 @@ fn create_ring() -> bool {
             drop_tmp();
             return false;
         }
+        prefault_for_writing(map as *mut u8, len);
         map as *mut u8
     };
     let mut exe = [0u8; 512];
@@ -544,20 +775,46 @@ fn create_ring() -> bool {
     }
     // SAFETY: just written above.
     let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
-    writer.push(&stamp(Event::process_start(ppid, start_time), current_tid()));
+    // First in the shared lane: before every other event of every thread.
+    writer.push_to_lane(0, &stamp(Event::process_start(ppid, start_time), current_tid()));
     // Who holds this process's bytes, read once (its frameworks' libraries are loaded by
     // the time it first calls CUDA).
     let frameworks = crate::lens::loaded_frameworks();
     if frameworks != 0 {
-        writer.push(&stamp(Event::frameworks(frameworks), current_tid()));
+        writer.push_to_lane(0, &stamp(Event::frameworks(frameworks), current_tid()));
     }
     true
+}
+
+/// Maps every page of a fresh ring writable and dirty now, so that no hook takes a fault.
+/// `MAP_POPULATE` is not enough: for a shared mapping it maps pages for reading only, and
+/// where the file system tracks dirty pages (ext4 or xfs, for a `VRAMHOOK_DIR` off tmpfs)
+/// the first write to each page faults (about 1 µs), one in every 64 events.
+/// `MADV_POPULATE_WRITE` (Linux 5.14) write-faults them here; older kernels get a write
+/// to each page.
+fn prefault_for_writing(map: *mut u8, len: usize) {
+    // SAFETY: our own fresh mapping of `len` bytes, which nobody else writes yet.
+    unsafe {
+        if libc::madvise(map as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 {
+            return;
+        }
+        let mut offset = 0;
+        while offset < len {
+            let byte = map.add(offset);
+            core::ptr::write_volatile(byte, core::ptr::read_volatile(byte));
+            offset += 4096;
+        }
+    }
 }
 
 /// In the child after fork: forget the parent's ring (never write into it); the child
 /// makes its own at its first CUDA call.
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    for owner in &LANE_OWNERS {
+        owner.store(0, Ordering::Relaxed);
+    }
+    RING.epoch.fetch_add(1, Ordering::Relaxed);
     if RING.state.load(Ordering::Acquire) == READY {
         let map = RING.map.swap(0, Ordering::Relaxed);
         let len = RING.map_len.load(Ordering::Relaxed);
@@ -579,11 +836,11 @@ fn stamp(ev: Event, tid: u32) -> RawRecord {
 pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     let Some(w) = ring() else { return };
     w.count_hook_miss();
-    w.push(&stamp(Event::hook_miss(name, version, flags), current_tid()));
+    push_outside_hook(w, Event::hook_miss(name, version, flags));
 }
 
 #[cold]
-fn sample_clock_due() -> bool {
+pub fn sample_clock_due() -> bool {
     let interval = config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed);
     let now_ms = coarse_ms() + 1;
     let last = LAST_MEMINFO_MS.load(Ordering::Relaxed);
@@ -598,7 +855,7 @@ pub fn process_exit() {
     if RING.state.load(Ordering::Acquire) == READY && RING.pid.load(Ordering::Relaxed) == pid {
         // SAFETY: READY.
         let w = unsafe { (*RING.writer.get()).assume_init_ref() };
-        w.push(&stamp(Event::process_exit(), current_tid()));
+        push_outside_hook(w, Event::process_exit());
         w.mark_exited();
     }
 }

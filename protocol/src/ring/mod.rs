@@ -14,7 +14,8 @@
 //! untrusted: the header is validated once and copied, cursors are clamped.
 //!
 //! Lanes: a ring has 1..=16 lanes, each an independent queue of `capacity` slots with its
-//! own write cursor on its own cache line; a thread writes to lane `tid mod lanes`, so
+//! own write cursor on its own cache line; a thread writes to a lane of its own
+//! ([`RingWriter::own_lane`], the interposer) or to lane `tid mod lanes` ([`RingWriter::push`]), so
 //! threads on different cores do not contend for one cursor. Lane 0 keeps the single-lane
 //! layout. An event's `seq` is `position * lanes + lane`: unique and stable across reader
 //! restarts (equal to the position with one lane). The reader merges lanes by timestamp
@@ -42,7 +43,7 @@ mod writer;
 
 pub use file::{MappedRing, DEFAULT_MAX_RING_BYTES};
 pub use reader::{PollStats, RingCounters, RingError, RingInfo, RingReader};
-pub use writer::RingWriter;
+pub use writer::{OwnedLane, RingWriter};
 
 pub const RING_MAGIC: [u8; 8] = *b"VRHKRING";
 pub const RING_VERSION: u32 = 1;
