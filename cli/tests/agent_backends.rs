@@ -187,7 +187,7 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
                 .flat_map(|t| t["spans"].as_array().into_iter().flatten())
                 .find(|s| {
                     s["operationName"] == "vramhook.oom"
-                        && tag(s, "pid").and_then(Value::as_u64) == Some(u64::from(pid))
+                        && tag(s, "process.pid").and_then(Value::as_u64) == Some(u64::from(pid))
                 });
             if let Some(s) = found {
                 break s.clone();
@@ -342,13 +342,13 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
     let dev = state["snapshot"]["devices"][0].clone();
     let checks = [
         (
-            format!("vramhook_process_memory_live_bytes{{pid=\"{pid}\",kind=\"plain\"}}"),
+            format!("vramhook_process_memory_live_by_kind_bytes{{process_pid=\"{pid}\",kind=\"plain\"}}"),
             p["live_by_class"]["plain"].as_f64(),
         ),
-        (format!("vramhook_process_memory_peak_bytes{{pid=\"{pid}\"}}"), p["peak_bytes"].as_f64()),
-        (format!("vramhook_process_allocations_total{{pid=\"{pid}\"}}"), p["allocations"].as_f64()),
-        (format!("vramhook_process_allocations_live{{pid=\"{pid}\"}}"), p["live_allocations"].as_f64()),
-        (format!("vramhook_process_memory_fragmentation_ratio{{pid=\"{pid}\"}}"), p["fragmentation"].as_f64()),
+        (format!("vramhook_process_memory_peak_bytes{{process_pid=\"{pid}\"}}"), p["peak_bytes"].as_f64()),
+        (format!("vramhook_process_allocations_total{{process_pid=\"{pid}\"}}"), p["allocations"].as_f64()),
+        (format!("vramhook_process_allocations_live{{process_pid=\"{pid}\"}}"), p["live_allocations"].as_f64()),
+        (format!("vramhook_process_memory_fragmentation_ratio{{process_pid=\"{pid}\"}}"), p["fragmentation"].as_f64()),
         ("vramhook_device_memory_total_bytes{device=\"0\"}".to_string(), dev["total"].as_f64()),
         ("vramhook_device_memory_traced_bytes{device=\"0\"}".to_string(), dev["traced_bytes"].as_f64()),
     ];
