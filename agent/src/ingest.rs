@@ -336,13 +336,14 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         if summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval {
             last_snapshot = Instant::now();
             publish(&model, &links, &mut incidents);
-        }
-        // After the publish: a process that ended in this poll has been published (its
-        // incidents counted and exported) before it can be forgotten.
-        if last_forget.elapsed() >= cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10)) {
-            last_forget = Instant::now();
-            let retention = u64::try_from(cfg.forget_exited_after.as_nanos()).unwrap_or(u64::MAX);
-            model.forget_exited(model.now_ns().saturating_sub(retention));
+            // Only right after a publish: whatever is forgotten (an exited process with its
+            // incidents) has been published, its incidents counted and exported, first.
+            let every = cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10));
+            if last_forget.elapsed() >= every {
+                last_forget = Instant::now();
+                let retention = u64::try_from(cfg.forget_exited_after.as_nanos()).unwrap_or(u64::MAX);
+                model.forget_exited(model.now_ns().saturating_sub(retention));
+            }
         }
         if summary.delivered as usize >= cfg.batch_limit {
             idle = Duration::ZERO; // more is waiting

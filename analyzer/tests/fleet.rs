@@ -1,6 +1,8 @@
 //! Fleet post-mortems: captures from two hosts whose processes share a pid are analysed
 //! through one model per host, side by side, and added up.
 
+mod common;
+
 use std::path::Path;
 use vramhook_analyzer::fleet::{self, analyze_fleet, NO_HOST};
 use vramhook_analyzer::Options;
@@ -95,6 +97,22 @@ fn two_hosts_with_the_same_pid_are_reported_apart_and_added_up() {
     let json = serde_json::to_value(&f).expect("json");
     assert_eq!(json["fleet"]["ooms_by_verdict"]["capacity"], 1);
     assert_eq!(json["hosts"][0]["report"]["schema_version"], vramhook_analyzer::SCHEMA_VERSION);
+    // The document matches schema/fleet.schema.json, each host's report report.schema.json.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/schema/fleet.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("schema")).expect("JSON");
+    let mut errs = Vec::new();
+    common::validate(&schema, &schema, &json, "$", &mut errs);
+    assert!(errs.is_empty(), "fleet report does not match its schema:\n{}", errs.join("\n"));
+    for h in &f.hosts {
+        common::assert_valid(&h.report);
+    }
+    // The check can fail: a field the schema does not know.
+    let mut bad = json.clone();
+    bad["fleet"]["surprise"] = serde_json::json!(1);
+    let mut errs = Vec::new();
+    common::validate(&schema, &schema, &bad, "$", &mut errs);
+    assert!(!errs.is_empty());
 }
 
 #[test]
