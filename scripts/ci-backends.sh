@@ -70,5 +70,15 @@ else
     nice -n 10 cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --root "$PWD/.tools" --quiet
     echo "$CARGO_DEB_VERSION" > "$BIN/.cargo-deb.version"
 fi
+# maturin from PyPI, in a virtual environment of its own, for the wheel (scripts/build-wheel.sh).
+MATURIN_VERSION=1.16.0
+if [[ -x "$PWD/.tools/venv/bin/maturin" && -f "$BIN/.maturin.version" && "$(cat "$BIN/.maturin.version")" == "$MATURIN_VERSION" ]]; then
+    echo "ci-backends: maturin $MATURIN_VERSION cached"
+else
+    echo "ci-backends: installing maturin $MATURIN_VERSION (pip, .tools/venv)"
+    python3 -m venv "$PWD/.tools/venv"
+    "$PWD/.tools/venv/bin/pip" install --quiet "maturin==$MATURIN_VERSION"
+    echo "$MATURIN_VERSION" > "$BIN/.maturin.version"
+fi
 echo "ci-backends: ready in $BIN"
 ls -l "$BIN"

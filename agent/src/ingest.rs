@@ -153,7 +153,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
     let recovered_rings: BTreeSet<RingKey> = recorded.keys().copied().collect();
     // Writer drops recorded per ring (compared with what the ring says was reported).
     let mut drops: BTreeMap<RingKey, u64> = recorded.iter().map(|(k, c)| (*k, c.drops_reported)).collect();
-    let mut exported_incident = model.incidents().iter().map(|i| i.id).max();
+    // Incidents of a recovered model were counted and exported by the agent before.
+    let mut incidents = crate::oom_counts::IncidentTracker::seeded(&model.snapshot());
     let capture = links.capture.clone();
     // Commits: a poll's events leave the rings only once the capture has flushed them
     // (the capture thread acknowledges each poll's generation after its flush), so that
@@ -331,15 +332,18 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                 });
             }
         }
-        if last_forget.elapsed() >= cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10)) {
-            last_forget = Instant::now();
-            let retention = u64::try_from(cfg.forget_exited_after.as_nanos()).unwrap_or(u64::MAX);
-            model.forget_exited(model.now_ns().saturating_sub(retention));
-        }
         // A process that ended is published at once (its series end with it).
         if summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval {
             last_snapshot = Instant::now();
-            publish(&model, &links, &mut exported_incident);
+            publish(&model, &links, &mut incidents);
+            // Only right after a publish: whatever is forgotten (an exited process with its
+            // incidents) has been published, its incidents counted and exported, first.
+            let every = cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10));
+            if last_forget.elapsed() >= every {
+                last_forget = Instant::now();
+                let retention = u64::try_from(cfg.forget_exited_after.as_nanos()).unwrap_or(u64::MAX);
+                model.forget_exited(model.now_ns().saturating_sub(retention));
+            }
         }
         if summary.delivered as usize >= cfg.batch_limit {
             idle = Duration::ZERO; // more is waiting
@@ -364,7 +368,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         eprintln!("vramhook agent: eBPF probes detached");
     }
     // Drain what is left, publish a last snapshot and checkpoint.
-    publish(&model, &links, &mut exported_incident);
+    publish(&model, &links, &mut incidents);
     if let Some(c) = &capture {
         ended.retain(|key| source.ring_file_exists(*key));
         c.send(CaptureMsg::Checkpoint {
@@ -426,18 +430,20 @@ fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
     }
 }
 
-fn publish(model: &Model, links: &IngestLinks, exported: &mut Option<u64>) {
+fn publish(model: &Model, links: &IngestLinks, incidents: &mut crate::oom_counts::IncidentTracker) {
     let snapshot = model.snapshot();
+    let fresh = incidents.new_incidents(&snapshot);
+    if !fresh.is_empty() {
+        if let Ok(mut totals) = links.stats.ooms.lock() {
+            crate::oom_counts::add_to(&mut totals, &fresh);
+        }
+    }
     if let Some(tx) = &links.incidents {
-        let since = *exported;
-        for incident in snapshot.incidents.iter().filter(|i| since.is_none_or(|e| i.id > e)) {
-            *exported = Some(incident.id.max(exported.unwrap_or(0)));
+        for incident in fresh {
             if tx.try_send(incident.clone()).is_err() {
                 add(&links.stats.otlp_incidents_dropped, 1);
             }
         }
-    } else if let Some(max) = snapshot.incidents.iter().map(|i| i.id).max() {
-        *exported = Some(max);
     }
     add(&links.stats.snapshots, 1);
     links.snapshots.send_replace(Arc::new(snapshot));

@@ -11,6 +11,7 @@ pub mod ebpf;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+pub mod oom_counts;
 pub mod otlp;
 pub mod rings;
 pub mod stats;

@@ -3,8 +3,11 @@
 //!
 //! Names follow OpenTelemetry conventions (`vramhook.process.memory.live`, unit `By`);
 //! the Prometheus names are what Prometheus's own OTLP translation makes of them
-//! (`vramhook_process_memory_live_bytes`). Labels are only `pid`, `command`, `device`
-//! and `kind`: never an address, so cardinality stays bounded by processes × devices.
+//! (`vramhook_process_memory_live_bytes`, attribute `process.pid` → label `process_pid`).
+//! Two device metrics are OpenTelemetry's hardware semantic conventions for GPUs
+//! (`hw.gpu.memory.usage`, `hw.gpu.memory.limit`); the rest are vramhook's own, in the
+//! `vramhook.` namespace. Never an address label, so cardinality stays bounded by
+//! processes × devices × kinds.
 
 use crate::stats::StatsView;
 use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessView};
@@ -13,19 +16,31 @@ use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessView};
 pub enum Kind {
     Gauge,
     Counter,
+    /// A sum that goes up and down (the instrument the hardware conventions prescribe);
+    /// Prometheus stores it as a gauge.
+    UpDownCounter,
 }
 
 impl Kind {
-    /// The name Prometheus's `# TYPE` line and the README use.
+    /// The instrument's name in the README.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+            Kind::UpDownCounter => "updowncounter",
+        }
+    }
+
+    /// The type on Prometheus's `# TYPE` line.
+    pub fn prometheus_type(self) -> &'static str {
+        match self {
+            Kind::Gauge | Kind::UpDownCounter => "gauge",
             Kind::Counter => "counter",
         }
     }
 }
 
-/// One data point: labels as (key, value), and the value.
+/// One data point: labels as (OpenTelemetry attribute key, value), and the value.
 pub type Point = (Vec<(&'static str, String)>, f64);
 
 /// Every data point of one metric in a snapshot and the agent's counters.
@@ -52,18 +67,37 @@ impl std::fmt::Debug for MetricDef {
 }
 
 const DEVICE: &[&str] = &["device"];
-const PROCESS: &[&str] = &["pid", "command"];
+const GPU: &[&str] = &["hw.id", "hw.name", "hw.vendor", "hw.type"];
+const PROCESS: &[&str] = &["process.pid", "process.executable.name", "device"];
 const NONE: &[&str] = &[];
 const KIND: &[&str] = &["kind"];
-const FRAMEWORK: &[&str] = &["pid", "command", "device", "framework"];
+const FRAMEWORK: &[&str] = &["process.pid", "process.executable.name", "device", "framework"];
 
 /// Live processes only: an exited process's series end with it.
 fn live(snap: &ModelSnapshot) -> impl Iterator<Item = &ProcessView> {
     snap.processes.iter().filter(|p| p.alive)
 }
 
+/// The devices a process holds memory on now, as one label value: "0", or "0,1" for a
+/// process on two GPUs, "" (no label, for Prometheus) while it holds none.
+pub fn devices_label(p: &ProcessView) -> String {
+    let mut d: Vec<i16> = p.devices.iter().map(|d| d.device).collect();
+    d.sort_unstable();
+    d.dedup();
+    d.iter().map(i16::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The process's labels, its numbers being process-wide: `device` lists its devices.
 fn who(p: &ProcessView) -> Vec<(&'static str, String)> {
-    vec![("pid", p.pid.to_string()), ("command", command_label(&p.command, &p.exe))]
+    who_on(p, devices_label(p))
+}
+
+fn who_on(p: &ProcessView, device: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("process.pid", p.pid.to_string()),
+        ("process.executable.name", executable_name(&p.command, &p.exe)),
+        ("device", device),
+    ]
 }
 
 fn per_process(snap: &ModelSnapshot, f: impl Fn(&ProcessView) -> f64) -> Vec<Point> {
@@ -76,8 +110,7 @@ fn per_cache(snap: &ModelSnapshot, f: impl Fn(&FrameworkCache) -> Option<f64>) -
         .flat_map(|p| {
             let f = &f;
             p.framework_caches.iter().filter_map(move |c| {
-                let mut l = who(p);
-                l.push(("device", c.device.to_string()));
+                let mut l = who_on(p, c.device.to_string());
                 l.push(("framework", c.framework.name().to_string()));
                 Some((l, f(c)?))
             })
@@ -89,12 +122,59 @@ fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> V
     snap.devices.iter().filter_map(|d| Some((vec![("device", d.ordinal.to_string())], f(d)?))).collect()
 }
 
+/// A device under the hardware conventions' attributes (`hw.type` is "gpu" by the
+/// conventions; `hw.id` is the CUDA ordinal as the traced processes see it).
+fn per_gpu(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
+    snap.devices
+        .iter()
+        .filter(|d| d.ordinal >= 0)
+        .filter_map(|d| {
+            let labels = vec![
+                ("hw.id", format!("gpu{}", d.ordinal)),
+                ("hw.name", format!("cuda:{}", d.ordinal)),
+                ("hw.vendor", "NVIDIA".to_string()),
+                ("hw.type", "gpu".to_string()),
+            ];
+            Some((labels, f(d)?))
+        })
+        .collect()
+}
+
 fn one(v: u64) -> Vec<Point> {
     vec![(vec![], v as f64)]
 }
 
 fn by_kind(parts: &[(&str, u64)]) -> Vec<Point> {
     parts.iter().map(|(k, v)| (vec![("kind", k.to_string())], *v as f64)).collect()
+}
+
+/// OOM incidents by device and verdict: every verdict of every device the agent knows,
+/// zeros included, so that Prometheus's `increase()` sees the first incident too.
+fn ooms_by_device(snap: &ModelSnapshot, stats: &StatsView) -> Vec<Point> {
+    use std::collections::BTreeSet;
+    let devices: BTreeSet<i16> =
+        snap.devices.iter().map(|d| d.ordinal).chain(stats.ooms.iter().map(|t| t.device)).collect();
+    let mut out = Vec::new();
+    for device in devices {
+        for v in crate::oom_counts::VERDICTS {
+            let verdict = crate::oom_counts::verdict_label(v);
+            let n: u64 =
+                stats.ooms.iter().filter(|t| t.device == device && t.verdict == verdict).map(|t| t.count).sum();
+            out.push((vec![("device", device.to_string()), ("verdict", verdict.to_string())], n as f64));
+        }
+    }
+    out
+}
+
+fn ooms_on_host(stats: &StatsView) -> Vec<Point> {
+    crate::oom_counts::VERDICTS
+        .iter()
+        .map(|v| {
+            let verdict = crate::oom_counts::verdict_label(*v);
+            let n: u64 = stats.ooms.iter().filter(|t| t.verdict == verdict).map(|t| t.count).sum();
+            (vec![("verdict", verdict.to_string())], n as f64)
+        })
+        .collect()
 }
 
 pub const KINDS: [&str; 8] = ["plain", "pitch", "managed", "pool", "vmm", "array", "ipc", "import"];
@@ -137,12 +217,90 @@ pub const ALL: &[MetricDef] = &[
         values: |s, _| per_device(s, |d| Some(d.untraced_bytes? as f64)),
     },
     MetricDef {
+        otel: "hw.gpu.memory.usage",
+        unit: "By",
+        prom: "hw_gpu_memory_usage_bytes",
+        kind: Kind::UpDownCounter,
+        labels: GPU,
+        help: "GPU memory used (total - free at the last driver sample), by every process. OpenTelemetry hardware semantic conventions.",
+        values: |s, _| per_gpu(s, |d| Some(d.total?.saturating_sub(d.free?) as f64)),
+    },
+    MetricDef {
+        otel: "hw.gpu.memory.limit",
+        unit: "By",
+        prom: "hw_gpu_memory_limit_bytes",
+        kind: Kind::UpDownCounter,
+        labels: GPU,
+        help: "Size of the GPU memory (total at the last driver sample). OpenTelemetry hardware semantic conventions.",
+        values: |s, _| per_gpu(s, |d| Some(d.total? as f64)),
+    },
+    MetricDef {
+        otel: "vramhook.device.ooms",
+        unit: "{oom}",
+        prom: "vramhook_device_ooms_total",
+        kind: Kind::Counter,
+        labels: &["device", "verdict"],
+        help: "OOM incidents on this device by verdict since the agent started, including those of processes that are gone.",
+        values: ooms_by_device,
+    },
+    MetricDef {
+        otel: "vramhook.host.ooms",
+        unit: "{oom}",
+        prom: "vramhook_host_ooms_total",
+        kind: Kind::Counter,
+        labels: &["verdict"],
+        help: "OOM incidents on this host by verdict since the agent started, every device (and device unknown) together.",
+        values: |_, st| ooms_on_host(st),
+    },
+    MetricDef {
+        otel: "vramhook.process.info",
+        unit: "{process}",
+        prom: "vramhook_process_info",
+        kind: Kind::Gauge,
+        labels: &["process.pid", "process.executable.name", "process.command_line"],
+        help: "1 for each live traced process, with its full command line (at most 1,024 characters); join on process_pid.",
+        values: |s, _| {
+            live(s)
+                .map(|p| {
+                    let labels = vec![
+                        ("process.pid", p.pid.to_string()),
+                        ("process.executable.name", executable_name(&p.command, &p.exe)),
+                        ("process.command_line", p.command.chars().take(1024).collect()),
+                    ];
+                    (labels, 1.0)
+                })
+                .collect()
+        },
+    },
+    MetricDef {
         otel: "vramhook.process.memory.live",
         unit: "By",
         prom: "vramhook_process_memory_live_bytes",
         kind: Kind::Gauge,
-        labels: &["pid", "command", "kind"],
-        help: "Live device bytes of a process by kind (plain, pitch, managed, pool, vmm, array, ipc, import).",
+        labels: PROCESS,
+        help: "Device bytes the process owns on this device (every kind but IPC-opened and imported memory).",
+        values: |s, _| {
+            live(s)
+                .flat_map(|p| {
+                    let on: Vec<Point> =
+                        p.devices.iter().map(|d| (who_on(p, d.device.to_string()), d.live_bytes as f64)).collect();
+                    // A process holding nothing now still has its series, at 0.
+                    if on.is_empty() {
+                        vec![(who_on(p, String::new()), 0.0)]
+                    } else {
+                        on
+                    }
+                })
+                .collect()
+        },
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.live_by_kind",
+        unit: "By",
+        prom: "vramhook_process_memory_live_by_kind_bytes",
+        kind: Kind::Gauge,
+        labels: &["process.pid", "process.executable.name", "device", "kind"],
+        help: "Live device bytes of a process by kind (plain, pitch, managed, pool, vmm, array, ipc, import), over its devices.",
         values: |s, _| {
             live(s)
                 .flat_map(|p| {
@@ -385,6 +543,14 @@ pub fn points(def: &MetricDef, snap: &ModelSnapshot, stats: &StatsView) -> Vec<P
     (def.values)(snap, stats)
 }
 
+/// The executable's name (`python3`, `llama-server`), at most 128 characters: the
+/// `process.executable.name` of every process series.
+pub fn executable_name(command: &str, exe: &str) -> String {
+    let path = if exe.is_empty() { command.split(' ').next().unwrap_or("") } else { exe };
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    path.rsplit('/').next().unwrap_or(path).chars().take(128).collect()
+}
+
 /// The program's base name and arguments, at most 80 characters.
 pub fn command_label(command: &str, exe: &str) -> String {
     let mut s = vramhook_model::display_command(if command.is_empty() { exe } else { command });
@@ -392,6 +558,12 @@ pub fn command_label(command: &str, exe: &str) -> String {
         s = s.chars().take(80).collect();
     }
     s
+}
+
+/// An attribute key as Prometheus's OTLP translation names the label (`process.pid` →
+/// `process_pid`), so that `/metrics` and OTLP give the same labels.
+pub fn prometheus_label(key: &str) -> String {
+    key.replace('.', "_")
 }
 
 fn escape(v: &str) -> String {
@@ -411,7 +583,7 @@ pub fn render_prometheus(snap: &ModelSnapshot, stats: &StatsView) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(8192);
     for def in ALL {
-        let kind = def.kind.name();
+        let kind = def.kind.prometheus_type();
         let _ = writeln!(out, "# HELP {} {} (OpenTelemetry: {}, unit {})", def.prom, def.help, def.otel, def.unit);
         let _ = writeln!(out, "# TYPE {} {kind}", def.prom);
         for (labels, value) in points(def, snap, stats) {
@@ -422,7 +594,7 @@ pub fn render_prometheus(snap: &ModelSnapshot, stats: &StatsView) -> String {
                     if i > 0 {
                         out.push(',');
                     }
-                    let _ = write!(out, "{k}=\"{}\"", escape(v));
+                    let _ = write!(out, "{}=\"{}\"", prometheus_label(k), escape(v));
                 }
                 out.push('}');
             }
@@ -444,7 +616,7 @@ mod tests {
         let readme = include_str!("../README.md");
         let got: Vec<Vec<String>> = readme
             .lines()
-            .filter(|l| l.starts_with("| `vramhook."))
+            .filter(|l| l.starts_with("| `vramhook.") || l.starts_with("| `hw."))
             .map(|l| l.trim_matches('|').split('|').take(5).map(|c| c.trim().to_string()).collect())
             .collect();
         let expected: Vec<Vec<String>> = ALL
@@ -499,6 +671,8 @@ mod tests {
             let base = def.otel.replace('.', "_");
             let expected = match (def.kind, def.unit) {
                 (Kind::Counter, _) => format!("{base}_total"),
+                // Prometheus's translation drops units in braces.
+                (_, u) if u.starts_with('{') => base,
                 (_, "By") => format!("{base}_bytes"),
                 (_, "1") => format!("{base}_ratio"),
                 _ => base,
@@ -508,16 +682,91 @@ mod tests {
     }
 
     #[test]
-    fn no_label_but_pid_command_device_kind() {
-        let snap = vramhook_model::Model::default().snapshot();
-        let text = render_prometheus(&snap, &StatsView::default());
+    fn labels_are_the_documented_attributes_in_prometheus_form() {
+        use vramhook_protocol::{Api, Event};
+        let mut m = vramhook_model::Model::default();
+        m.apply(&Event::mem_info(1 << 30, 2 << 30).by(7, 7).at(1).on_device(0));
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        let text = render_prometheus(&m.snapshot(), &StatsView::default());
+        let allowed = [
+            "process_pid",
+            "process_executable_name",
+            "process_command_line",
+            "device",
+            "kind",
+            "verdict",
+            "hw_id",
+            "hw_name",
+            "hw_vendor",
+            "hw_type",
+        ];
+        let mut seen = std::collections::BTreeSet::new();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             if let Some(labels) = line.split_once('{').map(|(_, r)| r) {
-                for kv in labels.split(',') {
+                for kv in labels.split("\",") {
                     let key = kv.split('=').next().unwrap_or("");
-                    assert!(["pid", "command", "device", "kind"].contains(&key), "label {key} in {line}");
+                    assert!(allowed.contains(&key), "label {key} in {line}");
+                    seen.insert(key.to_string());
                 }
             }
         }
+        assert_eq!(seen.len(), allowed.len(), "every label appears: {seen:?}");
+        assert!(text.contains(
+            "hw_gpu_memory_limit_bytes{hw_id=\"gpu0\",hw_name=\"cuda:0\",hw_vendor=\"NVIDIA\",hw_type=\"gpu\"} 2147483648"
+        ));
+        assert!(text.contains("hw_gpu_memory_usage_bytes{hw_id=\"gpu0\",hw_name=\"cuda:0\",hw_vendor=\"NVIDIA\",hw_type=\"gpu\"} 1073741824"));
+        assert!(text.contains("# TYPE hw_gpu_memory_usage_bytes gauge"));
+    }
+
+    #[test]
+    fn process_series_carry_their_device_and_the_executable_name_only() {
+        use vramhook_protocol::{Api, Event};
+        let mut m = vramhook_model::Model::default();
+        m.process_info(&vramhook_protocol::ProcessInfo {
+            pid: 7,
+            ppid: 1,
+            uid: 0,
+            start_time: 0,
+            run_id: 0,
+            exe: "/usr/bin/python3.12".into(),
+            cmdline: ["/usr/bin/python3", "train.py", "--secret-token=abc"].map(String::from).to_vec(),
+        });
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x9000_0000, 8192).by(7, 7).at(3).on_device(1));
+        let text = render_prometheus(&m.snapshot(), &StatsView::default());
+        let who = "process_pid=\"7\",process_executable_name=\"python3.12\"";
+        assert!(text.contains(&format!("vramhook_process_memory_live_bytes{{{who},device=\"0\"}} 4096")), "{text}");
+        assert!(text.contains(&format!("vramhook_process_memory_live_bytes{{{who},device=\"1\"}} 8192")), "{text}");
+        assert!(text.contains(&format!("vramhook_process_memory_peak_bytes{{{who},device=\"0,1\"}} 12288")), "{text}");
+        let with_args: Vec<&str> = text.lines().filter(|l| l.contains("--secret-token")).collect();
+        assert_eq!(with_args.len(), 1, "the command line is on the info metric only: {with_args:?}");
+        assert!(with_args[0].starts_with("vramhook_process_info{"), "{}", with_args[0]);
+    }
+
+    #[test]
+    fn oom_counters_have_every_verdict_and_count_by_device_and_host() {
+        use vramhook_protocol::{Api, Event};
+        let mut m = vramhook_model::Model::default();
+        m.apply(&Event::mem_info(1 << 30, 2 << 30).by(7, 7).at(1).on_device(0));
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        let stats = StatsView {
+            ooms: vec![
+                crate::stats::OomTally { device: 0, verdict: "capacity".into(), count: 2 },
+                crate::stats::OomTally { device: 3, verdict: "capacity".into(), count: 1 },
+                crate::stats::OomTally { device: 3, verdict: "reclaimable".into(), count: 4 },
+            ],
+            ..StatsView::default()
+        };
+        let text = render_prometheus(&m.snapshot(), &stats);
+        let value = |series: &str| {
+            text.lines().find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')).map(str::to_string))
+        };
+        assert_eq!(value("vramhook_device_ooms_total{device=\"0\",verdict=\"capacity\"}").as_deref(), Some("2"));
+        assert_eq!(value("vramhook_device_ooms_total{device=\"0\",verdict=\"granularity\"}").as_deref(), Some("0"));
+        // Device 3 has no sample (its process is gone), its counts stay.
+        assert_eq!(value("vramhook_device_ooms_total{device=\"3\",verdict=\"reclaimable\"}").as_deref(), Some("4"));
+        assert_eq!(value("vramhook_host_ooms_total{verdict=\"capacity\"}").as_deref(), Some("3"));
+        assert_eq!(value("vramhook_host_ooms_total{verdict=\"reclaimable\"}").as_deref(), Some("4"));
+        assert_eq!(value("vramhook_host_ooms_total{verdict=\"unknown\"}").as_deref(), Some("0"));
     }
 }

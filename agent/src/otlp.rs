@@ -303,19 +303,40 @@ pub struct Otlp {
     stopping: Arc<AtomicBool>,
 }
 
+/// The agent's resource. Defaults (`service.name` vramhook-agent, `host.name` this host's
+/// name) are overridden by `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME`, as the
+/// OpenTelemetry specification says; `service.instance.id`, which Prometheus turns into
+/// `instance`, is the host name unless set, so that every series says which host it is
+/// from (two hosts' series no longer collide).
 fn resource(ring_dir: &str) -> Resource {
+    use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector, TelemetryResourceDetector};
     let exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default();
     let cmdline: Vec<String> = std::env::args().collect();
-    Resource::builder()
-        .with_service_name(std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "vramhook-agent".into()))
+    let detectors: [Box<dyn ResourceDetector>; 1] = [Box::new(EnvResourceDetector::new())];
+    let mut builder = Resource::builder_empty()
+        .with_detectors(&[Box::new(TelemetryResourceDetector) as Box<dyn ResourceDetector>])
         .with_attributes([
+            KeyValue::new("service.name", "vramhook-agent"),
             KeyValue::new("host.name", vramhook_protocol::host::hostname()),
             KeyValue::new("process.pid", i64::from(std::process::id())),
             KeyValue::new("process.executable.path", exe),
             KeyValue::new("process.command_line", cmdline.join(" ")),
             KeyValue::new("vramhook.ring_dir", ring_dir.to_string()),
         ])
-        .build()
+        .with_detectors(&detectors);
+    if let Some(name) = std::env::var("OTEL_SERVICE_NAME").ok().filter(|n| !n.trim().is_empty()) {
+        builder = builder.with_service_name(name);
+    }
+    let res = builder.build();
+    if res.get(&opentelemetry::Key::from_static_str("service.instance.id")).is_some() {
+        return res;
+    }
+    let host = res
+        .get(&opentelemetry::Key::from_static_str("host.name"))
+        .map(|v| v.to_string())
+        .unwrap_or_else(vramhook_protocol::host::hostname);
+    let attrs: Vec<KeyValue> = res.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
+    Resource::builder_empty().with_attributes(attrs).with_attribute(KeyValue::new("service.instance.id", host)).build()
 }
 
 fn build_err(signal: &'static str) -> impl Fn(opentelemetry_otlp::ExporterBuildError) -> OtlpError {
@@ -445,6 +466,9 @@ fn register(
         (Kind::Counter, _) => {
             register_with!(meter.u64_observable_counter(def.otel), |v: f64| v as u64);
         }
+        (Kind::UpDownCounter, _) => {
+            register_with!(meter.i64_observable_up_down_counter(def.otel), |v: f64| v as i64);
+        }
     }
 }
 
@@ -462,8 +486,9 @@ fn wall_time(mono_ns: u64) -> SystemTime {
 pub fn incident_attributes(i: &OomIncident) -> Vec<KeyValue> {
     let mut a = vec![
         KeyValue::new("vramhook.incident.id", i.id as i64),
-        KeyValue::new("pid", i64::from(i.pid)),
-        KeyValue::new("command", metrics::command_label(&i.command, "")),
+        KeyValue::new("process.pid", i64::from(i.pid)),
+        KeyValue::new("process.executable.name", metrics::executable_name(&i.command, "")),
+        KeyValue::new("process.command_line", i.command.clone()),
         KeyValue::new("device", i64::from(i.device)),
         KeyValue::new("vramhook.oom.verdict", format!("{:?}", i.verdict)),
         KeyValue::new("vramhook.oom.explanation", i.explanation.clone()),

@@ -73,6 +73,9 @@ pub struct AgentStats {
     pub ebpf_links: AtomicU64,
     /// Processes traced through probes now.
     pub ebpf_processes: AtomicU64,
+    /// OOM incidents since the agent started, by device and verdict (they outlive their
+    /// process; written by the ingest thread only).
+    pub ooms: std::sync::Mutex<crate::oom_counts::OomTotals>,
 }
 
 /// A plain copy of [`AgentStats`] for the JSON state endpoint.
@@ -129,6 +132,18 @@ pub struct StatsView {
     pub ebpf_links: u64,
     #[serde(default)]
     pub ebpf_processes: u64,
+    /// OOM incidents since the agent started, by device and verdict, including those of
+    /// processes already forgotten.
+    #[serde(default)]
+    pub ooms: Vec<OomTally>,
+}
+
+/// OOM incidents on one device with one verdict.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct OomTally {
+    pub device: i16,
+    pub verdict: String,
+    pub count: u64,
 }
 
 impl StatsView {
@@ -207,6 +222,19 @@ impl AgentStats {
             ebpf_malformed: g(&self.ebpf_malformed),
             ebpf_links: g(&self.ebpf_links),
             ebpf_processes: g(&self.ebpf_processes),
+            ooms: self
+                .ooms
+                .lock()
+                .map(|t| {
+                    t.iter()
+                        .map(|((device, verdict), count)| OomTally {
+                            device: *device,
+                            verdict: verdict.to_string(),
+                            count: *count,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 }

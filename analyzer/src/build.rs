@@ -25,17 +25,7 @@ pub(crate) fn event_line(e: &vramhook_model::EventRecord) -> EventLine {
 }
 
 pub fn verdict_name(v: vramhook_model::Verdict) -> &'static str {
-    use vramhook_model::Verdict::*;
-    match v {
-        Capacity => "capacity",
-        Reclaimable => "reclaimable",
-        OtherProcess => "other_process",
-        ArenaFragmentation => "arena_fragmentation",
-        Granularity => "granularity",
-        FrameworkFragmentation => "framework_fragmentation",
-        FrameworkCache => "framework_cache",
-        Unknown => "unknown",
-    }
+    v.name()
 }
 
 /// The report's time window, absolute ns.

@@ -8,6 +8,7 @@
 //! and lists (layout entries, corrupt frames, lead-up events) are capped.
 
 mod build;
+pub mod fleet;
 pub mod fuzzing;
 pub mod input;
 pub mod logs;

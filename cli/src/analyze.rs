@@ -12,7 +12,8 @@ pub struct AnalyzeArgs {
     /// Capture files (.vhc), PyTorch memory snapshots (pickles from
     /// torch.cuda.memory._dump_snapshot), replayed in order as one stream, and logs (plain
     /// text, journalctl output, gzip) with OOM messages from PyTorch, JAX/XLA, ggml/ollama,
-    /// vLLM or the NVIDIA driver.
+    /// vLLM or the NVIDIA driver. Captures from several hosts (each names its host): one
+    /// report per host and one for the fleet.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Print the report as JSON (schema: analyzer/schema/report.schema.json) instead of text.
@@ -82,6 +83,10 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         max_items: args.max_items.max(1),
         ..Options::default()
     };
+    // Captures from several hosts: each host through its own model, and the fleet.
+    if vramhook_analyzer::fleet::host_count(&args.files) >= 2 {
+        return analyze_fleet(&args, &opts);
+    }
     let report = match run_analysis(&args.files, &opts) {
         Ok(r) => r,
         Err(e @ AnalyzeError::Corrupt { .. }) => {
@@ -115,6 +120,32 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         writeln!(stdout)?;
     } else {
         stdout.write_all(text::render(&report).as_bytes())?;
+    }
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn analyze_fleet(args: &AnalyzeArgs, opts: &Options) -> Result<ExitCode> {
+    use vramhook_analyzer::fleet;
+    if args.html.is_some() || args.perfetto.is_some() {
+        bail!(
+            "--html and --perfetto take the captures of one host; these name several (analyze each host's files on their own for its page)"
+        );
+    }
+    let report = match fleet::analyze_fleet(&args.files, opts) {
+        Ok(r) => r,
+        Err(e @ AnalyzeError::Corrupt { .. }) => {
+            eprintln!("vramhook analyze: {e} (--strict)");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    if args.json {
+        serde_json::to_writer_pretty(&mut stdout, &report).context("cannot write JSON")?;
+        writeln!(stdout)?;
+    } else {
+        stdout.write_all(fleet::render_text(&report).as_bytes())?;
     }
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)

@@ -89,3 +89,11 @@ pub fn beside_exe(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     Some(exe.parent()?.join(name))
 }
+
+/// The data directory of an installed wheel: `<prefix>/share/vramhook` for the binary in
+/// `<prefix>/bin` (a virtual environment's, or `~/.local`'s). It holds `libvramhook.so`
+/// and the PyTorch lens (`lens/`, with `sitecustomize.py` and `vramhook_lens/`).
+pub fn share_dir() -> Option<PathBuf> {
+    let dir = beside_exe("../share/vramhook")?;
+    dir.is_dir().then_some(dir)
+}

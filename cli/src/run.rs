@@ -145,7 +145,8 @@ fn python_path_with(dir: &Path) -> OsString {
     v
 }
 
-/// Where libvramhook.so is: $VRAMHOOK_LIB, else beside this binary.
+/// Where libvramhook.so is: $VRAMHOOK_LIB, else beside this binary, else in the data
+/// directory of an installed wheel (`<prefix>/share/vramhook`, see [`crate::share_dir`]).
 pub fn find_interposer() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("VRAMHOOK_LIB") {
         let p = PathBuf::from(p);
@@ -157,6 +158,9 @@ pub fn find_interposer() -> Result<PathBuf> {
     let p = crate::beside_exe("libvramhook.so").context("cannot locate this executable")?;
     if p.is_file() {
         return Ok(p);
+    }
+    if let Some(shared) = crate::share_dir().map(|d| d.join("libvramhook.so")).filter(|p| p.is_file()) {
+        return Ok(shared);
     }
     bail!(
         "libvramhook.so not found beside this binary ({}); build it with `cargo build --release` or set VRAMHOOK_LIB",

@@ -206,7 +206,7 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
                 .flat_map(|t| t["spans"].as_array().into_iter().flatten())
                 .find(|s| {
                     s["operationName"] == "vramhook.oom"
-                        && tag(s, "pid").and_then(Value::as_u64) == Some(u64::from(pid))
+                        && tag(s, "process.pid").and_then(Value::as_u64) == Some(u64::from(pid))
                 })
                 .cloned()
         });
@@ -341,13 +341,13 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
     let dev = state["snapshot"]["devices"][0].clone();
     let checks = [
         (
-            format!("vramhook_process_memory_live_bytes{{pid=\"{pid}\",kind=\"plain\"}}"),
+            format!("vramhook_process_memory_live_by_kind_bytes{{process_pid=\"{pid}\",kind=\"plain\"}}"),
             p["live_by_class"]["plain"].as_f64(),
         ),
-        (format!("vramhook_process_memory_peak_bytes{{pid=\"{pid}\"}}"), p["peak_bytes"].as_f64()),
-        (format!("vramhook_process_allocations_total{{pid=\"{pid}\"}}"), p["allocations"].as_f64()),
-        (format!("vramhook_process_allocations_live{{pid=\"{pid}\"}}"), p["live_allocations"].as_f64()),
-        (format!("vramhook_process_memory_fragmentation_ratio{{pid=\"{pid}\"}}"), p["fragmentation"].as_f64()),
+        (format!("vramhook_process_memory_peak_bytes{{process_pid=\"{pid}\"}}"), p["peak_bytes"].as_f64()),
+        (format!("vramhook_process_allocations_total{{process_pid=\"{pid}\"}}"), p["allocations"].as_f64()),
+        (format!("vramhook_process_allocations_live{{process_pid=\"{pid}\"}}"), p["live_allocations"].as_f64()),
+        (format!("vramhook_process_memory_fragmentation_ratio{{process_pid=\"{pid}\"}}"), p["fragmentation"].as_f64()),
         ("vramhook_device_memory_total_bytes{device=\"0\"}".to_string(), dev["total"].as_f64()),
         ("vramhook_device_memory_traced_bytes{device=\"0\"}".to_string(), dev["traced_bytes"].as_f64()),
     ];
@@ -364,4 +364,259 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
     assert!(s["agent"]["otlp_metric_exports"].as_u64().unwrap_or(0) >= 1, "exports succeed again: {}", s["agent"]);
     let _ = leak.kill();
     let _ = leak.wait();
+}
+
+/// One series of an instant query: its labels and value.
+type Series = (serde_json::Map<String, Value>, f64);
+
+/// Every series of an instant PromQL query.
+fn promql_series(port: u16, query: &str) -> Result<Vec<Series>, String> {
+    let addr = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+    let body = http_get(addr, &format!("/api/v1/query?query={}", urlencode(query)))?;
+    let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    let result = v["data"]["result"].as_array().ok_or_else(|| format!("no result: {body}"))?;
+    Ok(result
+        .iter()
+        .filter_map(|r| {
+            let labels = r["metric"].as_object()?.clone();
+            let value = r["value"][1].as_str()?.parse().ok()?;
+            Some((labels, value))
+        })
+        .collect())
+}
+
+/// The hosts (`instance` values) a query's series come from.
+fn hosts_of(series: &[Series]) -> std::collections::BTreeSet<String> {
+    series.iter().filter_map(|(l, _)| l.get("instance")?.as_str().map(str::to_string)).collect()
+}
+
+/// The dashboard's queries as Prometheus runs them: Grafana's variables replaced.
+fn dashboard_queries() -> Vec<String> {
+    let out = Command::new(backend_bin("dashboard"))
+        .arg("check")
+        .arg(repo_root().join("deploy/grafana/vramhook.json"))
+        .output()
+        .expect("dashboard check");
+    assert!(out.status.success(), "dashboard check: {}", String::from_utf8_lossy(&out.stderr));
+    let queries: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|q| q.replace("$instance", ".*").replace("$__rate_interval", "1m"))
+        .collect();
+    assert!(queries.len() >= 8, "the dashboard's queries: {queries:?}");
+    queries
+}
+
+/// Two agents standing in for two hosts (`host.name` gpu-a and gpu-b through
+/// `OTEL_RESOURCE_ATTRIBUTES`) export through ONE collector (Jaeger v2 running
+/// deploy/otel-collector.yaml as it is) into a real Prometheus 3 (OTLP receiver, started
+/// with deploy/prometheus/prometheus.yml and the alert rules) and a real Jaeger. PromQL
+/// tells the hosts apart; every query of the Grafana dashboard returns series from both
+/// hosts (a query of a series that does not exist fails the test); the OOM span in Jaeger
+/// names its host. With VRAMHOOK_FLEET_DATA=DIR, the dashboard's queries over the run are
+/// written there as Prometheus range-query JSON (scripts/plot-dashboard.py draws them).
+#[test]
+fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboard_query_has_data() {
+    let started = std::time::SystemTime::now();
+    let queries = dashboard_queries();
+    let prom_port = free_port();
+    let prom_dir = tempfile::tempdir().expect("prometheus dir");
+    for f in ["prometheus.yml", "alerts.yml"] {
+        std::fs::copy(repo_root().join("deploy/prometheus").join(f), prom_dir.path().join(f)).expect("copy");
+    }
+    let prom_log = std::fs::File::create(prom_dir.path().join("prometheus.log")).expect("log");
+    let prom = Command::new(backend_bin("prometheus"))
+        .arg(format!("--config.file={}", prom_dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", prom_dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .arg("--web.enable-otlp-receiver")
+        .stdout(prom_log.try_clone().expect("log"))
+        .stderr(prom_log)
+        .spawn()
+        .expect("start prometheus");
+    let _prom = Backend(prom, prom_dir);
+    wait_http(prom_port, "/-/ready", "prometheus");
+    let jp: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let jaeger = start_jaeger(jp[0], jp[1], jp[2], jp[3]);
+
+    // The collector: the deployment's configuration file, unchanged; endpoints from its
+    // environment variables.
+    let (grpc, http, telemetry) = (free_port(), free_port(), free_port());
+    let col_dir = tempfile::tempdir().expect("collector dir");
+    let col_log = std::fs::File::create(col_dir.path().join("collector.log")).expect("log");
+    let collector = Command::new(backend_bin("jaeger"))
+        .arg(format!("--config={}", repo_root().join("deploy/otel-collector.yaml").display()))
+        .env("VRAMHOOK_COLLECTOR_GRPC", format!("127.0.0.1:{grpc}"))
+        .env("VRAMHOOK_COLLECTOR_HTTP", format!("127.0.0.1:{http}"))
+        .env("VRAMHOOK_COLLECTOR_TELEMETRY_HOST", "127.0.0.1")
+        .env("VRAMHOOK_COLLECTOR_TELEMETRY_PORT", telemetry.to_string())
+        .env("PROMETHEUS_OTLP_ENDPOINT", format!("http://127.0.0.1:{prom_port}/api/v1/otlp/v1/metrics"))
+        .env("JAEGER_OTLP_ENDPOINT", format!("127.0.0.1:{}", jp[0]))
+        .stdout(col_log.try_clone().expect("log"))
+        .stderr(col_log)
+        .spawn()
+        .expect("start the collector");
+    let collector = Backend(collector, col_dir);
+    wait_http(telemetry, "/metrics", "the collector");
+
+    let endpoint = format!("http://127.0.0.1:{grpc}");
+    let hosts = ["gpu-a", "gpu-b"];
+    let rings: Vec<_> = hosts.iter().map(|h| ring_dir(&format!("fleet-{h}"))).collect();
+    let agents: Vec<Agent> = hosts
+        .iter()
+        .zip(&rings)
+        .map(|(h, r)| {
+            let attrs = format!("host.name={h}");
+            Agent::start(
+                &vramhook_bin(),
+                &["--ring-dir", r.path().to_str().expect("utf-8")],
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                    ("OTEL_RESOURCE_ATTRIBUTES", attrs.as_str()),
+                    ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+                    ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+                    ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
+                ],
+            )
+        })
+        .collect();
+
+    // Host a: two leaks one after the other, a VMM pool, and an OOM; host b: one leak.
+    let mut held = Vec::new();
+    let leak_a = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "120"], rings[0].path(), &[]);
+    let leak_b = spawn_traced(&workload("leak"), &["--n", "8", "--hold", "120"], rings[1].path(), &[]);
+    let (pid_a, pid_b) = (leak_a.id(), leak_b.id());
+    held.push(leak_a);
+    held.push(leak_b);
+    let settle = |agent: &Agent, pid: u32| {
+        agent.wait_state(Duration::from_secs(30), "the leak", |s| {
+            process(s, pid).is_some_and(|p| p["live_bytes"].as_u64().unwrap_or(0) > 0)
+        })
+    };
+    let live_a = process(&settle(&agents[0], pid_a), pid_a).expect("a")["live_bytes"].as_f64();
+    let live_b = process(&settle(&agents[1], pid_b), pid_b).expect("b")["live_bytes"].as_f64();
+    std::thread::sleep(Duration::from_secs(3));
+    held.push(spawn_traced(&workload("leak"), &["--n", "12", "--hold", "120"], rings[0].path(), &[]));
+    let mut vmm = spawn_traced(&workload("ggml_vmm"), &[], rings[0].path(), &[]);
+    let _ = vmm.wait();
+    std::thread::sleep(Duration::from_secs(3));
+    let mut oom = spawn_traced(&workload("torch_caching"), &[], rings[0].path(), &[("SIM_OOM_GIB", "200")]);
+    let oom_pid = oom.id();
+    let _ = oom.wait();
+    agents[0].wait_state(Duration::from_secs(30), "the OOM incident", |s| {
+        s["agent"]["ooms"].as_array().is_some_and(|v| !v.is_empty())
+    });
+
+    // PromQL tells the two hosts apart: the same pid-free query gives one series per host,
+    // each with the host's own numbers; host.name is promoted to a label.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let wait_for = |what: &str, query: &str, ok: &dyn Fn(&[Series]) -> bool| loop {
+        let got = promql_series(prom_port, query);
+        if got.as_ref().is_ok_and(|g| ok(g)) {
+            return got.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: PromQL {query} = {got:?}; agents {} / {}",
+            agents[0].state()["agent"],
+            agents[1].state()["agent"]
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let both = |g: &[Series]| hosts_of(g).len() == 2;
+    let devices = wait_for("device series from both hosts", "vramhook_device_memory_total_bytes", &both);
+    for (labels, _) in &devices {
+        assert_eq!(labels.get("host_name"), labels.get("instance"), "host.name promoted: {labels:?}");
+        assert_eq!(labels.get("job").and_then(Value::as_str), Some("vramhook-agent"), "{labels:?}");
+    }
+    for (host, pid, live) in [("gpu-a", pid_a, live_a), ("gpu-b", pid_b, live_b)] {
+        let q = format!("vramhook_process_memory_live_bytes{{instance=\"{host}\",process_pid=\"{pid}\",device=\"0\"}}");
+        let got = wait_for("a process's live bytes on its host", &q, &|g| g.len() == 1 && Some(g[0].1) == live);
+        assert_eq!(got[0].0.get("process_executable_name").and_then(Value::as_str), Some("leak"), "{got:?}");
+    }
+    let ooms = wait_for("the OOM counted on host a only", "sum by (instance) (vramhook_host_ooms_total)", &|g| {
+        g.len() == 2
+            && g.iter().all(|(l, v)| {
+                let want = if l.get("instance").and_then(Value::as_str) == Some("gpu-a") { 1.0 } else { 0.0 };
+                *v == want
+            })
+    });
+    eprintln!("OOMs per host: {ooms:?}");
+
+    // Every query of the dashboard returns series, from both hosts.
+    for q in &queries {
+        wait_for(&format!("dashboard query {q}"), q, &both);
+    }
+    // The check can fail: a query of a series that does not exist returns nothing.
+    let missing = promql_series(prom_port, "vramhook_process_memory_live_bytes_typo").expect("query");
+    assert!(missing.is_empty(), "a missing series must have no data: {missing:?}");
+    let rules = {
+        let addr = format!("127.0.0.1:{prom_port}").parse().expect("addr");
+        http_get(addr, "/api/v1/rules").expect("rules")
+    };
+    assert!(rules.contains("VramhookHeadroomExhaustedSoon"), "Prometheus loaded the alert rules: {rules}");
+
+    // The OOM span reached Jaeger through the collector, from host a's resource.
+    let addr = format!("127.0.0.1:{}", jp[2]).parse().expect("addr");
+    let query = format!("/api/traces?service=vramhook-agent&operation={}&limit=50", urlencode("vramhook.oom"));
+    let span_host = loop {
+        let found = http_get(addr, &query).ok().and_then(|body| {
+            let v: Value = serde_json::from_str(&body).ok()?;
+            v["data"].as_array()?.iter().find_map(|t| {
+                let span = t["spans"]
+                    .as_array()?
+                    .iter()
+                    .find(|s| tag(s, "process.pid").and_then(Value::as_u64) == Some(u64::from(oom_pid)))?;
+                let process = &t["processes"][span["processID"].as_str()?];
+                let host = process["tags"].as_array()?.iter().find(|t| t["key"] == "host.name")?;
+                host["value"].as_str().map(str::to_string)
+            })
+        });
+        if let Some(h) = found {
+            break h;
+        }
+        let log = std::fs::read_to_string(collector.1.path().join("collector.log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no OOM span in Jaeger; collector log:\n{log}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(span_host, "gpu-a");
+    let _ = &jaeger;
+
+    if let Some(dir) = std::env::var_os("VRAMHOOK_FLEET_DATA") {
+        // For the picture only: a minute more of traffic (more processes arriving on both
+        // hosts, an OOM on b) before the range queries are taken.
+        for round in 0..6u32 {
+            std::thread::sleep(Duration::from_secs(8));
+            let n = (4 + 4 * round).to_string();
+            let rings = rings[(round % 2) as usize].path();
+            held.push(spawn_traced(&workload("leak"), &["--n", n.as_str(), "--hold", "120"], rings, &[]));
+            if round == 3 {
+                let mut oom = spawn_traced(&workload("torch_caching"), &[], rings, &[("SIM_OOM_GIB", "100")]);
+                let _ = oom.wait();
+            }
+        }
+        std::thread::sleep(Duration::from_secs(8));
+        dump_ranges(prom_port, &queries, started, std::path::Path::new(&dir));
+    }
+    for mut p in held {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
+
+/// Writes each query's range result over the run to DIR/queries.json, for the picture.
+fn dump_ranges(port: u16, queries: &[String], since: std::time::SystemTime, dir: &std::path::Path) {
+    let unix =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let (start, end) = (unix(since), unix(std::time::SystemTime::now()));
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let mut out = Vec::new();
+    for q in queries {
+        let path = format!("/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1", urlencode(q));
+        let body = http_get(addr, &path).expect("range query");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        out.push(serde_json::json!({"query": q, "result": v["data"]["result"]}));
+    }
+    std::fs::create_dir_all(dir).expect("data dir");
+    std::fs::write(dir.join("queries.json"), serde_json::to_string_pretty(&out).expect("json")).expect("write");
 }

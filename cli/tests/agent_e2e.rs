@@ -25,20 +25,26 @@ fn endpoints_carry_the_models_numbers() {
     });
     let p = process(&state, pid).expect("process");
     let metrics = agent.get("/metrics");
-    let labels =
-        format!("pid=\"{pid}\",command=\"{}\"", p["command"].as_str().unwrap_or("").rsplit('/').next().unwrap_or(""));
-    let _ = labels;
+    // The short label is the executable's name; the command line is on the info series only.
+    let exe = p["exe"].as_str().unwrap_or("").rsplit('/').next().unwrap_or("").to_string();
+    assert!(!exe.is_empty(), "{p}");
     let series = |name: &str, extra: &str| {
         let line = metrics
             .lines()
-            .find(|l| l.starts_with(name) && l.contains(&format!("pid=\"{pid}\"")) && l.contains(extra))
+            .find(|l| {
+                l.starts_with(&format!("{name}{{"))
+                    && l.contains(&format!("process_pid=\"{pid}\",process_executable_name=\"{exe}\""))
+                    && l.contains(extra)
+            })
             .unwrap_or_else(|| panic!("no {name} series for pid {pid} in\n{metrics}"));
         line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("value")
     };
     assert_eq!(
-        series("vramhook_process_memory_live_bytes", "kind=\"plain\""),
+        series("vramhook_process_memory_live_by_kind_bytes", "kind=\"plain\""),
         p["live_by_class"]["plain"].as_f64().unwrap()
     );
+    assert_eq!(series("vramhook_process_memory_live_bytes", "device=\"0\""), 6_295_456.0);
+    assert_eq!(series("vramhook_process_info", "process_command_line=\""), 1.0);
     assert_eq!(series("vramhook_process_memory_peak_bytes", ""), p["peak_bytes"].as_f64().unwrap());
     assert_eq!(series("vramhook_process_allocations_total", ""), p["allocations"].as_f64().unwrap());
     assert_eq!(series("vramhook_process_allocations_live", ""), p["live_allocations"].as_f64().unwrap());
@@ -390,6 +396,51 @@ fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() 
     // Seen (the ring is drained and closed), then forgotten with no retention.
     agent.wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
     agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| process(s, pid).is_none());
+}
+
+/// The OOM counters outlive the process that failed: two processes OOM one after the
+/// other and are forgotten at once (retention 0), and /metrics still counts both, by device
+/// and verdict and per host. (The model gives the second incident the first one's id once
+/// the first process is forgotten; it is counted all the same.)
+#[test]
+fn oom_counters_outlive_their_processes() {
+    let (rings, agent) = Agent::on_new_rings("oomcount", &["--forget-exited-after", "0"]);
+    let mut verdicts = Vec::new();
+    for round in 1..=2u64 {
+        let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
+        let pid = oom.id();
+        let _ = oom.wait();
+        agent.wait_state(Duration::from_secs(30), "the OOM process to be drained and forgotten", |s| {
+            s["agent"]["rings_closed"] == round && process(s, pid).is_none()
+        });
+        let s = agent.state();
+        assert!(s["snapshot"]["incidents"].as_array().is_some_and(|v| v.is_empty()), "forgotten with its incidents");
+        let ooms = s["agent"]["ooms"].as_array().expect("ooms in the agent's counters").clone();
+        let total: u64 = ooms.iter().filter_map(|t| t["count"].as_u64()).sum();
+        assert_eq!(total, round, "{ooms:?}");
+        verdicts = ooms;
+    }
+    let metrics = agent.get("/metrics");
+    let mut device_total = 0.0;
+    for t in &verdicts {
+        let (device, verdict) = (t["device"].as_i64().expect("device"), t["verdict"].as_str().expect("verdict"));
+        let v =
+            prom_value(&metrics, &format!("vramhook_device_ooms_total{{device=\"{device}\",verdict=\"{verdict}\"}}"))
+                .unwrap_or_else(|| panic!("no device OOM counter for {t} in\n{metrics}"));
+        assert_eq!(Some(v), t["count"].as_f64());
+        device_total += v;
+    }
+    assert_eq!(device_total, 2.0);
+    let host: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("vramhook_host_ooms_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(host, 2.0, "{metrics}");
+    assert!(
+        metrics.contains("vramhook_device_ooms_total{device=\"0\",verdict=\"granularity\"} 0"),
+        "every verdict starts at 0"
+    );
 }
 
 /// A tiny OTLP/HTTP sink on loopback: answers every request with `status(path)` and

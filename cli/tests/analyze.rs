@@ -165,3 +165,64 @@ fn real_h200_snapshot_and_capture() {
     let r = json(&[s(&fixtures.join("h200_torch_default.vhc"))]);
     assert_eq!(r["ooms"][0]["requested_bytes"], 200u64 << 30);
 }
+
+/// Traces a workload into `dir/<name>.vhc` on a "host" of its own: a new UTS namespace
+/// named `host`, so the capture's header names that host.
+fn record_on_host(dir: &Path, host: &str, name: &str, args: &[&str]) -> PathBuf {
+    let capture = dir.join(format!("{host}-{name}.vhc"));
+    let out = Command::new("unshare")
+        .args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", host])
+        .arg(vramhook())
+        .args(["run", "--record"])
+        .arg(&capture)
+        .arg("--ring-dir")
+        .arg(dir.join(format!("rings-{host}-{name}")))
+        .arg("--")
+        .arg(sim_dir().join("workloads").join(name))
+        .args(args)
+        .env("VRAMHOOK_LIB", interposer())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("unshare vramhook run");
+    assert!(capture.is_file(), "no capture:\n{}", String::from_utf8_lossy(&out.stderr));
+    capture
+}
+
+/// A fleet post-mortem from real captures of two "hosts" (UTS namespaces): an OOM on one,
+/// a leak on the other; text and JSON report each host apart and add them up.
+#[test]
+fn captures_from_two_hosts_give_a_report_per_host_and_for_the_fleet() {
+    const TEST: &str = "captures_from_two_hosts_give_a_report_per_host_and_for_the_fleet";
+    if !vramhook_safety_tests::require_root(TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let oom = record_on_host(dir.path(), "gpu-a", "torch_caching", &[]);
+    let leak = record_on_host(dir.path(), "gpu-b", "leak", &["--n", "4"]);
+    let v = json(&[s(&leak), s(&oom)]);
+    assert_eq!(v["fleet_schema_version"], 1);
+    let hosts: Vec<&str> = v["hosts"].as_array().expect("hosts").iter().filter_map(|h| h["host"].as_str()).collect();
+    assert_eq!(hosts, ["gpu-a", "gpu-b"]);
+    let a = &v["hosts"][0]["report"];
+    let b = &v["hosts"][1]["report"];
+    assert_eq!(a["ooms"].as_array().map(Vec::len), Some(1), "the OOM is gpu-a's");
+    assert_eq!(b["ooms"].as_array().map(Vec::len), Some(0));
+    // leak --n 4 leaves 6,295,456 bytes live at exit (the simulated driver's ground truth).
+    assert_eq!(v["summary"][1]["leaked_bytes"], 6_295_456u64, "{}", v["summary"]);
+    let verdict = a["ooms"][0]["verdict_name"].as_str().expect("verdict");
+    assert_eq!(v["fleet"]["ooms_by_verdict"][verdict], 1);
+    assert_eq!(v["fleet"]["ooms"], 1);
+    assert_eq!(v["fleet"]["hosts"], 2);
+
+    let out = analyze(&[s(&oom), s(&leak)]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("vramhook fleet post-mortem: 2 hosts"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("gpu-a ") && l.contains(&format!("{verdict} 1"))), "{text}");
+    assert!(text.contains("==== host gpu-b"), "{text}");
+    // One page per host only: asked for one over two hosts, a clear refusal.
+    let html = dir.path().join("fleet.html");
+    let out = analyze(&[s(&oom), s(&leak), "--html", s(&html)]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("several"));
+}

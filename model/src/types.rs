@@ -368,6 +368,34 @@ pub enum Verdict {
     Unknown,
 }
 
+impl Verdict {
+    /// Every verdict, in a fixed order (dashboards and counters list them all).
+    pub const ALL: [Verdict; 8] = [
+        Verdict::Capacity,
+        Verdict::Reclaimable,
+        Verdict::OtherProcess,
+        Verdict::ArenaFragmentation,
+        Verdict::Granularity,
+        Verdict::FrameworkFragmentation,
+        Verdict::FrameworkCache,
+        Verdict::Unknown,
+    ];
+
+    /// Its fixed name, as reports, metric labels and log parsers use it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Capacity => "capacity",
+            Verdict::Reclaimable => "reclaimable",
+            Verdict::OtherProcess => "other_process",
+            Verdict::ArenaFragmentation => "arena_fragmentation",
+            Verdict::Granularity => "granularity",
+            Verdict::FrameworkFragmentation => "framework_fragmentation",
+            Verdict::FrameworkCache => "framework_cache",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     /// A retry of the same size succeeded.

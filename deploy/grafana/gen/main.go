@@ -5,8 +5,12 @@
 //	dashboard check deploy/grafana/vramhook.json     decodes it strictly, validates it,
 //	                                                 checks that it is what gen writes,
 //	                                                 and prints every PromQL query, one a line
+//	                                                 (the host variable's as PromQL too)
 //
-// The tests run every printed query against a real Prometheus fed by real agents.
+// The tests run every printed query against a real Prometheus fed by two real agents
+// (Grafana's $instance and $__rate_interval replaced) and fail on one that returns nothing.
+// Label names are those of Prometheus's OTLP translation, which the agent's /metrics uses
+// too: process_pid, process_executable_name, device, kind, verdict; instance is the host.
 package main
 
 import (
@@ -26,6 +30,12 @@ import (
 // A filter on the host variable, for every query.
 const host = `instance=~"$instance"`
 
+// The host variable: Grafana's label_values, and the same as PromQL for the check.
+const (
+	hostVariable = "label_values(vramhook_device_memory_total_bytes, instance)"
+	hostPromQL   = "group by (instance) (vramhook_device_memory_total_bytes)"
+)
+
 type panel struct {
 	title, unit, description string
 	queries                  [][2]string // expr, legend
@@ -41,35 +51,40 @@ var panels = []panel{
 			{`vramhook_device_memory_traced_bytes{` + host + `}`, "{{instance}} gpu {{device}} traced"},
 			{`vramhook_device_memory_untraced_bytes{` + host + `}`, "{{instance}} gpu {{device}} untraced"},
 		}},
+	{title: "GPU memory used (OpenTelemetry hardware conventions)", unit: "percentunit",
+		description: "hw.gpu.memory.usage / hw.gpu.memory.limit: the semantic-convention names other GPU tools use too.",
+		queries: [][2]string{
+			{`hw_gpu_memory_usage_bytes{` + host + `} / hw_gpu_memory_limit_bytes{` + host + `}`, "{{instance}} {{hw_name}}"},
+		}},
 	{title: "Live bytes by process", unit: "bytes",
 		description: "Device memory each traced process holds, per GPU.",
 		queries: [][2]string{
-			{`sum by (instance, device, pid, command) (vramhook_process_memory_live_bytes{` + host + `})`, "{{instance}} {{command}} ({{pid}}) gpu {{device}}"},
+			{`sum by (instance, device, process_pid, process_executable_name) (vramhook_process_memory_live_bytes{` + host + `})`, "{{instance}} {{process_executable_name}} ({{process_pid}}) gpu {{device}}"},
 		}},
 	{title: "Live bytes by kind", unit: "bytes",
 		description: "Plain allocations, stream-ordered pools, VMM, managed, pitched...",
 		queries: [][2]string{
-			{`sum by (instance, kind) (vramhook_process_memory_live_bytes{` + host + `})`, "{{instance}} {{kind}}"},
+			{`sum by (instance, kind) (vramhook_process_memory_live_by_kind_bytes{` + host + `})`, "{{instance}} {{kind}}"},
 		}},
 	{title: "Largest free span", unit: "bytes",
 		description: "The largest request each process's arenas (VMM reservations, pools) could still serve without new memory.",
 		queries: [][2]string{
-			{`vramhook_process_memory_largest_free_span_bytes{` + host + `}`, "{{instance}} {{command}} ({{pid}})"},
+			{`vramhook_process_memory_largest_free_span_bytes{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}})"},
 		}},
 	{title: "Fragmentation", unit: "percentunit",
 		description: "1 - largest free span / free bytes in the arenas.",
 		queries: [][2]string{
-			{`vramhook_process_memory_fragmentation_ratio{` + host + `}`, "{{instance}} {{command}} ({{pid}})"},
+			{`vramhook_process_memory_fragmentation_ratio{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}})"},
 		}},
 	{title: "OOM incidents by verdict", unit: "short",
-		description: "Out-of-memory incidents per GPU by vramhook's verdict; they outlive the process that failed. Each incident is also a span in Jaeger (link).",
+		description: "Out-of-memory incidents per GPU by vramhook's verdict; they outlive the process that failed. Each incident is also a span vramhook.oom in Jaeger (link).",
 		queries: [][2]string{
 			{`sum by (instance, device, verdict) (increase(vramhook_device_ooms_total{` + host + `}[$__rate_interval]))`, "{{instance}} gpu {{device}} {{verdict}}"},
 		},
 		links: []cog.Builder[dashboard.DashboardLink]{
 			dashboard.NewDashboardLinkBuilder("OOM incidents in Jaeger").
 				Type(dashboard.DashboardLinkTypeLink).
-				Url("${jaeger}/search?service=vramhook-agent&operation=oom").
+				Url("${jaeger}/search?service=vramhook-agent&operation=vramhook.oom").
 				TargetBlank(true),
 		}},
 	{title: "Dropped events", unit: "short",
@@ -88,7 +103,7 @@ func build() ([]byte, error) {
 		Timezone(common.TimeZoneBrowser).
 		WithVariable(dashboard.NewQueryVariableBuilder("instance").
 			Label("Host").
-			Query(dashboard.StringOrMap{String: cog.ToPtr("label_values(vramhook_device_memory_total_bytes, instance)")}).
+			Query(dashboard.StringOrMap{String: cog.ToPtr(hostVariable)}).
 			Multi(true).
 			IncludeAll(true).
 			AllValue(".*")).
@@ -139,6 +154,7 @@ func check(path string) error {
 	if !bytes.Equal(raw, want) {
 		return fmt.Errorf("%s differs from what `dashboard gen` writes: regenerate it", path)
 	}
+	fmt.Println(hostPromQL)
 	for _, p := range panels {
 		for _, q := range p.queries {
 			fmt.Println(q[0])

@@ -381,3 +381,105 @@ fn debian_package_installs_and_removes_with_dpkg() {
         assert!(!root.join(path).exists(), "{path} left after purge");
     }
 }
+
+/// maturin, from `$MATURIN`, `.tools/venv` (scripts/ci-backends.sh) or `PATH`.
+fn maturin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("MATURIN").map(PathBuf::from).filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    let tools = repo_root().join(".tools/venv/bin/maturin");
+    if tools.is_file() {
+        return Some(tools);
+    }
+    Command::new("maturin").arg("--version").output().ok().filter(|o| o.status.success()).map(|_| "maturin".into())
+}
+
+#[test]
+fn python_wheel_installs_into_a_fresh_venv_and_traces_a_workload() {
+    const TEST: &str = "python_wheel_installs_into_a_fresh_venv_and_traces_a_workload";
+    let Some(maturin) = maturin() else {
+        not_run(TEST, "maturin is not installed (pip install maturin; scripts/ci-backends.sh puts it in .tools/venv)");
+        return;
+    };
+    if Command::new("python3").args(["-m", "venv", "--help"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        not_run(TEST, "python3 with the venv module is not installed (apt install python3-venv)");
+        return;
+    }
+    let profile = if profile_dir().ends_with("release") { "release" } else { "dev" };
+    let work = tempfile::tempdir().expect("dir");
+    let wheels = work.path().join("wheels");
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/build-wheel.sh"))
+        .args(["--profile", profile, "--no-build", "--out", wheels.to_str().expect("utf-8")])
+        .env("MATURIN", &maturin)
+        .env("MATURIN_QUIET", "1")
+        .current_dir(repo_root())
+        .output()
+        .expect("build-wheel.sh");
+    assert!(out.status.success(), "build-wheel.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let wheel = std::fs::read_dir(&wheels)
+        .expect("wheels")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .expect("a wheel");
+
+    // A fresh environment; pip installs the wheel alone, from the file (no index).
+    let venv = work.path().join("venv");
+    let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("venv");
+    assert!(status.success());
+    let pip = Command::new(venv.join("bin/pip"))
+        .args(["install", "--no-index", "--no-deps", "--quiet"])
+        .arg(&wheel)
+        .output()
+        .expect("pip");
+    assert!(pip.status.success(), "pip install: {}", String::from_utf8_lossy(&pip.stderr));
+    let bin = venv.join("bin/vramhook");
+    let lib = venv.join("share/vramhook/libvramhook.so");
+    assert!(lib.is_file(), "the interposer in the environment's share/vramhook");
+    assert!(!venv.join("bin/libvramhook.so").exists(), "found through share/vramhook, not beside the binary");
+    let version = Command::new(&bin).arg("--version").output().expect("vramhook --version");
+    assert!(version.status.success());
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("vramhook "), "{version:?}");
+    if repo_root().join("lens").is_dir() {
+        assert!(venv.join("share/vramhook/lens").is_dir(), "the lens directory is in the wheel");
+    }
+
+    // `vramhook run` from the environment finds the packaged library by itself and
+    // records a simulated workload; the capture has the driver's ground truth.
+    let capture = work.path().join("leak.vhc");
+    let run = Command::new(&bin)
+        .arg("run")
+        .arg("--record")
+        .arg(&capture)
+        .arg("--ring-dir")
+        .arg(work.path().join("rings"))
+        .arg("--")
+        .arg(workload("leak"))
+        .args(["--n", "4"])
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("VRAMHOOK_LIB")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("vramhook run");
+    assert!(run.status.success(), "vramhook run: {}", String::from_utf8_lossy(&run.stderr));
+    let report = Command::new(&bin).args(["analyze", "--json"]).arg(&capture).output().expect("analyze");
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).expect("report");
+    let leaked: u64 = report["leaks"].as_array().into_iter().flatten().filter_map(|l| l["bytes"].as_u64()).sum();
+    assert_eq!(leaked, 6_295_456, "leak --n 4 leaves 6,295,456 bytes: {}", report["leaks"]);
+
+    // The packaged library preloaded by hand, as a service's environment would: the
+    // workload's ring appears in the directory it was given.
+    let rings = work.path().join("preload-rings");
+    let direct = Command::new(workload("leak"))
+        .args(["--n", "2"])
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", &lib)
+        .env("VRAMHOOK_DIR", &rings)
+        .env_remove("VRAMHOOK_RUN_ID")
+        .output()
+        .expect("preloaded workload");
+    assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
+    let ring_files = std::fs::read_dir(&rings).map(|d| d.count()).unwrap_or(0);
+    assert!(ring_files >= 1, "the preloaded library wrote a ring in {}", rings.display());
+}
