@@ -28,6 +28,23 @@ pub fn event_json(e: &Event) -> serde_json::Value {
             "api": "vramhook", "symbol": e.hook_miss_symbol(), "version": e.hook_miss_version(), "flags": e.hook_miss_flags(),
             "device": -1, "addr": 0, "size": 0, "result": 0});
     }
+    if e.api == Api::Lens as u16 {
+        // A lens's record: its framework where a call has its caller (named by the kind's
+        // own accessors rather than the raw words, which mean something else per kind).
+        let mut v = json!({"seq": e.seq, "ts_ns": e.ts_ns, "pid": e.pid, "tid": e.tid,
+            "kind": e.kind().map(EventKind::name).unwrap_or("unknown"), "api": "lens", "device": e.device,
+            "addr": e.addr, "size": e.size, "aux": e.aux, "stream": e.stream, "result": e.result});
+        let o = v.as_object_mut().expect("an object");
+        match e.kind() {
+            Some(EventKind::FrameworkSegment) => {
+                o.insert("free_pieces".into(), json!(e.free_pieces()));
+            }
+            _ => {
+                o.insert("framework".into(), json!(e.framework().name()));
+            }
+        }
+        return v;
+    }
     json!({
         "seq": e.seq,
         "ts_ns": e.ts_ns,
