@@ -501,6 +501,13 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
     let _ = vmm.wait();
     std::thread::sleep(Duration::from_secs(3));
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings[0].path(), &[("SIM_OOM_GIB", "200")]);
+    // A fragmented PyTorch-style cache on each host, held while the agents export it: the
+    // lens's numbers (the dashboard's framework-cache panels) from both hosts.
+    let caches: Vec<_> = rings
+        .iter()
+        .map(|r| spawn_traced(&workload("torch_fragmented"), &[], r.path(), &[("SIM_HOLD_S", "120")]))
+        .collect();
+    held.extend(caches);
     let oom_pid = oom.id();
     let _ = oom.wait();
     agents[0].wait_state(Duration::from_secs(30), "the OOM incident", |s| {

@@ -76,6 +76,18 @@ var panels = []panel{
 		queries: [][2]string{
 			{`vramhook_process_memory_fragmentation_ratio{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}})"},
 		}},
+	{title: "Framework cache", unit: "bytes",
+		description: "What a framework's lens says of its own cache (the PyTorch lens): reserved from the driver, handed out to the program, and the largest block it could hand out whole. Reserved minus allocated is free inside the cache, invisible to the driver.",
+		queries: [][2]string{
+			{`vramhook_process_framework_reserved_bytes{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) {{framework}} reserved"},
+			{`vramhook_process_framework_allocated_bytes{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) {{framework}} allocated"},
+			{`vramhook_process_framework_largest_free_block_bytes{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) {{framework}} largest free block"},
+		}},
+	{title: "Framework cache fragmentation", unit: "percentunit",
+		description: "1 - largest free block / free bytes inside the framework's cache: near 1, the cache's free memory is in pieces too small for large requests (PyTorch: try expandable_segments:True).",
+		queries: [][2]string{
+			{`vramhook_process_framework_fragmentation_ratio{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) {{framework}}"},
+		}},
 	{title: "OOM incidents by verdict", unit: "short",
 		description: "Out-of-memory incidents per GPU by vramhook's verdict; they outlive the process that failed. Each incident is also a span vramhook.oom in Jaeger (link).",
 		queries: [][2]string{

@@ -13,8 +13,10 @@
  * SIM_EXPANDABLE=1: expandable segments. One address range grows by 20 MiB pages
  * (cuMemCreate + cuMemMap); freed blocks coalesce inside it, so the 600 MiB tensors pack
  * together and the 2000 MiB request fits in what they leave: nothing fails.
+ * SIM_HOLD_S=N: wait N seconds once the cache is fragmented (for a reader to see it live).
  * Exit status: 1 after the OOM, 0 when everything fitted. */
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "sim_cuda.h"
@@ -223,6 +225,8 @@ int main(void) {
     lens_sample();
     printf("tensors=%d reserved=%llu allocated=%llu\n", n, (unsigned long long)reserved(),
            (unsigned long long)allocated());
+    fflush(stdout);
+    for (uint64_t s = env_u64("SIM_HOLD_S", 0); s > 0; s--) sleep(1);
     uint64_t big = tensor(REQUEST);
     cudaMemGetInfo(&fr, &tot);
     if (big) {
