@@ -112,14 +112,19 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         std::fs::write(out, perfetto::render(&report)).with_context(|| format!("cannot write {}", out.display()))?;
         eprintln!("vramhook analyze: wrote {} (open it at ui.perfetto.dev)", out.display());
     }
-    // Buffered: a report of 10,000 incidents is tens of MB of JSON, and stdout alone
-    // writes it a line (a system call) at a time.
+    print_report(args.json, &report, || text::render(&report))
+}
+
+/// The report on stdout, as JSON or as `text()` says. Buffered: a report of 10,000
+/// incidents is tens of MB of JSON, and stdout alone writes it a line (a system call) at a
+/// time.
+fn print_report(json: bool, report: &impl serde::Serialize, text: impl FnOnce() -> String) -> Result<ExitCode> {
     let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    if args.json {
-        serde_json::to_writer_pretty(&mut stdout, &report).context("cannot write JSON")?;
+    if json {
+        serde_json::to_writer_pretty(&mut stdout, report).context("cannot write JSON")?;
         writeln!(stdout)?;
     } else {
-        stdout.write_all(text::render(&report).as_bytes())?;
+        stdout.write_all(text().as_bytes())?;
     }
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -140,13 +145,5 @@ fn analyze_fleet(args: &AnalyzeArgs, opts: &Options) -> Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    let mut stdout = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    if args.json {
-        serde_json::to_writer_pretty(&mut stdout, &report).context("cannot write JSON")?;
-        writeln!(stdout)?;
-    } else {
-        stdout.write_all(fleet::render_text(&report).as_bytes())?;
-    }
-    stdout.flush()?;
-    Ok(ExitCode::SUCCESS)
+    print_report(args.json, &report, || fleet::render_text(&report))
 }

@@ -423,16 +423,12 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
     for f in ["prometheus.yml", "alerts.yml"] {
         std::fs::copy(repo_root().join("deploy/prometheus").join(f), prom_dir.path().join(f)).expect("copy");
     }
-    let prom_log = std::fs::File::create(prom_dir.path().join("prometheus.log")).expect("log");
-    let prom = Command::new(backend_bin("prometheus"))
-        .arg(format!("--config.file={}", prom_dir.path().join("prometheus.yml").display()))
+    let mut prom = Command::new(backend_bin("prometheus"));
+    prom.arg(format!("--config.file={}", prom_dir.path().join("prometheus.yml").display()))
         .arg(format!("--storage.tsdb.path={}", prom_dir.path().join("data").display()))
         .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .arg("--web.enable-otlp-receiver")
-        .stdout(prom_log.try_clone().expect("log"))
-        .stderr(prom_log)
-        .spawn()
-        .expect("start prometheus");
+        .arg("--web.enable-otlp-receiver");
+    let prom = spawn_logged(prom, &prom_dir.path().join("prometheus.log"));
     let _prom = Backend(prom, prom_dir);
     wait_http(prom_port, "/-/ready", "prometheus");
     let jp: Vec<u16> = (0..4).map(|_| free_port()).collect();
@@ -442,19 +438,16 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
     // environment variables.
     let (grpc, http, telemetry) = (free_port(), free_port(), free_port());
     let col_dir = tempfile::tempdir().expect("collector dir");
-    let col_log = std::fs::File::create(col_dir.path().join("collector.log")).expect("log");
-    let collector = Command::new(backend_bin("jaeger"))
+    let mut collector = Command::new(backend_bin("jaeger"));
+    collector
         .arg(format!("--config={}", repo_root().join("deploy/otel-collector.yaml").display()))
         .env("VRAMHOOK_COLLECTOR_GRPC", format!("127.0.0.1:{grpc}"))
         .env("VRAMHOOK_COLLECTOR_HTTP", format!("127.0.0.1:{http}"))
         .env("VRAMHOOK_COLLECTOR_TELEMETRY_HOST", "127.0.0.1")
         .env("VRAMHOOK_COLLECTOR_TELEMETRY_PORT", telemetry.to_string())
         .env("PROMETHEUS_OTLP_ENDPOINT", format!("http://127.0.0.1:{prom_port}/api/v1/otlp/v1/metrics"))
-        .env("JAEGER_OTLP_ENDPOINT", format!("127.0.0.1:{}", jp[0]))
-        .stdout(col_log.try_clone().expect("log"))
-        .stderr(col_log)
-        .spawn()
-        .expect("start the collector");
+        .env("JAEGER_OTLP_ENDPOINT", format!("127.0.0.1:{}", jp[0]));
+    let collector = spawn_logged(collector, &col_dir.path().join("collector.log"));
     let collector = Backend(collector, col_dir);
     wait_http(telemetry, "/metrics", "the collector");
 
@@ -626,4 +619,11 @@ fn dump_ranges(port: u16, queries: &[String], since: std::time::SystemTime, dir:
     }
     std::fs::create_dir_all(dir).expect("data dir");
     std::fs::write(dir.join("queries.json"), serde_json::to_string_pretty(&out).expect("json")).expect("write");
+}
+
+/// Starts `cmd` with its stdout and stderr in the file `log`.
+fn spawn_logged(mut cmd: Command, log: &std::path::Path) -> std::process::Child {
+    let file = std::fs::File::create(log).expect("log file");
+    cmd.stdout(file.try_clone().expect("log file")).stderr(file);
+    cmd.spawn().unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program()))
 }

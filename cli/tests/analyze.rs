@@ -9,18 +9,32 @@ use vramhook_testkit::{interposer, repo_root, sim_dir, vramhook_bin as vramhook}
 
 /// Traces a workload into `dir/<name>.vhc`.
 fn record(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let lib = interposer();
-    let capture = dir.join(format!("{name}.vhc"));
-    let out = Command::new(vramhook())
-        .arg("run")
-        .arg("--record")
+    record_as(dir, None, name, args)
+}
+
+/// Traces a workload with `vramhook run`, on a "host" of its own when one is named: a new
+/// UTS namespace of that name, so the capture's header names that host
+/// (`dir/<host>-<name>.vhc`, else `dir/<name>.vhc`).
+fn record_as(dir: &Path, host: Option<&str>, name: &str, args: &[&str]) -> PathBuf {
+    let stem = host.map_or_else(|| name.to_string(), |h| format!("{h}-{name}"));
+    let capture = dir.join(format!("{stem}.vhc"));
+    let mut cmd = match host {
+        Some(h) => {
+            let mut c = Command::new("unshare");
+            c.args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", h]).arg(vramhook());
+            c
+        }
+        None => Command::new(vramhook()),
+    };
+    let out = cmd
+        .args(["run", "--record"])
         .arg(&capture)
         .arg("--ring-dir")
-        .arg(dir.join(format!("rings-{name}")))
+        .arg(dir.join(format!("rings-{stem}")))
         .arg("--")
         .arg(sim_dir().join("workloads").join(name))
         .args(args)
-        .env("VRAMHOOK_LIB", &lib)
+        .env("VRAMHOOK_LIB", interposer())
         .env("LD_LIBRARY_PATH", sim_dir())
         .env_remove("LD_PRELOAD")
         .output()
@@ -166,27 +180,9 @@ fn real_h200_snapshot_and_capture() {
     assert_eq!(r["ooms"][0]["requested_bytes"], 200u64 << 30);
 }
 
-/// Traces a workload into `dir/<name>.vhc` on a "host" of its own: a new UTS namespace
-/// named `host`, so the capture's header names that host.
+/// Traces a workload into `dir/<host>-<name>.vhc` on a "host" of its own.
 fn record_on_host(dir: &Path, host: &str, name: &str, args: &[&str]) -> PathBuf {
-    let capture = dir.join(format!("{host}-{name}.vhc"));
-    let out = Command::new("unshare")
-        .args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", host])
-        .arg(vramhook())
-        .args(["run", "--record"])
-        .arg(&capture)
-        .arg("--ring-dir")
-        .arg(dir.join(format!("rings-{host}-{name}")))
-        .arg("--")
-        .arg(sim_dir().join("workloads").join(name))
-        .args(args)
-        .env("VRAMHOOK_LIB", interposer())
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("unshare vramhook run");
-    assert!(capture.is_file(), "no capture:\n{}", String::from_utf8_lossy(&out.stderr));
-    capture
+    record_as(dir, Some(host), name, args)
 }
 
 /// A fleet post-mortem from real captures of two "hosts" (UTS namespaces): an OOM on one,

@@ -76,21 +76,9 @@ enum Side {
 /// interposer asks the driver for the device once per thread and context, so this checks
 /// that a context switch is never missed.
 fn allocation_devices(t: &Traced, side: Side) -> BTreeMap<(u64, u64), Vec<(u64, i64)>> {
-    const ALLOCATING: &[&str] = &[
-        "cuMemAlloc_v2",
-        "cuMemAllocPitch_v2",
-        "cuMemAllocManaged",
-        "cuMemAllocAsync",
-        "cuMemAllocAsync_ptsz",
-        "cuMemAllocFromPoolAsync",
-        "cuMemAllocFromPoolAsync_ptsz",
-        "cuArrayCreate_v2",
-        "cuArray3DCreate_v2",
-        "cuMipmappedArrayCreate",
-    ];
     let mut out: BTreeMap<(u64, u64), Vec<(u64, i64)>> = BTreeMap::new();
     let mut add = |v: &serde_json::Value, pid: u64, name: &str| {
-        if ALLOCATING.contains(&name) && v["result"] == 0 {
+        if DEVICE_ALLOCS.contains(&name) && v["result"] == 0 {
             let (tid, addr, device) = (v["tid"].as_u64(), v["addr"].as_u64(), v["device"].as_i64());
             out.entry((pid, tid.expect("tid"))).or_default().push((addr.expect("addr"), device.expect("device")));
         }

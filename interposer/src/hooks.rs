@@ -40,6 +40,19 @@ pub struct Array3dDescriptor {
     flags: u32,
 }
 
+/// The real function `$name` of this signature, or a return of
+/// `CUDA_ERROR_NOT_INITIALIZED` from the wrapper when libcuda has none.
+macro_rules! real_or_not_initialized {
+    ($name:ident ( $($t:ty),* )) => {{
+        let p = real::real(F::$name);
+        if p.is_null() {
+            return CUDA_ERROR_NOT_INITIALIZED;
+        }
+        // SAFETY: `p` is libcuda's function of this exact name and signature.
+        core::mem::transmute::<*mut c_void, unsafe extern "C" fn($($t),*) -> CUresult>(p)
+    }};
+}
+
 /// Defines an exported wrapper: resolves the real function, passes straight through when
 /// disabled or re-entered, otherwise calls it and runs `$record` (never letting a panic
 /// out) with the result bound to `$r`.
@@ -49,12 +62,7 @@ macro_rules! hook {
         /// # Safety
         /// Same contract as the CUDA driver function of this name.
         pub unsafe extern "C" fn $name($($arg: $t),*) -> CUresult {
-            let p = real::real(F::$name);
-            if p.is_null() {
-                return CUDA_ERROR_NOT_INITIALIZED;
-            }
-            // SAFETY: `p` is libcuda's function of this exact name and signature.
-            let real_fn: unsafe extern "C" fn($($t),*) -> CUresult = core::mem::transmute(p);
+            let real_fn = real_or_not_initialized!($name($($t),*));
             if config::disabled() {
                 return real_fn($($arg),*);
             }
@@ -372,12 +380,7 @@ macro_rules! context_hook {
         /// # Safety
         /// Same contract as the CUDA driver function of this name.
         pub unsafe extern "C" fn $name($($arg: $t),*) -> CUresult {
-            let p = real::real(F::$name);
-            if p.is_null() {
-                return CUDA_ERROR_NOT_INITIALIZED;
-            }
-            // SAFETY: `p` is libcuda's function of this exact name and signature.
-            let real_fn: unsafe extern "C" fn($($t),*) -> CUresult = core::mem::transmute(p);
+            let real_fn = real_or_not_initialized!($name($($t),*));
             let r = real_fn($($arg),*);
             context_hook!(@forget $scope);
             r

@@ -365,28 +365,31 @@ impl Event {
     /// Reserved bytes of a `framework_sample` or `framework_oom`.
     #[inline]
     pub fn framework_reserved(&self) -> u64 {
-        if self.kind == EventKind::FrameworkOom as u8 {
-            self.size
-        } else {
-            self.addr
-        }
+        self.word_if(EventKind::FrameworkOom, self.size, self.addr)
     }
 
     /// Allocated bytes of a `framework_sample`, `framework_oom` or `framework_segment`.
     #[inline]
     pub fn framework_allocated(&self) -> u64 {
-        if self.kind == EventKind::FrameworkSample as u8 {
-            self.size
-        } else {
-            self.aux
-        }
+        self.word_if(EventKind::FrameworkSample, self.size, self.aux)
     }
 
     /// The largest free block of a lens record (`None`: not measured).
     #[inline]
     pub fn largest_free_block(&self) -> Option<u64> {
-        let v = if self.kind == EventKind::FrameworkSample as u8 { self.aux } else { self.stream };
+        let v = self.word_if(EventKind::FrameworkSample, self.aux, self.stream);
         (v != UNKNOWN_BYTES).then_some(v)
+    }
+
+    /// `then` for a record of `kind`, `otherwise` for the others (the lens kinds keep a
+    /// number in different words).
+    #[inline]
+    fn word_if(&self, kind: EventKind, then: u64, otherwise: u64) -> u64 {
+        if self.kind == kind as u8 {
+            then
+        } else {
+            otherwise
+        }
     }
 
     /// The segment count of a `framework_sample`.

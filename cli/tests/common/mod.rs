@@ -105,7 +105,8 @@ pub fn read_truth(dir: &Path) -> BTreeMap<u32, Vec<Value>> {
 /// A call reduced to what both sides know: (function, result, key a, key b).
 pub type Call = (String, u64, u64, u64);
 
-const ALLOCS: &[&str] = &[
+/// The calls that allocate on the current device (an IPC open maps another process's memory).
+pub const DEVICE_ALLOCS: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemAllocPitch_v2",
     "cuMemAllocManaged",
@@ -116,7 +117,6 @@ const ALLOCS: &[&str] = &[
     "cuArrayCreate_v2",
     "cuArray3DCreate_v2",
     "cuMipmappedArrayCreate",
-    "cuIpcOpenMemHandle_v2",
 ];
 const FREES: &[&str] = &[
     "cuMemFree_v2",
@@ -135,7 +135,7 @@ fn u(v: &Value, k: &str) -> u64 {
 /// `pool` names the field that holds a pool handle on that side.
 fn reduce(f: &str, get: impl Fn(&str) -> u64, pool: &str) -> Option<Call> {
     let key = match f {
-        f if ALLOCS.contains(&f) => (get("addr"), get("size")),
+        f if DEVICE_ALLOCS.contains(&f) || f == "cuIpcOpenMemHandle_v2" => (get("addr"), get("size")),
         f if FREES.contains(&f) => (get("addr"), 0),
         "cuMemCreate" => (get("size"), get("aux")),
         "cuMemRelease" | "cuMemImportFromShareableHandle" => (get("aux"), 0),

@@ -101,6 +101,12 @@ fn a_ring_cut_while_mapped_is_closed_and_the_agent_lives() {
             && process(s, me.pid).is_some_and(|p| p["alive"] == serde_json::Value::Bool(false))
     });
     assert!(agent.exited().is_none(), "the agent died");
+    // The test reads the agent's stderr through a pipe another thread drains, so the line
+    // may arrive after the state shows the ring closed: wait for it, not for an order.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !agent.log().contains("cut to 0 bytes while mapped") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let log = agent.log();
     assert!(log.contains("cut to 0 bytes while mapped"), "a clear line:\n{log}");
     // And it still drains a ring made afterwards.
