@@ -185,14 +185,15 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let pid = oom.id();
     let _ = oom.wait();
-    let state = agent.wait_state(Duration::from_secs(30), "the OOM incident to be exported", |s| {
-        s["agent"]["incidents_exported"].as_u64().unwrap_or(0) >= 1
+    // Exported, and in the published state: the agent hands a new incident to the exporter
+    // just before it publishes the snapshot holding it, so under load the exporter can count
+    // it before the state shows it.
+    let of_pid =
+        |s: &Value| s["snapshot"]["incidents"].as_array().and_then(|v| v.iter().find(|i| i["pid"] == pid)).cloned();
+    let state = agent.wait_state(Duration::from_secs(30), "the OOM incident to be exported and in the state", |s| {
+        s["agent"]["incidents_exported"].as_u64().unwrap_or(0) >= 1 && of_pid(s).is_some()
     });
-    let incident = state["snapshot"]["incidents"]
-        .as_array()
-        .and_then(|v| v.iter().find(|i| i["pid"] == pid))
-        .expect("incident in the model")
-        .clone();
+    let incident = of_pid(&state).expect("incident in the model");
 
     let query = format!("/api/traces?service=vramhook-agent&operation={}&limit=50", urlencode("vramhook.oom"));
     let addr = format!("127.0.0.1:{}", ports[2]).parse().expect("addr");
