@@ -33,6 +33,10 @@ fi
 # SIM_SKIP_BUILD=1 uses an existing build (the GPU machine has no make).
 [ "${SIM_SKIP_BUILD:-0}" = 1 ] || make -s -C "$ROOT/tests/simcuda" -j2 all
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
+# The simulated libcuda.so.1 before any other: on a GPU machine LD_LIBRARY_PATH names the
+# real driver's folder, which the loader searches before the benchmark's RUNPATH (the
+# "simulated" figures of earlier H200 runs were the real driver's for that reason).
+export LD_LIBRARY_PATH="$ROOT/tests/simcuda/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
 if [ -n "${BENCH_RING_DIR:-}" ]; then
     RINGS="$BENCH_RING_DIR/bench-calls.$$"

@@ -7,6 +7,15 @@
 #   percentile, the page faults of the timed loops, what the hooked runs left in their
 #   ring (no drops: the recording path is what is measured), and what rdtsc,
 #   cuCtxGetDevice and cuCtxGetCurrent cost there
+# - pair: the hook's cost inside one process (.gpu/bench_pair, built from
+#   tests/simcuda/workloads/bench_pair.c): every iteration calls libcuda's own
+#   cuMemAllocAsync/cuMemFreeAsync and the program's (vramhook's wrapper) side by side.
+#   Configurations, interleaved over BENCH_ROUNDS rounds: aa (no LD_PRELOAD: the method's
+#   own error), hooked, and with .gpu/libvramhook-parts.so (cargo feature bench-parts) the
+#   hook with parts left out (VRAMHOOK_BENCH_SKIP: 1 clock, 2 ring write, 4 device lookup),
+#   VRAMHOOK_DISABLE=1 (the wrapper alone) and VRAMHOOK_CLOCK=monotonic
+# - simpair: scripts/bench-pair.sh (the simulated driver, inside one process) on this
+#   host's cores, at 1 and 16 threads; needs tests/simcuda/build (carried)
 # - sim: scripts/bench-calls.sh (the simulated driver) on this host's 16 cores; needs
 #   tests/simcuda/build from the development machine (carried)
 # - model, replay, agent: the crates' benchmarks (.gpu/bench_*)
@@ -15,7 +24,7 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-bench}}"
 shift || true
-PARTS="${*:-calls sim model replay agent misses}"
+PARTS="${*:-pair calls simpair sim model replay agent misses}"
 mkdir -p "$OUT"
 export VRAMHOOK_LIB="${VRAMHOOK_LIB:-$PWD/.gpu/libvramhook.so}"
 case "$VRAMHOOK_LIB" in /*) ;; *) VRAMHOOK_LIB="$PWD/$VRAMHOOK_LIB" ;; esac
@@ -69,6 +78,61 @@ print(f"on this machine, per call (median over rounds): rdtsc {med(r['rdtsc_ns']
 PY
 }
 
+# pair_config NAME ROUND LIB [ENV...]: one bench_pair process, its JSON line tagged
+pair_config() {
+    local name=$1 round=$2 lib=$3 line stats='{}'
+    shift 3
+    local rings="$PAIR_RINGS/$name"
+    rm -rf "$rings"
+    if [ -n "$lib" ]; then
+        line=$(env "$@" VRAMHOOK_DIR="$rings" VRAMHOOK_RING_SLOTS=1048576 LD_PRELOAD="$lib" \
+            taskset -c "$CPU" .gpu/bench_pair --iters "$PAIR_ITERS")
+        # No ring where nothing was written (VRAMHOOK_DISABLE=1, or the write left out).
+        [ ! -d "$rings" ] || stats=$(python3 scripts/gpu/bench_ring_stats.py "$rings")
+    else
+        line=$(taskset -c "$CPU" .gpu/bench_pair --iters "$PAIR_ITERS")
+    fi
+    python3 -c 'import json, sys; d = {"config": sys.argv[1], "round": int(sys.argv[2])}; d.update(json.loads(sys.argv[3])); d.update(json.loads(sys.argv[4])); print(json.dumps(d))' \
+        "$name" "$round" "$line" "$stats" >> "$OUT/bench_pair.jsonl"
+}
+
+pair() {
+    PAIR_ITERS="${BENCH_PAIR_ITERS:-20000}"
+    echo "== real H200: hook cost inside one process (bench_pair), $ROUNDS interleaved rounds of $PAIR_ITERS pairs, pinned to CPU $CPU"
+    echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null);" \
+        "tsc flags: $(grep -o -w 'constant_tsc\|nonstop_tsc\|tsc_known_freq\|rdtscp' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    local parts_lib="$PWD/.gpu/libvramhook-parts.so"
+    PAIR_RINGS=$(mktemp -d /dev/shm/vh-pair.XXXXXX)
+    : > "$OUT/bench_pair.jsonl"
+    # BENCH_PAIR_CONFIGS picks configurations (default all); "baseline" is an older build
+    # (BENCH_BASELINE_LIB) beside this one, in the same rounds.
+    local configs="${BENCH_PAIR_CONFIGS:-aa hooked baseline parts-all no-clock no-write no-device no-clock-write wrapper-only monotonic}"
+    has_config() { case " $configs " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+    for round in $(seq "$ROUNDS"); do
+        has_config aa && pair_config aa "$round" ""
+        has_config hooked && pair_config hooked "$round" "$VRAMHOOK_LIB"
+        if has_config baseline && [ -n "${BENCH_BASELINE_LIB:-}" ]; then
+            pair_config baseline "$round" "$PWD/$BENCH_BASELINE_LIB"
+        fi
+        if [ -f "$parts_lib" ]; then
+            has_config parts-all && pair_config parts-all "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=0
+            has_config no-clock && pair_config no-clock "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=1
+            has_config no-write && pair_config no-write "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=2
+            has_config no-device && pair_config no-device "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=4
+            has_config no-clock-write && pair_config no-clock-write "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=3
+            has_config wrapper-only && pair_config wrapper-only "$round" "$parts_lib" VRAMHOOK_DISABLE=1
+        fi
+        has_config monotonic && pair_config monotonic "$round" "$VRAMHOOK_LIB" VRAMHOOK_CLOCK=monotonic
+    done
+    rm -rf "$PAIR_RINGS"
+    python3 scripts/bench_pair_summary.py "$OUT/bench_pair.jsonl"
+}
+
+simpair() {
+    echo "== simulated driver on this host, inside one process: scripts/bench-pair.sh (SIM_SKIP_BUILD=1)"
+    SIM_SKIP_BUILD=1 BENCH_ROUNDS="$ROUNDS" BENCH_JSONL="$OUT/bench_simpair.jsonl" bash scripts/bench-pair.sh
+}
+
 sim() {
     echo "== simulated driver on this host: scripts/bench-calls.sh (SIM_SKIP_BUILD=1)"
     : > "$OUT/bench_sim.jsonl"
@@ -76,7 +140,9 @@ sim() {
 }
 
 {
+has pair && pair
 has calls && calls
+has simpair && simpair
 has sim && sim
 if has model; then
     echo "== model benchmark (one core)"

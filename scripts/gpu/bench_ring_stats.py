@@ -24,4 +24,6 @@ for lane in range(1, lanes):
     written += struct.unpack_from("<Q", head, 1024 + (lane - 1) * 64)[0]
 dropped = struct.unpack_from("<Q", head, 384)[0]
 capacity = struct.unpack_from("<Q", head, 16)[0]
-print(json.dumps({"ring_lanes": lanes, "ring_slots_per_lane": capacity, "ring_events": written, "ring_dropped": dropped}))
+clock = {0: "monotonic", 1: "tsc"}.get(struct.unpack_from("<I", head, 48)[0], "unknown")
+print(json.dumps({"ring_lanes": lanes, "ring_slots_per_lane": capacity, "ring_events": written, "ring_dropped": dropped,
+                  "ring_clock": clock}))

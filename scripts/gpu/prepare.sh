@@ -6,8 +6,15 @@ cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook -p vramhook-interposer
 mkdir -p .gpu
 cp target/release/vramhook target/release/libvramhook.so .gpu/
+# The hook with parts that can be left out (scripts/gpu/bench.sh pair), built aside so the
+# library above stays the one users get.
+cargo build --release -p vramhook-interposer --features bench-parts --target-dir target/bench-parts
+cp target/bench-parts/release/libvramhook.so .gpu/libvramhook-parts.so
+# The in-process benchmark (it needs no CUDA headers: it dlopens libcuda.so.1).
+make -s -C tests/simcuda build/workloads/bench_pair
+cp tests/simcuda/build/workloads/bench_pair .gpu/
 # Debug info off the copies: the device tool carries at most 64 MiB.
-strip --strip-debug .gpu/vramhook .gpu/libvramhook.so
+strip --strip-debug .gpu/vramhook .gpu/libvramhook.so .gpu/libvramhook-parts.so
 # The benchmarks (each crate's benches/), under the names the GPU scripts use.
 bench_bin() {
     cargo bench -p "$1" --bench "$2" --no-run 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -n 1
