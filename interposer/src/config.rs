@@ -18,6 +18,33 @@ pub static DEBUG: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_CLOCK=monotonic`: stamp events with CLOCK_MONOTONIC instead of the TSC.
 pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
+/// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
+/// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
+/// (and two experiments, `SKIP_CHECK`, `PREFETCH_BEFORE`).
+#[cfg(feature = "bench-parts")]
+static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
+pub const SKIP_CLOCK: u64 = 1;
+pub const SKIP_WRITE: u64 = 2;
+pub const SKIP_DEVICE: u64 = 4;
+/// Not a part left out: the look at the slot's stamp skipped (the benchmark's ring cannot fill).
+pub const SKIP_CHECK: u64 = 8;
+/// Not a part left out: the next slot's line asked for before the driver is called.
+pub const PREFETCH_BEFORE: u64 = 16;
+
+/// Whether the benchmark build was told to leave `part` out (always false otherwise).
+#[inline(always)]
+pub fn bench_skips(part: u64) -> bool {
+    #[cfg(feature = "bench-parts")]
+    {
+        BENCH_SKIP.load(Ordering::Relaxed) & part != 0
+    }
+    #[cfg(not(feature = "bench-parts"))]
+    {
+        let _ = part;
+        false
+    }
+}
+
 /// `VRAMHOOK_KEEP_PERCENT`: undrained rings of gone processes may take this share of the
 /// ring directory's file system before the oldest are removed.
 pub static KEEP_PERCENT: AtomicU64 = AtomicU64::new(vramhook_protocol::ringdir::DEFAULT_KEEP_PERCENT);
@@ -88,6 +115,11 @@ pub fn load_from_env() {
     }
     if let Some(v) = env(c"VRAMHOOK_CLOCK") {
         FORCE_MONOTONIC.store(v == b"monotonic", Ordering::Relaxed);
+    }
+    crate::sink::choose_clock(FORCE_MONOTONIC.load(Ordering::Relaxed));
+    #[cfg(feature = "bench-parts")]
+    if let Some(n) = env(c"VRAMHOOK_BENCH_SKIP").and_then(parse_u64) {
+        BENCH_SKIP.store(n, Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_KEEP_PERCENT").and_then(vramhook_protocol::ringdir::parse_setting) {
         KEEP_PERCENT.store(n.min(100), Ordering::Relaxed);

@@ -103,6 +103,9 @@ fn current_device() -> i16 {
 /// see costs at most 63 misattributed allocations per thread.
 #[inline(always)]
 fn thread_device(h: &Hook, check: bool) -> i16 {
+    if config::bench_skips(config::SKIP_DEVICE) {
+        return -1;
+    }
     if !check {
         if let Some(device) = h.cached_device() {
             return device;

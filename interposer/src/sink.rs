@@ -72,6 +72,13 @@ pub fn set_disabled(on: bool) {
     RING.disabled.store(on, Ordering::Relaxed);
 }
 
+/// Chooses the events' clock (constructor): the TSC where it is invariant, unless
+/// `VRAMHOOK_CLOCK=monotonic`. Chosen before the first hook, because hooks read the clock
+/// before the ring (which records the choice) exists.
+pub fn choose_clock(force_monotonic: bool) {
+    RING.tsc.store(!force_monotonic && clock::tsc_is_invariant(), Ordering::Relaxed);
+}
+
 /// A thread made a context current (or popped one): its next allocation asks the driver.
 #[inline]
 pub fn context_changed_on_this_thread() {
@@ -189,6 +196,11 @@ mod thread {
 /// Leaves the hook when dropped.
 pub struct Hook {
     state: *mut ThreadState,
+    /// When the hook was entered: a driver call's events carry its start. The clock is
+    /// read before the driver runs, so that the TSC read (16 ns on the H200) overlaps the
+    /// driver's work instead of adding to it; a free stamped at its start also sorts
+    /// before an allocation on another thread that got the freed address back.
+    ts: u64,
 }
 
 impl Hook {
@@ -205,7 +217,23 @@ impl Hook {
                 refresh(&mut *state);
             }
         }
-        Some(Hook { state })
+        let hook = Hook { state, ts: now() };
+        if config::bench_skips(config::PREFETCH_BEFORE) {
+            hook.prefetch_slot();
+        }
+        Some(hook)
+    }
+
+    /// The benchmark build's experiment: the next slot asked for before the driver runs.
+    #[inline(always)]
+    fn prefetch_slot(&self) {
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &*self.state };
+        if s.lane_mode == LANE_OWNED {
+            if let Some(w) = ring() {
+                w.prefetch_next(&s.owned);
+            }
+        }
     }
 
     /// The device of this thread's current context, when a previous allocation asked the
@@ -247,6 +275,9 @@ impl Hook {
     /// this thread, now. Never blocks: a full ring drops and counts it.
     #[inline(always)]
     pub fn emit(&self, ev: Event) {
+        if config::bench_skips(config::SKIP_WRITE) {
+            return;
+        }
         if let Some(w) = ring() {
             self.push(w, ev);
         }
@@ -259,14 +290,20 @@ impl Hook {
         if s.lane_mode == LANE_NONE {
             claim_lane(s, w);
         }
-        // Both pushes inlined, so that the record goes from registers into its slot.
-        let raw = stamp(ev, s.tid);
+        let raw = stamp_at(ev, s.tid, self.ts);
         if s.lane_mode == LANE_OWNED {
+            // Inlined, so that the record goes from registers into its slot.
             // SAFETY: the lane is this thread's alone (claim_lane), and this thread is in
             // a hook, so no handler of a signal that interrupted it pushes here too.
-            unsafe { w.push_exclusive(&mut s.owned, &raw) };
+            unsafe {
+                if config::bench_skips(config::SKIP_CHECK) {
+                    w.push_exclusive_checked::<false>(&mut s.owned, &raw);
+                } else {
+                    w.push_exclusive(&mut s.owned, &raw);
+                }
+            }
         } else {
-            w.push_to_lane(0, &raw);
+            push_shared(w, &raw);
         }
     }
 
@@ -358,6 +395,12 @@ fn thread_alive(tid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// A thread without a lane of its own: the shared lane 0 (compare-and-swap).
+#[inline(never)]
+fn push_shared(w: &RingWriter, raw: &RawRecord) {
+    w.push_to_lane(0, raw);
+}
+
 /// Records `ev` from a path outside the wrappers (a hook miss, process exit): in this
 /// thread's lane, or, when the thread is inside a hook (this may be a signal handler that
 /// interrupted its push), in the shared lane.
@@ -378,6 +421,9 @@ fn current_tid() -> u32 {
 
 #[inline(always)]
 fn now() -> u64 {
+    if config::bench_skips(config::SKIP_CLOCK) {
+        return 0;
+    }
     if RING.tsc.load(Ordering::Relaxed) {
         clock::read_tsc()
     } else {
@@ -726,7 +772,7 @@ fn create_ring() -> bool {
     let cmd_len = read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
     let mut meta = [0u8; META_CAPACITY];
     let meta_len = encode_meta(exe, &cmdline[..cmd_len], &mut meta);
-    let use_tsc = !config::FORCE_MONOTONIC.load(Ordering::Relaxed) && clock::tsc_is_invariant();
+    let use_tsc = RING.tsc.load(Ordering::Relaxed);
     let init = RingInit {
         capacity,
         pid,
@@ -768,7 +814,6 @@ fn create_ring() -> bool {
     RING.map.store(map as usize, Ordering::Relaxed);
     RING.map_len.store(len, Ordering::Relaxed);
     RING.pid.store(pid, Ordering::Relaxed);
-    RING.tsc.store(use_tsc, Ordering::Relaxed);
     if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registering a plain function.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -829,7 +874,12 @@ extern "C" fn after_fork_in_child() {
 /// The record of `ev` made by thread `tid` of this process, stamped now.
 #[inline(always)]
 fn stamp(ev: Event, tid: u32) -> RawRecord {
-    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(now()).to_raw()
+    stamp_at(ev, tid, now())
+}
+
+#[inline(always)]
+fn stamp_at(ev: Event, tid: u32, ts: u64) -> RawRecord {
+    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(ts).to_raw()
 }
 
 /// Counts an entry point we could not wrap and records its name (init time only).

@@ -151,48 +151,64 @@ impl RingWriter {
     /// push at a time.
     #[inline(always)]
     pub unsafe fn push_exclusive(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
-        let mask = self.capacity - 1;
-        let pos = lane.next;
-        // SAFETY: slot < capacity: inside the lane.
-        let slot = unsafe { lane.slots.add((pos & mask) as usize * RECORD_SIZE) };
-        // SAFETY: a slot's stamp is its first 8 bytes, 8-aligned.
-        let stamp = unsafe { &*(slot as *const AtomicU64) };
-        let lap2 = (pos >> self.shift).wrapping_mul(2);
-        if stamp.load(Ordering::Acquire) != lap2 {
+        // SAFETY: as this function's.
+        unsafe { self.push_exclusive_checked::<true>(lane, record) }
+    }
+
+    /// `push_exclusive`, where `CHECK` false skips the look at the slot's stamp: only for
+    /// timing that look on a ring that cannot fill (the interposer's `bench-parts` build).
+    ///
+    /// # Safety
+    /// As for `push_exclusive`; with `CHECK` false, the lane must have room.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn push_exclusive_checked<const CHECK: bool>(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
+        let mut pos = lane.next;
+        // SAFETY: a slot's stamp is its first 8 bytes, 8-aligned, inside the lane.
+        let free = !CHECK
+            || unsafe { &*(lane.slot(pos, self.capacity) as *const AtomicU64) }.load(Ordering::Acquire)
+                == (pos >> self.shift).wrapping_mul(2);
+        if !free {
             // SAFETY: as this function's.
-            return unsafe { self.push_exclusive_slow(lane, record) };
+            match unsafe { self.next_free_slot(lane) } {
+                Some(p) => pos = p,
+                None => return false,
+            }
         }
+        // One place takes the record, after the slow path has joined again: the record
+        // then goes from registers into the slot.
         // SAFETY: the slot is free and the lane ours.
-        unsafe { fill_and_publish(slot, lap2 + 1, record) };
+        unsafe { fill_and_publish(lane.slot(pos, self.capacity), (pos >> self.shift).wrapping_mul(2) + 1, record) };
         lane.next = pos.wrapping_add(1);
         // SAFETY: the lane's cursor, a word of the mapped header.
         unsafe { &*lane.write_pos }.store(lane.next, Ordering::Release);
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(lane.slots, lane.next, mask) };
+        unsafe { prefetch_ahead(lane.slots, lane.next, self.capacity - 1) };
         true
     }
 
+    /// Asks for the line of the lane's next slot, owned (a hint, for the `bench-parts` build).
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn prefetch_next(&self, lane: &OwnedLane) {
+        // SAFETY: the lane's slots.
+        unsafe { prefetch_ahead(lane.slots, lane.next, self.capacity - 1) };
+    }
+
     /// The next slot of an owned lane is not free: the ring is full (it still holds last
-    /// lap's unread event: drop), or someone else wrote into it (a slot already used at a
-    /// later lap: skip it, a bounded number of times, then drop). Never spins.
+    /// lap's unread event: drop, counted), or someone else wrote into it (a slot already
+    /// used at a later lap: skip it, a bounded number of times, then drop). Never spins.
+    /// Returns the position to write at.
     #[cold]
     #[inline(never)]
-    unsafe fn push_exclusive_slow(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
-        let mask = self.capacity - 1;
+    unsafe fn next_free_slot(&self, lane: &mut OwnedLane) -> Option<u64> {
         let mut pos = lane.next;
         for _ in 0..MAX_PUSH_ATTEMPTS {
             // SAFETY: as in push_exclusive.
-            let slot = unsafe { lane.slots.add((pos & mask) as usize * RECORD_SIZE) };
-            // SAFETY: as in push_exclusive.
-            let stamp = unsafe { &*(slot as *const AtomicU64) }.load(Ordering::Acquire);
+            let stamp = unsafe { &*(lane.slot(pos, self.capacity) as *const AtomicU64) }.load(Ordering::Acquire);
             let lap2 = (pos >> self.shift).wrapping_mul(2);
             if stamp == lap2 {
-                // SAFETY: the slot is free and the lane ours.
-                unsafe { fill_and_publish(slot, lap2 + 1, record) };
-                lane.next = pos.wrapping_add(1);
-                // SAFETY: as in push_exclusive.
-                unsafe { &*lane.write_pos }.store(lane.next, Ordering::Release);
-                return true;
+                return Some(pos);
             }
             if stamp < lap2 {
                 break;
@@ -201,7 +217,7 @@ impl RingWriter {
         }
         lane.next = pos;
         self.header().dropped.fetch_add(1, Ordering::Relaxed);
-        false
+        None
     }
 
     /// Writes `record` into the slot of `pos`, which the caller owns, and publishes it.
@@ -245,6 +261,15 @@ pub struct OwnedLane {
 }
 
 impl OwnedLane {
+    /// First byte of the slot of position `pos` in a lane of `capacity` slots.
+    #[inline(always)]
+    fn slot(&self, pos: u64, capacity: u64) -> *mut u8 {
+        // SAFETY: the slot index is below capacity: inside the lane.
+        unsafe { self.slots.add((pos & (capacity - 1)) as usize * RECORD_SIZE) }
+    }
+}
+
+impl OwnedLane {
     /// A lane that is no lane: only for zero-initialised thread state, never pushed to.
     pub const UNSET: OwnedLane = OwnedLane { slots: core::ptr::null_mut(), write_pos: core::ptr::null(), next: 0 };
 }
@@ -260,30 +285,40 @@ impl OwnedLane {
 /// `slots` is the first slot of a lane of `mask + 1` slots.
 #[inline(always)]
 unsafe fn prefetch_ahead(slots: *mut u8, next: u64, mask: u64) {
+    // PREFETCHW: the line comes in owned, so the next push's stores need no request for
+    // ownership (the reader's core last wrote it, freeing the slot). CPUs before
+    // Broadwell execute the instruction as a no-op.
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetches are hints; both addresses lie inside the lane.
+    // SAFETY: prefetches are hints that never fault; both addresses lie inside the lane.
     unsafe {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(slots.add((next & mask) as usize * RECORD_SIZE) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(slots.add((next.wrapping_add(64) & mask) as usize * RECORD_SIZE) as *const i8);
+        core::arch::asm!(
+            "prefetchw [{a}]",
+            "prefetchw [{b}]",
+            a = in(reg) slots.add((next & mask) as usize * RECORD_SIZE),
+            b = in(reg) slots.add((next.wrapping_add(64) & mask) as usize * RECORD_SIZE),
+            options(nostack, preserves_flags, readonly),
+        );
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (slots, next, mask);
 }
 
 /// Writes `record` but its first word into `slot`, then `stamp` into that word (release):
-/// seven word stores and one publication, not a memcpy call.
+/// seven word stores and one publication, not a memcpy call. The words are made from the
+/// record's fields in registers ([`RawRecord::to_words`]): reading them back from a record
+/// laid out in memory by narrower stores stalls the load until those stores retire (a
+/// failed store-to-load forward, several ns on every hooked call).
 ///
 /// # Safety
 /// `slot` is a 64-byte slot of a mapped ring that the caller owns until it is published.
 #[inline(always)]
 unsafe fn fill_and_publish(slot: *mut u8, stamp: u64, record: &RawRecord) {
+    let words = record.to_words();
     // SAFETY: per this function's contract; the stamp is written only through the atomic.
     unsafe {
-        let src = record as *const RawRecord as *const u64;
         let dst = slot as *mut u64;
-        for word in 1..RECORD_SIZE / 8 {
-            dst.add(word).write(src.add(word).read_unaligned());
+        for (word, value) in words.iter().enumerate().skip(1) {
+            dst.add(word).write(value.to_le());
         }
         (*(slot as *const AtomicU64)).store(stamp, Ordering::Release);
     }
