@@ -96,6 +96,38 @@ fn a_true_shortage_stays_capacity() {
     assert!(ooms.iter().all(|o| o["verdict_name"] == "capacity"), "{ooms:#?}");
 }
 
+/// A framework library loaded after the process's first CUDA call (the ring's creation scan
+/// saw none): our `dlopen` (by path) or our `dlsym` in its handle (loaded by bare name,
+/// through the program's RUNPATH, where glibc's own `dlopen` ran) looks again and records
+/// it, so the OOM of a full device is `framework_cache`; without the library, `capacity`.
+#[test]
+fn a_framework_library_loaded_after_the_first_cuda_call_is_attributed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, &[&str], &str, Value); 3] = [
+        ("late-path", &[], "framework_cache", Value::from("cupy")),
+        ("late-bare", &["--bare"], "framework_cache", Value::from("cupy")),
+        ("late-none", &["--no-dlopen"], "capacity", Value::Null),
+    ];
+    for (name, args, verdict, framework) in cases {
+        let program = workload("late_framework");
+        let mut argv = vec![program.as_str()];
+        argv.extend_from_slice(args);
+        let (cap, out) = run(dir.path(), name, &argv, &[("VRAMHOOK_SIM_VRAM_BYTES", "1073741824")]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("allocations=10 oom=1"), "{name}: {stdout}");
+        assert_eq!(stdout.contains("loaded the framework library"), !args.contains(&"--no-dlopen"), "{name}");
+        let r = report(&cap);
+        let ooms = r["ooms"].as_array().expect("ooms");
+        // The fill's last 100 MiB and the 500 MiB request.
+        assert_eq!(ooms.len(), 2, "{name}: {ooms:#?}");
+        for o in ooms {
+            assert_eq!(o["verdict_name"], verdict, "{name}: {}", o["explanation"]);
+            assert_eq!(o["framework"], framework, "{name}");
+        }
+    }
+}
+
 /// The real Python lens (lens/) in a Python process that imports a stand-in `torch`
 /// (tests/fixtures/fake_torch): sitecustomize from `vramhook run`, the import watch,
 /// `torch.cuda._lazy_call`, the OOM observer, `memory_stats` and `memory._snapshot`.
