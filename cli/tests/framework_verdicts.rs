@@ -96,6 +96,115 @@ fn a_true_shortage_stays_capacity() {
     assert!(ooms.iter().all(|o| o["verdict_name"] == "capacity"), "{ooms:#?}");
 }
 
+/// A framework library loaded after the process's first CUDA call (the ring's creation scan
+/// saw none): our `dlopen` (by path) or our `dlsym` in its handle (loaded by bare name,
+/// through the program's RUNPATH, where glibc's own `dlopen` ran) looks again and records
+/// it, so the OOM of a full device is `framework_cache`; without the library, `capacity`.
+#[test]
+fn a_framework_library_loaded_after_the_first_cuda_call_is_attributed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&str, &[&str], &str, Value); 3] = [
+        ("late-path", &[], "framework_cache", Value::from("cupy")),
+        ("late-bare", &["--bare"], "framework_cache", Value::from("cupy")),
+        ("late-none", &["--no-dlopen"], "capacity", Value::Null),
+    ];
+    for (name, args, verdict, framework) in cases {
+        let program = workload("late_framework");
+        let mut argv = vec![program.as_str()];
+        argv.extend_from_slice(args);
+        let (cap, out) = run(dir.path(), name, &argv, &[("VRAMHOOK_SIM_VRAM_BYTES", "1073741824")]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("allocations=10 oom=1"), "{name}: {stdout}");
+        assert_eq!(stdout.contains("loaded the framework library"), !args.contains(&"--no-dlopen"), "{name}");
+        let r = report(&cap);
+        let ooms = r["ooms"].as_array().expect("ooms");
+        // The fill's last 100 MiB and the 500 MiB request.
+        assert_eq!(ooms.len(), 2, "{name}: {ooms:#?}");
+        for o in ooms {
+            assert_eq!(o["verdict_name"], verdict, "{name}: {}", o["explanation"]);
+            assert_eq!(o["framework"], framework, "{name}");
+        }
+    }
+}
+
+/// The real CuPy and JAX lenses (lens/) over stand-in `cupy` and `jax` modules
+/// (tests/fixtures/fake_frameworks) that cache on the simulated driver: each fragments its
+/// cache, pauses for a sample, and fails a 300 MiB request with 400 MiB stranded in 40 MiB
+/// pieces. Their samples carry the pool's own numbers, and the verdict comes from them.
+#[test]
+fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_frameworks");
+    let pythonpath = fake.display().to_string();
+    for (name, framework, args, largest) in [
+        ("cupy", "CuPy", &[][..], Value::Null),
+        ("jax", "JAX/XLA", &[][..], Value::from(40 * MIB)),
+        ("cupy-whole", "CuPy", &["whole"][..], Value::Null),
+    ] {
+        let script = fake.join(format!("{}_fragment.py", name.trim_end_matches("-whole")));
+        let mut argv = vec!["python3", script.to_str().expect("path")];
+        argv.extend_from_slice(args);
+        let envs = [
+            ("VRAMHOOK_SIM_VRAM_BYTES", "1073741824"),
+            ("PYTHONPATH", pythonpath.as_str()),
+            ("VRAMHOOK_LENS_INTERVAL_S", "0.05"),
+        ];
+        let (cap, out) = run(dir.path(), name, &argv, &envs);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stderr.contains("vramhook lens:"), "{name}: the lens complained: {stderr}");
+        let r = report(&cap);
+        let ooms = r["ooms"].as_array().expect("ooms");
+        // The lens's samples: the last one before the OOM is the pool's own numbers.
+        let samples = dump_kind(&cap, "framework_sample");
+        assert!(!samples.is_empty(), "{name}: no framework_sample recorded");
+        if name == "cupy-whole" {
+            // Freed whole: CuPy's give-back and retry got the bytes; the incident recovered.
+            assert_eq!(out.status.code(), Some(0), "{stderr}");
+            assert!(stdout.contains("no_oom"), "{stdout}");
+            assert_eq!(ooms.len(), 1, "{ooms:#?}");
+            assert_eq!(ooms[0]["outcome"], "Recovered");
+            assert_eq!(ooms[0]["verdict_name"], "reclaimable", "{}", ooms[0]["explanation"]);
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "{name}: the program raised its OOM: {stderr}");
+        assert!(stdout.contains("reserved=1048576000 allocated=629145600"), "{name}: {stdout}");
+        let last = samples.last().expect("a sample");
+        // A sample's reserved bytes are in `addr`, allocated in `size`, the largest free block in `aux`.
+        assert_eq!(
+            (last["addr"].as_u64(), last["size"].as_u64()),
+            (Some(1000 * MIB), Some(600 * MIB)),
+            "{name}: {last}"
+        );
+        let unknown = Value::from(u64::MAX);
+        assert_eq!(last["aux"], if largest.is_null() { unknown } else { largest.clone() }, "{name}");
+        assert_eq!(ooms.len(), 1, "{name}: {ooms:#?}");
+        let o = &ooms[0];
+        assert_eq!(o["verdict_name"], "framework_fragmentation", "{name}: {}", o["explanation"]);
+        assert_eq!(o["outcome"], "FailedAgain", "{name}");
+        assert_eq!(o["requested_bytes"], 300 * MIB);
+        let text = o["explanation"].as_str().expect("explanation");
+        assert!(text.contains(&format!("{framework}'s lens")), "{name}: {text}");
+        assert!(text.contains("400.00 MiB (419,430,400 bytes) reserved by"), "{name}: {text}");
+        if largest.is_null() {
+            assert!(text.contains("does not report its largest free block"), "{name}: {text}");
+        } else {
+            assert!(text.contains("the largest free block was 40.00 MiB"), "{name}: {text}");
+        }
+    }
+}
+
+/// The records of one kind in `vramhook dump`'s JSON lines.
+fn dump_kind(capture: &Path, kind: &str) -> Vec<Value> {
+    let out = Command::new(vramhook()).arg("dump").arg(capture).output().expect("dump");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect::<Vec<Value>>();
+    lines.into_iter().filter(|v| v["kind"] == kind).collect()
+}
+
 /// The real Python lens (lens/) in a Python process that imports a stand-in `torch`
 /// (tests/fixtures/fake_torch): sitecustomize from `vramhook run`, the import watch,
 /// `torch.cuda._lazy_call`, the OOM observer, `memory_stats` and `memory._snapshot`.

@@ -54,6 +54,9 @@ fn decide_inner(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     if handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
         return core::ptr::null_mut();
     }
+    // A lookup in a library's handle: the library may have been loaded where our `dlopen`
+    // did not look (a name without a `/`); one callback when nothing was loaded since.
+    crate::lens::after_load();
     // SAFETY: symbol is a NUL-terminated string from the caller.
     let name = unsafe { core::ffi::CStr::from_ptr(symbol) }.to_bytes();
     let Some(f) = crate::real::wrapped_by_name(name) else {

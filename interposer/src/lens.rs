@@ -5,7 +5,25 @@
 
 use crate::config;
 use crate::sink::Hook;
+use core::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vramhook_protocol::record::{Event, FrameworkId};
+
+/// The frameworks this process's ring has been told of (the scan at its creation, and
+/// every `frameworks` record written since).
+static KNOWN: AtomicU64 = AtomicU64::new(0);
+/// This process's ring exists and its creation scanned `/proc/self/maps` (cleared in a
+/// forked child, whose ring is made, and scanned, anew).
+static SCANNED: AtomicBool = AtomicBool::new(false);
+static ATFORK: AtomicBool = AtomicBool::new(false);
+/// `dlpi_adds` (the loader's count of objects ever loaded) at the last look.
+static LAST_ADDS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+extern "C" fn forget_in_child() {
+    SCANNED.store(false, Ordering::Relaxed);
+    KNOWN.store(0, Ordering::Relaxed);
+    LAST_ADDS.store(u64::MAX, Ordering::Relaxed);
+}
 
 /// `FrameworkId` bits of the libraries mapped into this process, read from
 /// `/proc/self/maps` with plain syscalls into a stack buffer: no allocation, no loader
@@ -40,7 +58,74 @@ pub fn loaded_frameworks() -> u64 {
     }
     // SAFETY: our own descriptor.
     unsafe { libc::close(fd) };
+    // Called once, by the ring's creation: what is in the ring now.
+    KNOWN.store(mask, Ordering::Relaxed);
+    SCANNED.store(true, Ordering::Release);
+    if !ATFORK.swap(true, Ordering::AcqRel) {
+        // SAFETY: registering a plain function (the ring's creation registers its own too).
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    }
     mask
+}
+
+/// True once this process's ring exists (its creation scanned the loaded libraries).
+pub fn ring_scanned() -> bool {
+    SCANNED.load(Ordering::Acquire)
+}
+
+struct LoadScan {
+    first: bool,
+    unchanged: bool,
+    adds: u64,
+    mask: u64,
+}
+
+unsafe extern "C" fn scan_object(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> libc::c_int {
+    // SAFETY: `data` is the `LoadScan` that `after_load` passed; `info` is the loader's,
+    // valid for this call, and `size` says which of its fields exist.
+    let (scan, info) = unsafe { (&mut *data.cast::<LoadScan>(), &*info) };
+    if scan.first {
+        scan.first = false;
+        let has_adds = size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs);
+        scan.adds = if has_adds { info.dlpi_adds } else { u64::MAX - 1 };
+        if has_adds && scan.adds == LAST_ADDS.load(Ordering::Relaxed) {
+            scan.unchanged = true;
+            return 1; // nothing was loaded since the last look: stop here
+        }
+    }
+    if !info.dlpi_name.is_null() {
+        // SAFETY: the loader's NUL-terminated name of this object.
+        let name = unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes();
+        if let Some(f) = FrameworkId::of_library(name) {
+            scan.mask |= f.bit();
+        }
+    }
+    0
+}
+
+/// After the program loaded a library (our `dlopen` and `dlsym` call this): when this
+/// process's ring exists and the loader loaded anything since the last look, the names of
+/// the loaded objects are matched again, and frameworks not yet in the ring are recorded
+/// in a new `frameworks` record (the model ORs the masks). Before the ring exists this does
+/// nothing: its creation scans everything loaded by then. No allocation; the loader's list
+/// lock is taken (by `dl_iterate_phdr`) only here, never across a `dlopen`, and nothing of
+/// ours is held meanwhile. A check with nothing new costs one callback.
+pub fn after_load() {
+    if !ring_scanned() || config::disabled() {
+        return;
+    }
+    let Some(h) = Hook::enter() else { return };
+    let mut scan = LoadScan { first: true, unchanged: false, adds: 0, mask: 0 };
+    // SAFETY: our callback and its data, alive for the call.
+    unsafe { libc::dl_iterate_phdr(Some(scan_object), (&raw mut scan).cast()) };
+    if scan.first || scan.unchanged {
+        return;
+    }
+    LAST_ADDS.store(scan.adds, Ordering::Relaxed);
+    let old = KNOWN.fetch_or(scan.mask, Ordering::AcqRel);
+    if scan.mask & !old != 0 {
+        h.emit(Event::frameworks(old | scan.mask));
+    }
 }
 
 /// Kinds of [`LensRecord`].

@@ -5,6 +5,8 @@
 //! How calls are caught (see docs/how-programs-reach-the-driver.md for why all three exist):
 //! - we export the driver's memory functions, for programs linked with `-lcuda`;
 //! - we export `dlsym`, for programs that look driver functions up by name;
+//! - we export `dlopen` (x86-64), so that a framework library loaded after the ring was
+//!   made is attributed (it changes nothing about what is loaded: see `dlopen_hook`);
 //! - we export `cuGetProcAddress` and `cuGetProcAddress_v2`, through which cudart gets
 //!   every entry point: each pointer the driver hands out is swapped, by address, for our
 //!   wrapper of that exact function (version, flags and status stay as the driver said).
@@ -14,6 +16,7 @@
 //! guard; no panic crosses the FFI boundary; nothing happens until CUDA is used.
 
 mod config;
+mod dlopen_hook;
 mod dlsym_hook;
 mod hooks;
 mod lens;

@@ -1,8 +1,9 @@
 """vramhook's framework lenses: what a framework's own allocator knows and the driver cannot.
 
-`install()` (called by the lens directory's sitecustomize) watches for `import torch` and,
-once PyTorch's CUDA state exists, attaches the PyTorch lens (`torch_lens`). Nothing happens
-in a program that never imports torch, or that runs without libvramhook.so.
+`install()` (called by the lens directory's sitecustomize) watches for `import torch`,
+`import cupy` and `import jax` and attaches the lens of each (`torch_lens`, `cupy_lens`,
+`jax_lens`) once the module is imported. Nothing happens in a program that imports none of
+them, or that runs without libvramhook.so.
 """
 
 import importlib.abc
@@ -63,13 +64,29 @@ def _on_torch(torch):
     torch_lens.attach(torch)
 
 
+def _on_cupy(cupy):
+    from . import cupy_lens
+
+    cupy_lens.attach(cupy)
+
+
+def _on_jax(jax):
+    from . import jax_lens
+
+    jax_lens.attach(jax)
+
+
+_LENSES = (("torch", _on_torch), ("cupy", _on_cupy), ("jax", _on_jax))
+
+
 def install():
     """Attaches the lenses of frameworks the program imports (once)."""
     global _installed
     if _installed or not ring.available():
         return
     _installed = True
-    if "torch" in sys.modules:
-        _on_torch(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _WatchImports("torch", _on_torch))
+    for name, then in _LENSES:
+        if name in sys.modules:
+            then(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, _WatchImports(name, then))

@@ -454,7 +454,37 @@ pub struct VerdictInputs {
     /// What the framework's lens said when it gave up, if a lens ran.
     #[serde(default)]
     pub lens: Option<LensOom>,
+    /// The latest periodic sample of a caching framework's lens on the device, when it was
+    /// taken at most `LENS_SAMPLE_FRESH_NS` before the failure (CuPy's and JAX's lenses
+    /// have no out-of-memory observer: their samples are all there is).
+    #[serde(default)]
+    pub lens_sample: Option<LensSample>,
+    /// The same request succeeded on a retry (the framework gave back cached memory and the
+    /// driver then had it): whatever was free in its cache was not stranded.
+    #[serde(default)]
+    pub recovered: bool,
 }
+
+/// A lens's periodic sample as a verdict uses it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LensSample {
+    pub framework: FrameworkId,
+    pub reserved: u64,
+    pub allocated: u64,
+    /// `None`: the framework does not report it (CuPy), or this sample did not measure it.
+    pub largest_free_block: Option<u64>,
+    /// How long before the failure it was taken.
+    pub age_ns: u64,
+}
+
+impl LensSample {
+    pub fn cached_free(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+}
+
+/// A lens sample older than this at a failure says too little about the cache then.
+pub const LENS_SAMPLE_FRESH_NS: u64 = 5_000_000_000;
 
 /// One out-of-memory incident: a failure, possibly followed by frees and retries.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

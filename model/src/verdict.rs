@@ -22,12 +22,17 @@ use vramhook_protocol::{Api, FrameworkId};
 /// 5. **FrameworkFragmentation** (cache-wide) — the process's framework segments (a snapshot's
 ///    or a lens's) held free bytes with `F + free ≥ R`, but none of their free blocks was `≥ R`.
 ///    Each segment alone may look whole; only the cache-wide figure shows the pieces.
-/// 6. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
-/// 7. **OtherProcess** — `F + own_idle < R ≤ F + own_idle + other_idle`.
-/// 8. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
+/// 6. **FrameworkFragmentation** (a lens's sample) — no lens spoke at the OOM (CuPy, JAX),
+///    but its latest sample on the device (at most 5 s old) had `C = reserved − allocated > 0`
+///    with `F + C ≥ R`, its largest free block `< R` or not reported, and the request did not
+///    succeed on a retry: the framework went to the driver because no free block held `R`.
+/// 7. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
+/// 8. **OtherProcess** — `F + own_idle < R ≤ F + own_idle + other_idle`.
+/// 9. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
 ///    process held enough from the driver that `F + held ≥ R`, and nothing says how much of
-///    it was free inside its cache (no lens, no segments): not capacity until the cache is seen.
-/// 9. **Capacity** — otherwise: even every idle traced byte would not cover it.
+///    it was free inside its cache (no lens, no segments, no recent sample): not capacity
+///    until the cache is seen.
+/// 10. **Capacity** — otherwise: even every idle traced byte would not cover it.
 pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     let r = i.requested;
     if let Some(l) = &i.lens {
@@ -61,13 +66,23 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     if i.cache_segments > 0 && f.saturating_add(i.cache_free) >= r && i.cache_largest_free < r {
         return (Verdict::FrameworkFragmentation, None);
     }
+    if let Some(l) = &i.lens_sample {
+        // A caching framework asks the driver only when none of its free blocks holds the
+        // request: with the free bytes there (as the lens last saw them) and the retry after
+        // the framework gave back what it could still failing, they were in pieces.
+        let c = l.cached_free();
+        let in_pieces = l.largest_free_block.is_none_or(|b| b < r);
+        if i.lens.is_none() && i.cache_segments == 0 && !i.recovered && c > 0 && f.saturating_add(c) >= r && in_pieces {
+            return (Verdict::FrameworkFragmentation, None);
+        }
+    }
     if r <= f.saturating_add(i.own_idle) {
         return (Verdict::Reclaimable, None);
     }
     if r <= f.saturating_add(i.own_idle).saturating_add(i.other_idle) {
         return (Verdict::OtherProcess, None);
     }
-    let cache_unseen = i.lens.is_none() && i.cache_segments == 0;
+    let cache_unseen = i.lens.is_none() && i.cache_segments == 0 && i.lens_sample.is_none();
     if i.framework.is_some_and(|fw| fw.caches()) && cache_unseen && f.saturating_add(i.framework_held) >= r {
         return (Verdict::FrameworkCache, None);
     }
@@ -127,6 +142,12 @@ fn fragmentation_fix(fw: FrameworkId, stranded: u64) -> String {
         FrameworkId::Jax | FrameworkId::TensorFlow => format!(
             "Fix: XLA_PYTHON_CLIENT_ALLOCATOR=platform (or a smaller XLA_PYTHON_CLIENT_MEM_FRACTION with \
              preallocation off) so the {} stranded in the BFC pool go back to the driver.",
+            fmt_bytes(stranded)
+        ),
+        FrameworkId::CuPy => format!(
+            "Fix: CuPy gives back only wholly free chunks (free_all_blocks); the {} stranded in split chunks stay: \
+             allocate the large arrays first, or use cupy.cuda.MemoryAsyncPool (stream-ordered, the driver's pool), \
+             or set_allocator(None) for the large requests.",
             fmt_bytes(stranded)
         ),
         _ => format!(
@@ -245,6 +266,26 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
                     );
                 }
                 s += ": the memory was there, stranded in the cache. ";
+                s += &fragmentation_fix(l.framework, l.cached_free());
+            }
+            None if i.cache_segments == 0 && i.lens_sample.is_some() => {
+                let l = i.lens_sample.clone().unwrap_or_default();
+                let name = l.framework.display_name();
+                s += &format!(
+                    "Verdict: framework fragmentation. {name}'s lens, {:.3} s before the failure: {} allocated by                      {name}, {} reserved by {name} but unallocated, of {} reserved; ",
+                    l.age_ns as f64 / 1e9,
+                    with_bytes(l.allocated),
+                    with_bytes(l.cached_free()),
+                    fmt_bytes(l.reserved)
+                );
+                match l.largest_free_block {
+                    Some(b) => s += &format!("the largest free block was {}, ", fmt_bytes(b)),
+                    None => s += &format!("{name} does not report its largest free block, but "),
+                }
+                s += &format!(
+                    "{name} asked the driver for {} and did not get it on a retry, so no free block in its cache held                      it: the memory was there, stranded in the cache (as of that sample). ",
+                    fmt_bytes(i.requested)
+                );
                 s += &fragmentation_fix(l.framework, l.cached_free());
             }
             None => {

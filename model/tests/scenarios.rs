@@ -397,6 +397,43 @@ fn verdict_precedence() {
     );
 }
 
+/// A lens's periodic sample (CuPy's, JAX's: no OOM observer) at a driver failure.
+#[test]
+fn verdict_from_a_lens_sample() {
+    let v = |i: &VerdictInputs| decide_verdict(i).0;
+    // 10 MiB asked, 4 MiB free on the device; CuPy held 20 MiB, 12 MiB of them free.
+    let cupy = LensSample {
+        framework: FrameworkId::CuPy,
+        reserved: 20 << 20,
+        allocated: 8 << 20,
+        largest_free_block: None,
+        age_ns: 50_000_000,
+    };
+    let base = VerdictInputs {
+        requested: 10 << 20,
+        granularity: 2 << 20,
+        device_free: Some(4 << 20),
+        own_idle: 12 << 20,
+        framework: Some(FrameworkId::CuPy),
+        framework_held: 20 << 20,
+        lens_sample: Some(cupy.clone()),
+        ..VerdictInputs::default()
+    };
+    let (verdict, _) = decide_verdict(&base);
+    assert_eq!(verdict, Verdict::FrameworkFragmentation, "went to the driver with the bytes cached: in pieces");
+    // The framework's retry got the bytes: what it gave back was whole, so reclaimable.
+    assert_eq!(v(&VerdictInputs { recovered: true, ..base.clone() }), Verdict::Reclaimable);
+    // JAX reports its largest free block: one that held the request means the sample is stale.
+    let jax = LensSample { framework: FrameworkId::Jax, largest_free_block: Some(11 << 20), ..cupy.clone() };
+    assert_eq!(v(&VerdictInputs { lens_sample: Some(jax.clone()), ..base.clone() }), Verdict::Reclaimable);
+    let jax = LensSample { largest_free_block: Some(3 << 20), ..jax };
+    assert_eq!(v(&VerdictInputs { lens_sample: Some(jax), ..base.clone() }), Verdict::FrameworkFragmentation);
+    // A sample that shows a full cache: seen, not the cause: capacity, not framework_cache.
+    let full = LensSample { allocated: 20 << 20, ..cupy };
+    assert_eq!(v(&VerdictInputs { lens_sample: Some(full), own_idle: 0, ..base.clone() }), Verdict::Capacity);
+    assert_eq!(v(&VerdictInputs { lens_sample: None, own_idle: 0, ..base }), Verdict::FrameworkCache);
+}
+
 #[test]
 fn exit_releases_everything_and_pid_reuse() {
     let mut p = Proc::new(71, 0);

@@ -16,6 +16,7 @@ pub(super) struct CacheFigures {
 impl Model {
     #[inline]
     pub(super) fn incident_pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        let mut redecide = None;
         let p = &mut self.procs[slot];
         if let Some((_, tid)) = p.awaiting_sample {
             if tid == ev.tid && kind != EventKind::MemInfo {
@@ -43,12 +44,20 @@ impl Model {
                 } else {
                     inc.view.outcome = Outcome::Recovered;
                     p.open_incident = None;
+                    if inc.inputs.lens_sample.is_some() {
+                        // The retry found the bytes: a sample's free bytes were not stranded.
+                        inc.inputs.recovered = true;
+                        redecide = Some(idx);
+                    }
                 }
             } else if kind != EventKind::MemInfo && ev.is_oom() {
                 // Another request failing (other size or API) is a new incident, not a
                 // retry: the program moved on, and this may be the failure that kills it.
                 p.open_incident = None;
             }
+        }
+        if let Some(idx) = redecide {
+            self.decide(idx);
         }
     }
 
@@ -156,6 +165,20 @@ impl Model {
         let cache = self.cache_of(pid, device);
         let sample = self.devices.get(&device).cloned();
         let p = &self.procs[slot];
+        let lens_sample = p
+            .lens
+            .iter()
+            .filter(|c| {
+                c.device == device && c.framework.caches() && ts.saturating_sub(c.ts_ns) <= LENS_SAMPLE_FRESH_NS
+            })
+            .max_by_key(|c| c.ts_ns)
+            .map(|c| LensSample {
+                framework: c.framework,
+                reserved: c.reserved_bytes,
+                allocated: c.allocated_bytes,
+                largest_free_block: c.largest_free_block,
+                age_ns: ts.saturating_sub(c.ts_ns),
+            });
         let inputs = VerdictInputs {
             requested,
             granularity: self.config.granularity,
@@ -173,6 +196,8 @@ impl Model {
             cache_pieces: cache.pieces,
             cache_with_free: cache.with_free,
             lens: None,
+            lens_sample,
+            recovered: false,
         };
         let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
         let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);

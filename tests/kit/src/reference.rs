@@ -851,6 +851,8 @@ impl Reference {
                 .sum(),
             cache_with_free: segs.iter().filter(|a| a.6 > 0).count() as u64,
             lens: None,
+            lens_sample: None,
+            recovered: false,
         };
         let (verdict, reason) = decide_verdict(&inputs);
         let p = &self.procs[slot];
