@@ -17,6 +17,7 @@ mod config;
 mod dlsym_hook;
 mod hooks;
 mod lens;
+mod pools;
 mod real;
 mod sink;
 
