@@ -295,6 +295,15 @@ pub const ALL: &[MetricDef] = &[
         },
     },
     MetricDef {
+        otel: "vramhook.process.memory.held",
+        unit: "By",
+        prom: "vramhook_process_memory_held_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Device bytes the process holds: its live bytes plus the idle reserve of its stream-ordered pools (the driver's figure where sampled). NVML's per-process usage adds the context and libraries.",
+        values: |s, _| per_process(s, |p| p.held_bytes as f64),
+    },
+    MetricDef {
         otel: "vramhook.process.memory.live_by_kind",
         unit: "By",
         prom: "vramhook_process_memory_live_by_kind_bytes",

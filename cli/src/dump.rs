@@ -45,7 +45,7 @@ pub fn event_json(e: &Event) -> serde_json::Value {
         }
         return v;
     }
-    json!({
+    let mut v = json!({
         "seq": e.seq,
         "ts_ns": e.ts_ns,
         "pid": e.pid,
@@ -60,7 +60,16 @@ pub fn event_json(e: &Event) -> serde_json::Value {
         "stream": e.stream,
         "result": e.result,
         "result_name": result_name(e.result),
-    })
+    });
+    if e.kind() == Some(EventKind::PoolSample) {
+        // The raw words stay; these name them.
+        let o = v.as_object_mut().expect("an object");
+        o.insert("pool".into(), json!(e.pool()));
+        o.insert("reserved".into(), json!(e.pool_reserved()));
+        o.insert("used".into(), json!(e.pool_used()));
+        o.insert("current".into(), json!(e.pool_is_current()));
+    }
+    v
 }
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {

@@ -20,8 +20,9 @@ struct Tally {
     start_time: u64,
     ppid: u32,
     command: String,
-    /// Live bytes, live allocations and live bytes per device just before the process ended.
-    at_exit: Option<(u64, u64, BTreeMap<i16, u64>)>,
+    /// Live bytes, live allocations, live bytes per device and held bytes (live plus idle
+    /// pool reserve) just before the process ended.
+    at_exit: Option<(u64, u64, BTreeMap<i16, u64>, u64)>,
 }
 
 pub struct Recorder {
@@ -54,6 +55,9 @@ pub struct ProcessReport {
     pub exit_status: Option<i32>,
     pub peak_bytes: u64,
     pub final_live_bytes: u64,
+    /// What it held from the device at exit: live bytes plus the idle reserve of its
+    /// stream-ordered pools (the driver's figure where sampled).
+    pub final_held_bytes: u64,
     /// Live bytes at exit per device ordinal (-1: device unknown).
     pub final_live_by_device: BTreeMap<i16, u64>,
     pub live_allocations: u64,
@@ -123,12 +127,17 @@ impl Recorder {
                         self.remember_live_at_exit(e.pid);
                     }
                     self.model.apply(e);
-                    // Driver calls only: not our own records, nor a lens's.
+                    // Driver calls only: not our own records (pool samples included), nor a lens's.
                     let ours = e.api == Api::Interposer as u16 || e.api == Api::Lens as u16;
                     if ours
                         || matches!(
                             e.kind(),
-                            Some(EventKind::ProcessStart | EventKind::ProcessExit | EventKind::Dropped)
+                            Some(
+                                EventKind::ProcessStart
+                                    | EventKind::ProcessExit
+                                    | EventKind::Dropped
+                                    | EventKind::PoolSample
+                            )
                         )
                     {
                         continue;
@@ -154,7 +163,7 @@ impl Recorder {
         let snapshot = self.model.snapshot();
         if let Some(p) = snapshot.processes.iter().rev().find(|p| p.pid == pid && p.start_time == tally.start_time) {
             let by_device = p.devices.iter().map(|d| (d.device, d.live_bytes)).collect();
-            tally.at_exit = Some((p.live_bytes, p.live_allocations, by_device));
+            tally.at_exit = Some((p.live_bytes, p.live_allocations, by_device, p.held_bytes));
         }
     }
 
@@ -193,6 +202,7 @@ impl Recorder {
                 exit_status: self.exit_statuses.get(pid).copied(),
                 peak_bytes: view.map_or(0, |v| v.peak_bytes),
                 final_live_bytes: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_bytes), |a| a.0),
+                final_held_bytes: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.held_bytes), |a| a.3),
                 final_live_by_device: match (&tally.at_exit, view) {
                     (Some(a), _) => a.2.clone(),
                     (None, Some(v)) => v.devices.iter().map(|d| (d.device, d.live_bytes)).collect(),
@@ -271,6 +281,15 @@ pub fn render_text(report: &RunReport) -> String {
             p.dropped_events,
             exit
         );
+        if p.final_held_bytes != p.final_live_bytes {
+            let _ = writeln!(
+                out,
+                "{:>8}  held {} at the end: {} live plus its stream-ordered pools' idle reserve",
+                "",
+                fmt_bytes(p.final_held_bytes),
+                fmt_bytes(p.final_live_bytes)
+            );
+        }
         let by_api: Vec<String> = p.calls.iter().map(|(k, v)| format!("{k} {v}")).collect();
         if !by_api.is_empty() {
             let _ = writeln!(out, "{:>8}  calls: {}", "", by_api.join(" · "));

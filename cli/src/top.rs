@@ -366,6 +366,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
                 None => vramhook_agent::metrics::command_label(&p.command, &p.exe),
             },
             fmt_bytes(p.live_bytes),
+            fmt_bytes(p.held_bytes),
             fmt_bytes(p.peak_bytes),
             p.live_allocations.to_string(),
             fmt_bytes(p.largest_free_span),
@@ -380,6 +381,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     let widths = [
         Constraint::Length(8),
         Constraint::Min(16),
+        Constraint::Length(11),
         Constraint::Length(11),
         Constraint::Length(11),
         Constraint::Length(7),
@@ -402,6 +404,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
                     "pid",
                     "command",
                     "live",
+                    "held",
                     "peak",
                     "allocs",
                     "free span",

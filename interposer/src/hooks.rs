@@ -3,6 +3,7 @@
 //! `dlsym` answers and swapped `cuGetProcAddress` pointers.
 
 use crate::config;
+use crate::pools;
 use crate::real::{self, F};
 use crate::sink::{self, Hook};
 use core::ffi::c_void;
@@ -143,9 +144,13 @@ unsafe fn read_ptr(p: *const u64, ok: bool) -> u64 {
     }
 }
 
-/// Records a device free/total sample (`cuMemGetInfo` costs about 4 µs: only after an
-/// out-of-memory failure, and at most every `VRAMHOOK_MEMINFO_MS` otherwise).
+/// Records the pools' reserve (`pools::sample`), then a device free/total sample
+/// (`cuMemGetInfo` costs about 4 µs: only after an out-of-memory failure, and at most every
+/// `VRAMHOOK_MEMINFO_MS` otherwise).
+#[cold]
+#[inline(never)]
 fn sample_meminfo(h: &Hook, device: i16) {
+    pools::sample(h, device);
     let p = real::real(F::cuMemGetInfo_v2);
     if p.is_null() {
         return;
@@ -175,9 +180,18 @@ fn alloc_event(h: &Hook, r: CUresult, ev: Event) {
     let tick = h.alloc_tick();
     let device = thread_device(h, tick);
     h.emit(ev.on_device(device).with_result(r as u32));
-    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && sink::sample_clock_due()) {
+    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device)) {
         sample_meminfo(h, device);
     }
+}
+
+/// On a thread's every 64th allocation: notes its device (whose current pool the samples
+/// then read) and says whether a periodic sample is due.
+#[cold]
+#[inline(never)]
+fn tick_sample_due(device: i16) -> bool {
+    pools::note_device(device);
+    sink::sample_clock_due()
 }
 
 /// Records a free (its device is the allocation's, known to the model).
@@ -235,11 +249,16 @@ hook!(cuMemPoolTrimTo(pool: *mut c_void, min_bytes_to_keep: usize) |r, h| {
 
 hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r, h| {
     let handle = if r == 0 && !pool.is_null() { *pool as u64 } else { 0 };
-    h.emit(Event::pool_create(handle).on_device(location_id(props)).with_result(r as u32));
+    let device = location_id(props);
+    h.emit(Event::pool_create(handle).on_device(device).with_result(r as u32));
+    pools::created(handle, device);
 });
 
 hook!(cuMemPoolDestroy(pool: *mut c_void) |r, h| {
     h.emit(Event::pool_destroy(pool as u64).with_result(r as u32));
+    if r == 0 {
+        pools::destroyed(pool as u64);
+    }
 });
 
 hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r, h| {
@@ -368,9 +387,14 @@ hook!(cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, h
 });
 
 hook!(cuMemGetInfo_v2(free: *mut usize, total: *mut usize) |r, h| {
-    // The program's own queries are free samples for us; keep them rate-limited.
-    if r == 0 && !free.is_null() && !total.is_null() && h.periodic_sample_due() {
-        h.emit(Event::mem_info(*free as u64, *total as u64).on_device(thread_device(&h, false)).with_result(r as u32));
+    // The program's own queries are free samples for us, with the pools' reserve; kept
+    // rate-limited. The clock is looked at on every query (the call itself costs 4 µs), so
+    // a query after a quiet `VRAMHOOK_MEMINFO_MS` always samples: a program can ask for
+    // an exact reading at a point of its choosing (scripts/gpu/pools does).
+    if r == 0 && !free.is_null() && !total.is_null() && sink::sample_clock_due() {
+        let device = thread_device(&h, false);
+        pools::sample(&h, device);
+        h.emit(Event::mem_info(*free as u64, *total as u64).on_device(device).with_result(r as u32));
     }
 });
 
@@ -551,6 +575,10 @@ pub fn wrapper(f: F) -> *mut c_void {
         F::cuDevicePrimaryCtxRelease_v2 => cuDevicePrimaryCtxRelease_v2 as *const () as usize,
         F::cuDevicePrimaryCtxReset => cuDevicePrimaryCtxReset as *const () as usize,
         F::cuDevicePrimaryCtxReset_v2 => cuDevicePrimaryCtxReset_v2 as *const () as usize,
-        F::cuCtxGetDevice | F::cuMemGetAddressRange_v2 => 0,
+        F::cuCtxGetDevice
+        | F::cuMemGetAddressRange_v2
+        | F::cuDeviceGetMemPool
+        | F::cuDeviceGetDefaultMemPool
+        | F::cuMemPoolGetAttribute => 0,
     }) as *mut c_void
 }

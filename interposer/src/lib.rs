@@ -20,6 +20,7 @@ mod dlopen_hook;
 mod dlsym_hook;
 mod hooks;
 mod lens;
+mod pools;
 mod real;
 mod sink;
 

@@ -73,11 +73,22 @@ driver_functions! {
     // Called, never wrapped:
     cuCtxGetDevice,
     cuMemGetAddressRange_v2,
+    // Pool samples (see pools.rs): a device's current and default pool, a pool's numbers.
+    cuDeviceGetMemPool,
+    cuDeviceGetDefaultMemPool,
+    cuMemPoolGetAttribute,
 }
 
 /// Functions whose pointers we swap for our wrappers (all but the called-only ones).
 pub fn is_wrapped(f: F) -> bool {
-    !matches!(f, F::cuCtxGetDevice | F::cuMemGetAddressRange_v2)
+    !matches!(
+        f,
+        F::cuCtxGetDevice
+            | F::cuMemGetAddressRange_v2
+            | F::cuDeviceGetMemPool
+            | F::cuDeviceGetDefaultMemPool
+            | F::cuMemPoolGetAttribute
+    )
 }
 
 /// One table entry per function, the table aligned to a cache line, so that the hot

@@ -231,8 +231,14 @@ pub struct ProcessView {
     /// Estimated idle bytes this process could give back: pool reserve − live, plus
     /// framework cache (segment bytes not in allocated blocks).
     pub idle_bytes: u64,
-    /// Estimated reserve of its stream-ordered pools (live + idle).
+    /// Reserve of its stream-ordered pools (live + idle): the driver's own figure where the
+    /// interposer sampled it (`pool_sample`), else estimated from the high-water mark.
     pub pool_reserve_bytes: u64,
+    /// Bytes the process holds from the device: `live_bytes` plus the idle reserve of its
+    /// stream-ordered pools. NVML's per-process figure is this plus the context, modules
+    /// and library workspaces.
+    #[serde(default)]
+    pub held_bytes: u64,
     /// Largest free span over all its arenas.
     pub largest_free_span: u64,
     /// Free bytes inside its arenas (unmapped reservation space, pool idle, cached blocks).
@@ -586,10 +592,16 @@ pub enum Anomaly {
     AddressOverflow,
     ZeroSize,
     BadSegment,
+    /// A pool sample whose reserve is beyond any device ([`MAX_POOL_SAMPLE`]): ignored.
+    PoolSampleImplausible,
 }
 
+/// The largest pool reserve a `pool_sample` may report (1 PiB): beyond any device, so a
+/// larger one is a corrupt or hostile record. Keeps every sum of reserves far from overflow.
+pub const MAX_POOL_SAMPLE: u64 = 1 << 50;
+
 impl Anomaly {
-    pub const COUNT: usize = 24;
+    pub const COUNT: usize = 25;
     pub const ALL: [Anomaly; Anomaly::COUNT] = [
         Anomaly::UnknownKind,
         Anomaly::UnknownApi,
@@ -615,6 +627,7 @@ impl Anomaly {
         Anomaly::AddressOverflow,
         Anomaly::ZeroSize,
         Anomaly::BadSegment,
+        Anomaly::PoolSampleImplausible,
     ];
 
     pub fn name(self) -> &'static str {
@@ -643,6 +656,7 @@ impl Anomaly {
             Anomaly::AddressOverflow => "address_overflow",
             Anomaly::ZeroSize => "zero_size",
             Anomaly::BadSegment => "bad_segment",
+            Anomaly::PoolSampleImplausible => "pool_sample_implausible",
         }
     }
 }

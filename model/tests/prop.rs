@@ -43,6 +43,7 @@ fn sensible_api(kind: u8, sel: usize) -> u16 {
         Some(EventKind::PoolCreate) => &[Api::cuMemPoolCreate],
         Some(EventKind::PoolDestroy) => &[Api::cuMemPoolDestroy],
         Some(EventKind::MemInfo) => &[Api::cuMemGetInfo_v2],
+        Some(EventKind::PoolSample) => &[Api::cuMemPoolGetAttribute],
         _ => &[Api::Interposer],
     };
     list[sel % list.len()].code()
@@ -65,7 +66,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
         .prop_map(|((pid, tid, kind_sel, api_sel, k2, result), (slot, size_i, handle, pool, device, dt))| {
             // Kinds weighted toward the interesting ones; a few unknown codes.
             use EventKind as K;
-            const KINDS: [EventKind; 24] = [
+            const KINDS: [EventKind; 25] = [
                 K::Alloc,
                 K::Alloc,
                 K::Alloc,
@@ -90,12 +91,13 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 K::Frameworks,
                 K::Dropped,
                 K::Alloc,
+                K::PoolSample,
             ];
             let kind = match kind_sel {
                 0 => 0,
                 1 => 99,
                 2 => EventKind::ProcessExit.code(),
-                k => KINDS[(k as usize * 7 + api_sel) % 24].code(),
+                k => KINDS[(k as usize * 7 + api_sel) % KINDS.len()].code(),
             };
             let api = if api_sel < 93 {
                 sensible_api(kind, k2)

@@ -634,3 +634,98 @@ fn a_vmm_reservation_names_the_device_of_its_mappings() {
     assert_eq!(inc.arena_largest_free_span, 2 << 20, "{inc:?}");
     assert_eq!(inc.verdict, Verdict::Capacity, "{}", inc.explanation);
 }
+
+/// PyTorch's `backend:cudaMallocAsync` as measured on the H200: 807,403,520 bytes live in
+/// the device's current pool, which the driver says reserves 1,543,503,872 (what
+/// `memory_reserved()` reported). The process holds the reserve; the rest is idle.
+#[test]
+fn pool_reserve_is_the_drivers_sample() {
+    const LIVE: u64 = 807_403_520;
+    const RESERVED: u64 = 1_543_503_872;
+    let mut p = Proc::new(41, 0);
+    // Ten live tensors of 14, 28, … 140 MiB (the odd ones of torch_modes.py), the even ones freed.
+    let mut live = 0;
+    for i in 0..20u64 {
+        let size = (7 * (i + 1)) << 20;
+        p.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000 + i * (1 << 30), size);
+    }
+    for i in (0..20u64).step_by(2) {
+        p.free(Api::cuMemFreeAsync, 0x1000_0000_0000 + i * (1 << 30));
+    }
+    for i in (1..20u64).step_by(2) {
+        live += (7 * (i + 1)) << 20;
+    }
+    assert_eq!(live, LIVE);
+    let estimate = proc_view(&run(&[&p]), 41);
+    assert_eq!(estimate.live_bytes, LIVE);
+    assert_eq!(estimate.pool_reserve_bytes, 1_541_406_720, "without a sample: the high-water mark, 2 MiB rounded");
+
+    p.pool_sample(0xabc, RESERVED, LIVE, true);
+    let m = run(&[&p]);
+    let pv = proc_view(&m, 41);
+    assert_eq!(pv.live_bytes, LIVE, "live bytes stay the allocations");
+    assert_eq!((pv.pool_reserve_bytes, pv.held_bytes), (RESERVED, RESERVED));
+    assert_eq!(pv.idle_bytes, RESERVED - LIVE);
+    let s = m.snapshot();
+    assert_eq!((s.devices[0].traced_bytes, s.devices[0].pool_idle_bytes), (RESERVED, RESERVED - LIVE));
+    let pool = s.arenas.iter().find(|a| a.kind == ArenaKind::Pool).expect("the default pool");
+    assert_eq!((pool.size, pool.occupied, pool.free_in_arena), (RESERVED, LIVE, RESERVED - LIVE));
+    assert!(s.anomalies.is_empty(), "{:?}", s.anomalies);
+
+    // A trim makes the sample stale: the estimate again, until the next sample.
+    p.trim(0xabc, 0);
+    let pv = proc_view(&run(&[&p]), 41);
+    assert_eq!(pv.held_bytes, LIVE);
+    p.pool_sample(0xabc, 809_500_672, LIVE, true);
+    let pv = proc_view(&run(&[&p]), 41);
+    assert_eq!((pv.held_bytes, pv.idle_bytes), (809_500_672, 809_500_672 - LIVE));
+}
+
+/// The driver's reserve of a pool no allocation named yet (allocations made before the
+/// interposer saw them, say) is still the process's; a created pool's sample goes to it.
+#[test]
+fn pool_samples_of_unseen_and_created_pools() {
+    let mut p = Proc::new(42, 0);
+    p.pool_sample(0xd0, 0, 0, true); // nothing held: nothing added
+    assert_eq!(run(&[&p]).arenas().len(), 0);
+    p.pool_sample(0xd0, 64 << 20, 0, true);
+    p.push(Event::pool_create(0xe0));
+    p.push(Event::pool_alloc(Api::cuMemAllocFromPoolAsync, 0x2000_0000_0000, 10 << 20, 0xe0, 0));
+    p.pool_sample(0xe0, 32 << 20, 10 << 20, false);
+    let m = run(&[&p]);
+    let pv = proc_view(&m, 42);
+    assert_eq!(pv.pool_reserve_bytes, (64 << 20) + (32 << 20));
+    assert_eq!(pv.held_bytes, (64 << 20) + (32 << 20));
+    assert_eq!(pv.idle_bytes, (64 << 20) + (22 << 20));
+    // Destroying the pool drops its sample; the pool goes with its last allocation.
+    p.push(Event::pool_destroy(0xe0)).free(Api::cuMemFreeAsync, 0x2000_0000_0000);
+    let pv = proc_view(&run(&[&p]), 42);
+    assert_eq!((pv.held_bytes, pv.live_bytes), (64 << 20, 0));
+}
+
+/// At an OOM the interposer samples the pools, then the device. A reserve the estimate
+/// cannot see (the pool grew in large chunks) makes the verdict `reclaimable`; without the
+/// sample the same failure is `capacity`.
+#[test]
+fn pool_sample_after_an_oom_judges_it() {
+    let mut p = Proc::new(43, 0);
+    p.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000, 100 << 20).free(Api::cuMemFreeAsync, 0x1000_0000_0000);
+    p.meminfo(1 << 30, TOTAL);
+    p.oom(Api::cuMemAlloc_v2, 3 << 30);
+    let mut without = Proc::new(43, 0);
+    without.out = p.out.clone();
+    without.meminfo(1 << 30, TOTAL);
+    let m = run(&[&without]);
+    let inc = &m.snapshot().incidents[0];
+    assert_eq!(inc.verdict, Verdict::Capacity, "{}", inc.explanation);
+    assert_eq!(inc.own_idle_bytes, 100 << 20);
+
+    p.pool_sample(0xd0, 4 << 30, 0, true).meminfo(1 << 30, TOTAL);
+    let m = run(&[&p]);
+    let s = m.snapshot();
+    let inc = &s.incidents[0];
+    assert_eq!(inc.verdict, Verdict::Reclaimable, "{}", inc.explanation);
+    assert_eq!(inc.own_idle_bytes, 4 << 30);
+    assert!(inc.sample_after_failure, "the pool sample did not end the wait for the device sample");
+    assert_eq!(s.processes[0].failed_calls, 1);
+}

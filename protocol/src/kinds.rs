@@ -18,6 +18,7 @@
 //! | `pool_create`, `pool_destroy` | 0 | 0 | 0 | pool |
 //! | `pool_trim` | 0 | bytes to keep | 0 | pool |
 //! | `mem_info` | device free bytes | device total bytes | 0 | 0 |
+//! | `pool_sample` | reserved bytes | used bytes | 1: the device's current pool, 0: an explicit one | pool |
 //! | `process_start` | parent pid | 0 | process start time | 0 |
 //! | `process_exit` | 0 | 0 | 0 | 0 |
 //! | `dropped` | 0 | events lost | of which lost in flight (slots taken, never published) | 0 |
@@ -153,6 +154,10 @@ impl Event {
         pool_destroy(pool: u64) => EventKind::PoolDestroy, Api::cuMemPoolDestroy, [0, 0, 0, pool];
         /// `cuMemPoolTrimTo`: the pool keeps at least `keep_bytes` reserved.
         pool_trim(pool: u64, keep_bytes: u64) => EventKind::PoolTrim, Api::cuMemPoolTrimTo, [0, keep_bytes, 0, pool];
+        /// The driver's numbers for one stream-ordered pool (`cuMemPoolGetAttribute`:
+        /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`);
+        /// `current` when it is its device's current pool (the one `cuMemAllocAsync` uses).
+        pool_sample(pool: u64, reserved: u64, used: u64, current: bool) => EventKind::PoolSample, Api::cuMemPoolGetAttribute, [reserved, used, current as u64, pool];
         /// A device sample (`cuMemGetInfo_v2`).
         mem_info(free_bytes: u64, total_bytes: u64) => EventKind::MemInfo, Api::cuMemGetInfo_v2, [free_bytes, total_bytes, 0, 0];
         /// The interposer's first record in a process.
@@ -244,7 +249,10 @@ impl Event {
         let pooled = if k == EventKind::Alloc as u8 {
             self.is_explicit_pool_api()
         } else {
-            k == EventKind::PoolCreate as u8 || k == EventKind::PoolDestroy as u8 || k == EventKind::PoolTrim as u8
+            k == EventKind::PoolCreate as u8
+                || k == EventKind::PoolDestroy as u8
+                || k == EventKind::PoolTrim as u8
+                || k == EventKind::PoolSample as u8
         };
         if pooled {
             self.stream
@@ -324,6 +332,24 @@ impl Event {
     #[inline(always)]
     pub fn total_bytes(&self) -> u64 {
         self.size
+    }
+
+    /// The pool's reserved bytes in a `pool_sample` (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    #[inline]
+    pub fn pool_reserved(&self) -> u64 {
+        self.addr
+    }
+
+    /// The pool's used bytes in a `pool_sample` (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    #[inline]
+    pub fn pool_used(&self) -> u64 {
+        self.size
+    }
+
+    /// A `pool_sample` of its device's current pool (the one `cuMemAllocAsync` uses).
+    #[inline]
+    pub fn pool_is_current(&self) -> bool {
+        self.aux != 0
     }
 
     /// The parent's pid in a `process_start`.
@@ -515,6 +541,13 @@ mod tests {
         check(Event::pool_trim(88, 1 << 20), &|e| {
             assert_eq!((e.kind(), e.pool(), e.keep_bytes()), (Some(EventKind::PoolTrim), 88, 1 << 20));
         });
+        check(Event::pool_sample(88, 96 << 20, 40 << 20, false), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.pool(), e.pool_reserved(), e.pool_used(), e.pool_is_current()),
+                (Some(EventKind::PoolSample), Some(Api::cuMemPoolGetAttribute), 88, 96 << 20, 40 << 20, false)
+            );
+        });
+        check(Event::pool_sample(99, 1, 0, true), &|e| assert!(e.pool_is_current() && e.pool() == 99));
         check(Event::mem_info(5 << 30, 16 << 30), &|e| {
             assert_eq!((e.kind(), e.free_bytes(), e.total_bytes()), (Some(EventKind::MemInfo), 5 << 30, 16 << 30));
         });
@@ -597,6 +630,8 @@ mod tests {
         assert_eq!((pool_alloc.addr, pool_alloc.size, pool_alloc.aux, pool_alloc.stream), (1, 2, 4, 3));
         let start = Event::process_start(5, 6);
         assert_eq!((start.addr, start.aux), (5, 6));
+        let sample = Event::pool_sample(1, 2, 3, true);
+        assert_eq!((sample.addr, sample.size, sample.aux, sample.stream), (2, 3, 1, 1));
         let info = Event::mem_info(7, 8);
         assert_eq!((info.addr, info.size), (7, 8));
         let reserve = Event::vmm_reserve(1, 2, 3, 4);

@@ -113,6 +113,11 @@ code_enum! {
         FrameworkOom = 19 => "framework_oom",
         /// One segment of a framework's cache, as a lens saw it at its OOM.
         FrameworkSegment = 20 => "framework_segment",
+        /// The driver's own numbers for one stream-ordered pool (`cuMemPoolGetAttribute`):
+        /// reserved bytes in `addr`, used bytes in `size`, 1 in `aux` when it is the
+        /// device's current pool (the one `cuMemAllocAsync` uses), the pool in `stream`.
+        /// Sampled with the device samples (periodically and after an OOM).
+        PoolSample = 21 => "pool_sample",
     }
 }
 
@@ -239,6 +244,8 @@ code_enum! {
         cuMemPoolDestroy = 28 => "cuMemPoolDestroy",
         /// The legacy entry point cudart 13 still asks for (version 4010); same ABI as _v2.
         cuIpcOpenMemHandle = 29 => "cuIpcOpenMemHandle",
+        /// A pool sample (`cuMemPoolGetAttribute`, reserved and used bytes).
+        cuMemPoolGetAttribute = 30 => "cuMemPoolGetAttribute",
         /// A framework lens (in-process, e.g. the PyTorch lens) wrote the record.
         Lens = 0xFFFE => "lens",
         Interposer = 0xFFFF => "vramhook",

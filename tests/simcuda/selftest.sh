@@ -85,6 +85,7 @@ for s in cuInit cuDriverGetVersion cuDeviceGet cuDeviceGetCount cuDeviceTotalMem
     cuMemGetInfo_v2 cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged cuMemFree_v2 cuMemAllocAsync \
     cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemFreeAsync cuMemFreeAsync_ptsz \
     cuMemPoolCreate cuMemPoolDestroy cuMemPoolTrimTo cuDeviceGetDefaultMemPool cuMemGetAllocationGranularity \
+    cuDeviceGetMemPool cuDeviceSetMemPool cuMemPoolGetAttribute cuMemPoolSetAttribute \
     cuMemCreate cuMemRelease cuMemAddressReserve cuMemAddressFree cuMemMap cuMemUnmap cuMemSetAccess \
     cuArrayCreate_v2 cuArray3DCreate_v2 cuArrayDestroy cuMipmappedArrayCreate cuMipmappedArrayDestroy \
     cuIpcGetMemHandle cuIpcOpenMemHandle cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuMemGetAddressRange_v2 \
@@ -146,6 +147,12 @@ check_logs "$LOGDIR" "async_pool: no live allocations, default pool keeps 10 MiB
     "dev(S[0])['live_bytes'] == 0 and dev(S[0])['used_physical'] == 10*MiB and all(f in fns(L[0]) for f in ['cuMemAllocAsync','cuMemAllocAsync_ptsz','cuMemFreeAsync','cuMemFreeAsync_ptsz','cuMemAllocFromPoolAsync','cuMemAllocFromPoolAsync_ptsz','cuMemPoolCreate','cuMemPoolTrimTo','cuMemPoolDestroy'])"
 grep -q '^created_pool_reserve_after_free=12582912$' "$OUTF" && grep -q '^created_pool_reserve_after_trim=0$' "$OUTF" \
     && ok "async_pool: pool keeps its reserve after free, trim releases it" || bad "async_pool: reserve/trim figures"
+# torch_async: PyTorch's cudaMallocAsync shape; the pool grows in chunks and keeps them.
+OUTF="$TMP/torch_async.out"
+VRAMHOOK_SIM_POOL_CHUNK_BYTES=$((96 << 20)) "$W/torch_async" >"$OUTF" 2>&1
+grep -q '^pool_reserved=1610612736$' "$OUTF" && grep -q '^pool_used=807403520$' "$OUTF" \
+    && ok "torch_async: 96 MiB chunks, the reserve stays after frees (cuMemPoolGetAttribute)" \
+    || bad "torch_async: $(cat "$OUTF")"
 
 leak_live() { python3 -c "import sys; n=int(sys.argv[1]); print(sum((i%5+1)*1048576+i*1000 for i in range(1,n,2)))" "$1"; }
 stable leak

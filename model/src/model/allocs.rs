@@ -47,13 +47,7 @@ impl Model {
             let g = self.config.granularity;
             let key = Self::pool_key(pid, ev.device, pool);
             let before = self.pools.get(&key).map(|pl| pl.numbers(g));
-            let pl = self.pools.entry(key).or_insert(Pool {
-                device: ev.device,
-                live: 0,
-                count: 0,
-                hwm: 0,
-                destroyed: false,
-            });
+            let pl = self.pools.entry(key).or_insert_with(|| Pool::new(ev.device));
             pl.live = pl.live.saturating_add(ev.size);
             pl.count += 1;
             pl.hwm = pl.hwm.max(pl.live);

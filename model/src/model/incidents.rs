@@ -16,6 +16,9 @@ pub(super) struct CacheFigures {
 impl Model {
     #[inline]
     pub(super) fn incident_pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        if kind == EventKind::PoolSample {
+            return; // the interposer's own sample, taken with the device sample: not the program's
+        }
         let mut redecide = None;
         let p = &mut self.procs[slot];
         if let Some((_, tid)) = p.awaiting_sample {
@@ -70,7 +73,7 @@ impl Model {
             .pools
             .range((pid, false, 0)..=(pid, true, u64::MAX))
             .filter(|(_, p)| device < 0 || p.device == device)
-            .fold(0u64, |acc, (_, p)| acc.saturating_add(p.reserve(g) - p.live));
+            .fold(0u64, |acc, (_, p)| acc.saturating_add(p.idle(g)));
         let segs: u64 = self
             .segments
             .range((pid, 0)..=(pid, u64::MAX))
@@ -155,7 +158,7 @@ impl Model {
             .pools
             .iter()
             .filter(|((p, _, _), pool)| (dev < 0 || pool.device == dev) && other(*p))
-            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.reserve(g) - pool.live));
+            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.idle(g)));
         let other_idle: u64 = self
             .segments
             .iter()

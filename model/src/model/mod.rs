@@ -147,16 +147,34 @@ struct Pool {
     /// High-water live bytes since the last trim (the reserve estimate before rounding).
     hwm: u64,
     destroyed: bool,
+    /// The reserve as the driver last reported it (`pool_sample`), until a trim or destroy
+    /// changes it in a way only the next sample tells.
+    sampled: Option<u64>,
 }
 
 impl Pool {
+    fn new(device: i16) -> Pool {
+        Pool { device, live: 0, count: 0, hwm: 0, destroyed: false, sampled: None }
+    }
+
+    /// The bytes the pool holds from the device: the driver's last sample, else the
+    /// high-water mark rounded up to the granularity; never less than what is live.
     #[inline]
     fn reserve(&self, g: u64) -> u64 {
-        round_up(self.hwm, g).max(self.live)
+        match self.sampled {
+            Some(r) => r.max(self.live),
+            None => round_up(self.hwm, g).max(self.live),
+        }
+    }
+
+    /// Reserve not handed out: what a trim would give back.
+    #[inline]
+    fn idle(&self, g: u64) -> u64 {
+        self.reserve(g) - self.live
     }
     #[inline]
     fn numbers(&self, g: u64) -> (u64, u64) {
-        let idle = self.reserve(g) - self.live;
+        let idle = self.idle(g);
         (idle, idle)
     }
 }
@@ -357,7 +375,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 2;
+pub const CHECKPOINT_VERSION: u8 = 3;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -551,7 +569,7 @@ impl Model {
         }
 
         if ev.failed() {
-            if kind != EventKind::MemInfo {
+            if kind != EventKind::MemInfo && kind != EventKind::PoolSample {
                 self.procs[slot].failed_calls += 1;
                 if ev.is_oom() {
                     self.on_oom(slot, ev, api, ts);
@@ -571,6 +589,7 @@ impl Model {
                 EventKind::PoolDestroy => self.on_pool_destroy(slot, ev),
                 EventKind::PoolTrim => self.on_pool_trim(slot, ev),
                 EventKind::MemInfo => self.on_meminfo(slot, ev, ts),
+                EventKind::PoolSample => self.on_pool_sample(slot, ev),
                 EventKind::ProcessExit => {
                     self.close_process(slot, ts);
                     return;

@@ -10,7 +10,7 @@ impl Model {
             self.anomaly(Some(slot), Anomaly::PoolDuplicate);
             return;
         }
-        let pl = Pool { device: ev.device, live: 0, count: 0, hwm: 0, destroyed: false };
+        let pl = Pool::new(ev.device);
         let n = pl.numbers(self.config.granularity);
         self.pools.insert(key, pl);
         self.procs[slot].arena_change(None, Some(n));
@@ -37,6 +37,7 @@ impl Model {
         self.change_pool(slot, key, |pl| {
             pl.destroyed = true;
             pl.hwm = pl.live;
+            pl.sampled = None;
         });
     }
 
@@ -47,7 +48,59 @@ impl Model {
             return;
         };
         let keep = ev.keep_bytes();
-        self.change_pool(slot, key, |pl| pl.hwm = pl.live.max(pl.hwm.min(keep)));
+        // The driver rounds what it keeps its own way: the estimate stands until the next sample.
+        self.change_pool(slot, key, |pl| {
+            pl.hwm = pl.live.max(pl.hwm.min(keep));
+            pl.sampled = None;
+        });
+    }
+
+    /// The driver's reserve of one pool (`pool_sample`): it becomes the pool's reserve. A
+    /// sample of a device's current pool goes to the pool `cuMemAllocAsync` allocations
+    /// are counted in (that device's default pool), or to an explicit pool of that handle;
+    /// a pool with reserve that no allocation has named yet is added. A sample that
+    /// follows an out-of-memory failure on the same thread (the interposer takes it right
+    /// after the failure, before the device sample) updates that incident's idle bytes.
+    #[inline]
+    pub(super) fn on_pool_sample(&mut self, slot: usize, ev: &Event) {
+        let (pid, device, handle, reserved) = (ev.pid, ev.device, ev.pool(), ev.pool_reserved());
+        if reserved > MAX_POOL_SAMPLE {
+            self.anomaly(Some(slot), Anomaly::PoolSampleImplausible);
+            return;
+        }
+        let default = Self::pool_key(pid, device, 0);
+        let explicit = (pid, false, handle);
+        let key = if ev.pool_is_current() && self.pools.contains_key(&default) {
+            default
+        } else if handle != 0 && self.pools.contains_key(&explicit) {
+            explicit
+        } else if reserved == 0 {
+            return; // nothing held, nothing to add
+        } else if ev.pool_is_current() || handle == 0 {
+            default
+        } else {
+            explicit
+        };
+        if !self.pools.contains_key(&key) {
+            let pl = Pool::new(device);
+            let n = pl.numbers(self.config.granularity);
+            self.pools.insert(key, pl);
+            self.procs[slot].arena_change(None, Some(n));
+        }
+        self.change_pool(slot, key, |pl| pl.sampled = Some(reserved));
+        if let Some((idx, tid)) = self.procs[slot].awaiting_sample {
+            if tid == ev.tid && self.incidents[idx].view.device == device {
+                let own_idle = self.idle_of(pid, device);
+                let arenas = self.arenas_of(pid, device);
+                let inc = &mut self.incidents[idx];
+                inc.view.own_idle_bytes = own_idle;
+                inc.view.arena_free_bytes = arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
+                inc.view.arena_largest_free_span = arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
+                inc.inputs.own_idle = own_idle;
+                inc.inputs.arenas = arenas;
+                self.decide(idx);
+            }
+        }
     }
 
     /// Changes a pool and keeps its process's arena numbers in step; a destroyed pool goes

@@ -279,11 +279,12 @@ impl Model {
 }
 
 /// A process's view, as `Model::snapshot` and `Model::process_view` both report it, given
-/// its idle bytes (pool reserve and framework cache), its pools' reserve and histograms.
+/// its idle bytes (pool reserve and framework cache), its pools' idle bytes and reserve,
+/// and histograms.
 pub(super) fn process_view_of(
     p: &Process,
     idle: u64,
-    pool_reserve: u64,
+    (pool_idle, pool_reserve): (u64, u64),
     sizes: Histogram,
     ages: Histogram,
 ) -> ProcessView {
@@ -314,6 +315,7 @@ pub(super) fn process_view_of(
         anomalies: p.anomalies,
         idle_bytes: idle,
         pool_reserve_bytes: pool_reserve,
+        held_bytes: p.live_bytes.saturating_add(pool_idle),
         largest_free_span: largest,
         free_in_arenas: p.free_in_arenas,
         fragmentation: fragmentation(largest, p.free_in_arenas),

@@ -18,9 +18,8 @@ impl Model {
         let mut si = 0u64;
         if current {
             for (_, pool) in self.pools.range((pid, false, 0)..=(pid, true, u64::MAX)) {
-                let r = pool.reserve(g);
-                pi = pi.saturating_add(r - pool.live);
-                pr = pr.saturating_add(r);
+                pi = pi.saturating_add(pool.idle(g));
+                pr = pr.saturating_add(pool.reserve(g));
             }
             for (_, seg) in self.segments.range((pid, 0)..=(pid, u64::MAX)) {
                 si = si.saturating_add(seg.size - seg.allocated);
@@ -45,7 +44,7 @@ impl Model {
         if current {
             si = si.saturating_add(self.lens_idle(p, -1));
         }
-        Some((slot, process_view_of(p, pi.saturating_add(si), pr, sizes, ages)))
+        Some((slot, process_view_of(p, pi.saturating_add(si), (pi, pr), sizes, ages)))
     }
 
     /// The full state. O(live allocations + arenas).
@@ -82,11 +81,10 @@ impl Model {
         let mut dev_pool_idle: BTreeMap<i16, u64> = BTreeMap::new();
         for ((pid, _, _), p) in &self.pools {
             let e = pool_idle.entry(*pid).or_default();
-            let r = p.reserve(g);
-            e.0 = e.0.saturating_add(r - p.live);
-            e.1 = e.1.saturating_add(r);
+            e.0 = e.0.saturating_add(p.idle(g));
+            e.1 = e.1.saturating_add(p.reserve(g));
             let d = dev_pool_idle.entry(p.device).or_default();
-            *d = d.saturating_add(r - p.live);
+            *d = d.saturating_add(p.idle(g));
         }
         let mut seg_idle: FastMap<u32, u64> = FastMap::default();
         for ((pid, _), s) in &self.segments {
@@ -121,7 +119,7 @@ impl Model {
             } else {
                 Histogram::new(&self.config.age_buckets_ns)
             };
-            processes.push(process_view_of(p, pi.saturating_add(si), pr, size_histogram, age_histogram));
+            processes.push(process_view_of(p, pi.saturating_add(si), (pi, pr), size_histogram, age_histogram));
         }
         let mut ordinals: Vec<i16> = self.devices.keys().copied().collect();
         ordinals.extend(dev_resident.keys().copied());

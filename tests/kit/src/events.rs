@@ -73,6 +73,11 @@ impl Stream {
     pub fn release(&mut self, handle: u64) -> &mut Self {
         self.push(Event::vmm_release(handle))
     }
+    /// A `pool_sample`: the driver's reserved and used bytes of `pool` (`current`: the
+    /// device's current pool, the one `cuMemAllocAsync` uses).
+    pub fn pool_sample(&mut self, pool: u64, reserved: u64, used: u64, current: bool) -> &mut Self {
+        self.push(Event::pool_sample(pool, reserved, used, current))
+    }
     pub fn trim(&mut self, pool: u64, keep: u64) -> &mut Self {
         self.push(Event::pool_trim(pool, keep))
     }

@@ -82,6 +82,8 @@ struct Pl {
     device: i16,
     hwm: u64,
     destroyed: bool,
+    /// The driver's reserve from the latest `pool_sample`, until a trim or destroy.
+    sampled: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -203,7 +205,20 @@ impl Reference {
     }
 
     fn pool_reserve(&self, p: &Pl) -> u64 {
-        round_up(p.hwm, self.cfg.granularity).max(self.pool_live(p).0)
+        let live = self.pool_live(p).0;
+        match p.sampled {
+            Some(r) => r.max(live),
+            None => round_up(p.hwm, self.cfg.granularity).max(live),
+        }
+    }
+
+    /// The arena numbers of process `pid` on `device` as an incident's inputs hold them.
+    fn incident_arenas(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
+        let mut raw: Vec<_> = self.arenas_raw(Some(pid)).into_iter().filter(|a| device < 0 || a.3 == device).collect();
+        raw.sort_by_key(|a| (a.1, a.2, a.3 as u16));
+        raw.into_iter()
+            .map(|a| ArenaNumbers { kind: a.1, base: a.2, free_in_arena: a.6, largest_free_span: a.7 })
+            .collect()
     }
 
     fn res_gaps(&self, r: &R) -> Vec<u64> {
@@ -291,7 +306,7 @@ impl Reference {
             .into_iter()
             .filter(|a| a.1 != ArenaKind::VmmReservation && (device < 0 || a.3 == device))
             .map(|a| a.6)
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     pub fn apply(&mut self, ev: &Event) {
@@ -339,7 +354,7 @@ impl Reference {
         self.now = self.now.max(ts);
         self.pre(slot, ev, kind, ts);
         if ev.failed() {
-            if kind != EventKind::MemInfo {
+            if kind != EventKind::MemInfo && kind != EventKind::PoolSample {
                 self.procs[slot].failed += 1;
                 if ev.is_oom() {
                     self.oom(slot, ev, api, ts);
@@ -406,6 +421,7 @@ impl Reference {
                             device: ev.device,
                             hwm: 0,
                             destroyed: false,
+                            sampled: None,
                         })
                     }
                 }
@@ -414,6 +430,7 @@ impl Reference {
                     Some(i) => {
                         let live = self.pool_live(&self.pools[i]).0;
                         let p = &mut self.pools[i];
+                        p.sampled = None;
                         if kind == EventKind::PoolDestroy {
                             p.destroyed = true;
                         } else {
@@ -421,6 +438,7 @@ impl Reference {
                         }
                     }
                 },
+                EventKind::PoolSample => self.pool_sample(slot, ev),
                 EventKind::MemInfo => {
                     self.samples.retain(|s| s.0 != ev.device);
                     self.samples.push((ev.device, ev.total_bytes(), ev.free_bytes(), ts));
@@ -489,6 +507,63 @@ impl Reference {
         if live > p.peak {
             p.peak = live;
             p.peak_ts = ts;
+        }
+    }
+
+    /// A pool sample: the current pool's goes to the device's default pool if there is one,
+    /// else to an explicit pool of that handle; one for no known pool adds one when it holds
+    /// bytes. While the same thread's OOM awaits its device sample, the incident's idle
+    /// bytes and arenas are taken again.
+    fn pool_sample(&mut self, slot: usize, ev: &Event) {
+        if ev.pool_reserved() > 1 << 50 {
+            return self.anom(Some(slot), Anomaly::PoolSampleImplausible);
+        }
+        let dev_id = ev.device as u16 as u64;
+        let find = |default: bool, id: u64| {
+            self.pools.iter().position(|p| p.pid == ev.pid && p.default == default && p.id == id)
+        };
+        let (default_pool, explicit_pool) = (find(true, dev_id), find(false, ev.pool()).filter(|_| ev.pool() != 0));
+        let i = if let (true, Some(i)) = (ev.pool_is_current(), default_pool) {
+            Some(i)
+        } else if explicit_pool.is_some() {
+            explicit_pool
+        } else if ev.pool_reserved() == 0 {
+            None
+        } else {
+            let (default, id) =
+                if ev.pool_is_current() || ev.pool() == 0 { (true, dev_id) } else { (false, ev.pool()) };
+            match find(default, id) {
+                Some(i) => Some(i),
+                None => {
+                    self.pools.push(Pl {
+                        pid: ev.pid,
+                        default,
+                        id,
+                        device: ev.device,
+                        hwm: 0,
+                        destroyed: false,
+                        sampled: None,
+                    });
+                    Some(self.pools.len() - 1)
+                }
+            }
+        };
+        let Some(i) = i else { return };
+        self.pools[i].sampled = Some(ev.pool_reserved());
+        if let Some((idx, tid)) = self.procs[slot].awaiting {
+            if tid == ev.tid && self.incidents[idx].view.device == ev.device {
+                let own = self.idle_of(ev.pid, ev.device);
+                let arenas = self.incident_arenas(ev.pid, ev.device);
+                let inc = &mut self.incidents[idx];
+                inc.view.own_idle_bytes = own;
+                inc.view.arena_free_bytes = arenas.iter().map(|a| a.free_in_arena).fold(0u64, u64::saturating_add);
+                inc.view.arena_largest_free_span = arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
+                inc.inputs.own_idle = own;
+                inc.inputs.arenas = arenas;
+                let (v, r) = decide_verdict(&inc.inputs);
+                inc.view.verdict = v;
+                inc.view.unknown_reason = r;
+            }
         }
     }
 
@@ -598,7 +673,15 @@ impl Reference {
         if class == Class::Pool {
             let (default, id) = if pool == 0 { (true, ev.device as u16 as u64) } else { (false, pool) };
             if !self.pools.iter().any(|p| p.pid == ev.pid && p.default == default && p.id == id) {
-                self.pools.push(Pl { pid: ev.pid, default, id, device: ev.device, hwm: 0, destroyed: false });
+                self.pools.push(Pl {
+                    pid: ev.pid,
+                    default,
+                    id,
+                    device: ev.device,
+                    hwm: 0,
+                    destroyed: false,
+                    sampled: None,
+                });
             }
         }
         self.allocs.push(A { pid: ev.pid, addr: ev.addr, size: ev.size, ts, pool, device: ev.device, class });
@@ -763,6 +846,9 @@ impl Reference {
     // ---- incidents (same rules, brute-force inputs) ----
 
     fn pre(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
+        if kind == EventKind::PoolSample {
+            return; // the interposer's sample, not a call of the program
+        }
         if let Some((_, tid)) = self.procs[slot].awaiting {
             if tid == ev.tid && kind != EventKind::MemInfo {
                 self.procs[slot].awaiting = None;
@@ -805,14 +891,8 @@ impl Reference {
         let pid = ev.pid;
         let own = self.idle_of(pid, ev.device);
         let others: Vec<u32> = self.procs.iter().filter(|p| p.alive && p.pid != pid).map(|p| p.pid).collect();
-        let other: u64 = others.iter().map(|p| self.idle_of(*p, ev.device)).sum();
-        let mut raw: Vec<_> =
-            self.arenas_raw(Some(pid)).into_iter().filter(|a| ev.device < 0 || a.3 == ev.device).collect();
-        raw.sort_by_key(|a| (a.1, a.2, a.3 as u16));
-        let arenas: Vec<ArenaNumbers> = raw
-            .into_iter()
-            .map(|a| ArenaNumbers { kind: a.1, base: a.2, free_in_arena: a.6, largest_free_span: a.7 })
-            .collect();
+        let other: u64 = others.iter().map(|p| self.idle_of(*p, ev.device)).fold(0u64, u64::saturating_add);
+        let arenas = self.incident_arenas(pid, ev.device);
         let sample = self.samples.iter().find(|s| s.0 == ev.device).copied();
         let on_dev = |d: i16| ev.device < 0 || d == ev.device;
         let framework_held: u64 = self
@@ -880,7 +960,7 @@ impl Reference {
             lead_up: p.lead_up.clone(),
             own_idle_bytes: own,
             other_idle_bytes: other,
-            arena_free_bytes: inputs.arenas.iter().map(|a| a.free_in_arena).sum(),
+            arena_free_bytes: inputs.arenas.iter().map(|a| a.free_in_arena).fold(0u64, u64::saturating_add),
             arena_largest_free_span: inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0),
             framework: inputs.framework,
             framework_oom: None,
@@ -921,10 +1001,20 @@ impl Reference {
                 *devs.entry(h.device).or_default() += h.size;
             }
             let arenas = if p.alive { self.arenas_raw(Some(p.pid)) } else { vec![] };
-            let free: u64 = arenas.iter().map(|a| a.6).sum();
+            let free: u64 = arenas.iter().map(|a| a.6).fold(0u64, u64::saturating_add);
             let largest = arenas.iter().map(|a| a.7).max().unwrap_or(0);
-            let pool_res: u64 =
-                self.pools.iter().filter(|x| current && x.pid == p.pid).map(|x| self.pool_reserve(x)).sum();
+            let pool_res: u64 = self
+                .pools
+                .iter()
+                .filter(|x| current && x.pid == p.pid)
+                .map(|x| self.pool_reserve(x))
+                .fold(0u64, u64::saturating_add);
+            let pool_idle: u64 = self
+                .pools
+                .iter()
+                .filter(|x| current && x.pid == p.pid)
+                .map(|x| self.pool_reserve(x) - self.pool_live(x).0)
+                .fold(0u64, u64::saturating_add);
             let idle: u64 = if current { self.idle_of(p.pid, -1) } else { 0 };
             let mut sh = Histogram::new(&self.cfg.size_buckets);
             let mut ah = Histogram::new(&self.cfg.age_buckets_ns);
@@ -957,6 +1047,7 @@ impl Reference {
                 anomalies: p.anomalies,
                 idle_bytes: idle,
                 pool_reserve_bytes: pool_res,
+                held_bytes: live.saturating_add(pool_idle),
                 largest_free_span: largest,
                 free_in_arenas: free,
                 fragmentation: fragmentation(largest, free),
@@ -982,7 +1073,8 @@ impl Reference {
         }
         let mut pidle: BTreeMap<i16, u64> = BTreeMap::new();
         for p in &self.pools {
-            *pidle.entry(p.device).or_default() += self.pool_reserve(p) - self.pool_live(p).0;
+            let e = pidle.entry(p.device).or_default();
+            *e = e.saturating_add(self.pool_reserve(p) - self.pool_live(p).0);
         }
         let mut ords: Vec<i16> = self.samples.iter().map(|s| s.0).collect();
         ords.extend(resident.iter().filter(|x| *x.1 > 0).map(|x| *x.0));
@@ -994,7 +1086,7 @@ impl Reference {
             .map(|o| {
                 let s = self.samples.iter().find(|s| s.0 == o);
                 let pi = pidle.get(&o).copied().unwrap_or(0);
-                let traced = resident.get(&o).copied().unwrap_or(0) + pi;
+                let traced = resident.get(&o).copied().unwrap_or(0).saturating_add(pi);
                 DeviceView {
                     ordinal: o,
                     total: s.map(|s| s.1),

@@ -77,10 +77,21 @@ struct pool {
     u64 reserve; /* physical bytes held by the pool */
     u64 inuse;   /* requested bytes of live allocations */
     u64 max_size;
+    u64 reserve_high, inuse_high;
+    /* A synchronize gives back the reserve above this (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).
+     * The real driver's default is 0; the sim's is "never" unless a program sets one, so
+     * that a pool's reserve stays after frees as PyTorch's cudaMallocAsync backend keeps it
+     * (it sets the threshold to the maximum). */
+    u64 release_threshold;
     struct pool *next;
 };
 static struct pool default_pool[MAXDEV];
 static struct pool *created_pools;
+/* The pool cuMemAllocAsync uses on each device (cuDeviceGetMemPool / cuDeviceSetMemPool). */
+static struct pool *current_pool[MAXDEV];
+/* A pool grows by multiples of this (VRAMHOOK_SIM_POOL_CHUNK_BYTES, rounded up to GRAN;
+ * default GRAN): the real driver grows a pool's reserve in chunks larger than one request. */
+static u64 g_pool_chunk = GRAN;
 
 enum { OBJ_ALLOC = 1, OBJ_HANDLE, OBJ_ARRAY, OBJ_IPC };
 enum { K_PLAIN = 1, K_PITCH, K_MANAGED, K_ASYNC };
@@ -228,6 +239,8 @@ static void reset_process_state(void) {
         default_pool[d].magic = POOL_MAGIC;
         default_pool[d].dev = d;
         default_pool[d].is_default = 1;
+        default_pool[d].release_threshold = ~0ULL;
+        current_pool[d] = &default_pool[d];
         primary_ctx[d].magic = CTX_MAGIC;
         primary_ctx[d].dev = d;
         primary_ctx[d].primary = 1;
@@ -254,6 +267,8 @@ __attribute__((constructor)) static void sim_init(void) {
     if (n > MAXDEV) n = MAXDEV;
     g_ndev = n;
     g_cap = parse_u64(getenv("VRAMHOOK_SIM_VRAM_BYTES"), DEFAULT_CAP);
+    g_pool_chunk = round_up(parse_u64(getenv("VRAMHOOK_SIM_POOL_CHUNK_BYTES"), GRAN), GRAN);
+    if (!g_pool_chunk) g_pool_chunk = GRAN;
     const char *f = getenv("VRAMHOOK_SIM_FAST");
     g_fast = f && *f && strcmp(f, "0") != 0;
     const char *ld = getenv("VRAMHOOK_SIM_LOG_DIR");
@@ -460,9 +475,13 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
     return CUDA_SUCCESS;
 }
 
+static void pools_release_on_sync(int dev);
+
 EXPORT CUresult cuCtxSynchronize(void) {
     int dev;
-    return cur_dev(&dev);
+    CUresult r = cur_dev(&dev);
+    if (!r) pools_release_on_sync(dev);
+    return r;
 }
 
 EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
@@ -493,7 +512,9 @@ EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
     int dev;
     CUresult r = cur_dev(&dev);
     if (r) return r;
-    return stream_ok(hStream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!stream_ok(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+    pools_release_on_sync(dev);
+    return CUDA_SUCCESS;
 }
 
 static const struct {
@@ -687,7 +708,7 @@ static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemor
     struct pool *p = NULL;
     u64 addr = 0;
     if (r == CUDA_SUCCESS) {
-        if (use_default) p = &default_pool[dev];
+        if (use_default) p = current_pool[dev];
         else if (!(p = pool_check(hpool))) r = CUDA_ERROR_INVALID_VALUE;
     }
     if (p) dev = p->dev;
@@ -696,7 +717,7 @@ static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemor
     if (r == CUDA_SUCCESS) {
         u64 need = p->inuse + size;
         if (need > p->reserve) {
-            u64 grow = round_up(need - p->reserve, GRAN);
+            u64 grow = round_up(need - p->reserve, g_pool_chunk);
             if ((p->max_size && p->reserve + grow > p->max_size) || !charge(dev, grow))
                 r = CUDA_ERROR_OUT_OF_MEMORY;
             else p->reserve += grow;
@@ -706,6 +727,8 @@ static CUresult async_alloc(const char *fn, CUdeviceptr *dptr, u64 size, CUmemor
     if (o) {
         o->pool = p;
         p->inuse += size;
+        if (p->inuse > p->inuse_high) p->inuse_high = p->inuse;
+        if (p->reserve > p->reserve_high) p->reserve_high = p->reserve;
         addr = o->key;
     } else if (r == CUDA_SUCCESS) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -751,6 +774,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
         p->magic = POOL_MAGIC;
         p->dev = dev;
         p->max_size = props->maxSize;
+        p->release_threshold = ~0ULL;
         p->next = created_pools;
         created_pools = p;
         *pool = (CUmemoryPool)p;
@@ -790,6 +814,75 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) 
     CUresult r = device_query(pool_out, dev);
     if (!r) *pool_out = (CUmemoryPool)&default_pool[dev];
     return r;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    pthread_mutex_lock(&mu);
+    CUresult r = device_query(pool, dev);
+    if (!r) *pool = (CUmemoryPool)current_pool[dev];
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    pthread_mutex_lock(&mu);
+    CUresult r = device_query(&pool, dev);
+    struct pool *p = r ? NULL : pool_check(pool);
+    if (!r && (!p || p->dev != dev)) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) current_pool[dev] = p;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Not logged: the ground truth of a pool is its reserve, which the log's charges show. */
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult r = lock_inited();
+    struct pool *p = r ? NULL : pool_check(pool);
+    if (!r && (!p || !value)) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        u64 v = 0;
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->release_threshold; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = p->reserve; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v = p->reserve_high; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = p->inuse; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = p->inuse_high; break;
+        default: r = CUDA_ERROR_INVALID_VALUE; /* the reuse flags: not simulated */
+        }
+        if (!r) memcpy(value, &v, sizeof v);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult r = lock_inited();
+    struct pool *p = r ? NULL : pool_check(pool);
+    if (!r && (!p || !value)) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        u64 v;
+        memcpy(&v, value, sizeof v);
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->release_threshold = v; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: p->reserve_high = p->reserve; break; /* reset */
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: p->inuse_high = p->inuse; break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* A synchronize on `dev`: each of its pools gives back its reserve above its release
+ * threshold (never below what is in use). */
+static void pools_release_on_sync(int dev) {
+    pthread_mutex_lock(&mu);
+    for (int d = 0; d < MAXDEV; d++)
+        if (d == dev && default_pool[d].release_threshold != ~0ULL)
+            pool_trim_locked(&default_pool[d], default_pool[d].release_threshold);
+    for (struct pool *q = created_pools; q; q = q->next)
+        if (q->dev == dev && !q->dead && q->release_threshold != ~0ULL) pool_trim_locked(q, q->release_threshold);
+    pthread_mutex_unlock(&mu);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total) {
@@ -1329,6 +1422,10 @@ static const struct proc_entry *proc_table(size_t *n) {
         SYM(cuMemPoolDestroy, 11020),
         SYM(cuMemPoolTrimTo, 11020),
         SYM(cuDeviceGetDefaultMemPool, 11020),
+        SYM(cuDeviceGetMemPool, 11020),
+        SYM(cuDeviceSetMemPool, 11020),
+        SYM(cuMemPoolGetAttribute, 11020),
+        SYM(cuMemPoolSetAttribute, 11020),
         SYM(cuMemGetAllocationGranularity, 10020),
         SYM(cuMemCreate, 10020),
         SYM(cuMemRelease, 10020),

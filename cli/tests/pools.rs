@@ -1,0 +1,86 @@
+//! Stream-ordered pools end to end on the simulated driver (issue #10, item 7): the
+//! interposer samples each pool's reserve from the driver (`cuMemPoolGetAttribute`), and a
+//! process's held bytes are the pool's reserve as the driver reports it, not the live
+//! allocations; the idle reserve counts as reclaimable at an OOM.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::Command;
+
+const MIB: u64 = 1 << 20;
+/// The ten odd tensors of 14..140 MiB that stay live (PyTorch's 770 MiB).
+const LIVE: u64 = 807_403_520;
+
+/// `name=N` from the workload's output.
+fn printed(stdout: &str, name: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the workload printed no {name}:\n{stdout}"))
+}
+
+fn pool_samples(t: &Traced) -> Vec<&Value> {
+    t.events.iter().filter(|e| e["kind"] == "pool_sample").collect()
+}
+
+#[test]
+fn a_process_holds_its_pools_reserve_as_the_driver_reports_it() {
+    // 96 MiB chunks: the reserve (1,536 MiB) is not the high-water mark rounded (1,470 MiB).
+    let envs = [("VRAMHOOK_SIM_POOL_CHUNK_BYTES", "100663296"), ("VRAMHOOK_MEMINFO_MS", "50")];
+    let t = trace_workload("torch_async", &["--wait-ms", "200"], &envs);
+    assert_eq!(t.output.status.code(), Some(0), "{}", t.stderr());
+    let stdout = t.stdout();
+    let reserved = printed(&stdout, "pool_reserved");
+    assert_eq!((reserved, printed(&stdout, "pool_used")), (1536 * MIB, LIVE));
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    let p = t.process(pid);
+    assert_eq!(p["final_live_bytes"], LIVE, "live bytes stay the allocations");
+    assert_eq!(p["final_held_bytes"], reserved, "held bytes are the pool's reserve as the driver says");
+    // The samples: of the device's current pool, the last one taken at the program's
+    // cudaMemGetInfo after its frees, with the driver's numbers.
+    let samples = pool_samples(&t);
+    let last = samples.last().expect("a pool_sample");
+    assert_eq!((last["current"].as_bool(), last["device"].as_i64()), (Some(true), Some(0)), "{last}");
+    assert_eq!((last["reserved"].as_u64(), last["used"].as_u64()), (Some(reserved), Some(LIVE)), "{last}");
+    assert_eq!(last["api"], "cuMemPoolGetAttribute");
+    // The interposer's samples are not calls of the program.
+    assert!(p["calls"].get("cuMemPoolGetAttribute").is_none(), "{p}");
+    assert_eq!(p["anomalies"], 0, "{p}");
+    let text = String::from_utf8_lossy(&t.output.stderr);
+    assert!(text.contains("held 1.50 GiB at the end: 770.00 MiB live"), "{text}");
+}
+
+#[test]
+fn without_pool_calls_nothing_is_sampled_and_held_is_live() {
+    let t = trace_workload("leak", &[], &[("VRAMHOOK_MEMINFO_MS", "0")]);
+    assert!(pool_samples(&t).is_empty(), "a process with no pool reserve records no pool_sample");
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    let p = t.process(pid);
+    assert_eq!(p["final_held_bytes"], p["final_live_bytes"]);
+}
+
+#[test]
+fn idle_pool_reserve_is_reclaimable_at_an_oom() {
+    // A 2 GiB device; the pool grows by 1 GiB chunks to the whole device (2 GiB reserved,
+    // 770 MiB live), then a 1 GiB cudaMalloc fails: the pool's idle 1.25 GiB would have
+    // covered it. The high-water estimate (1,470 MiB) would have said capacity.
+    let envs = [
+        ("VRAMHOOK_SIM_VRAM_BYTES", "2147483648"),
+        ("VRAMHOOK_SIM_POOL_CHUNK_BYTES", "1073741824"),
+        ("VRAMHOOK_MEMINFO_MS", "50"),
+    ];
+    let t = trace_workload("torch_async", &["--wait-ms", "200", "--oom-mib", "1024"], &envs);
+    let stdout = t.stdout();
+    assert_eq!(printed(&stdout, "out_of_memory"), 1, "{stdout}");
+    let out = Command::new(vramhook_bin()).arg("analyze").arg("--json").arg(t.capture()).output().expect("analyze");
+    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let ooms = report["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{ooms:#?}");
+    let o = &ooms[0];
+    assert_eq!(o["verdict_name"], "reclaimable", "{}", o["explanation"]);
+    assert_eq!(o["own_idle_bytes"], 2048 * MIB - LIVE, "{o}");
+}
