@@ -53,6 +53,10 @@ pub fn finish(mut r: Replayer) -> Report {
     let ooms = oom_reports(&r, &snap, &w);
     let (devices, dev_tl) = r.device_reports();
     timelines.devices = dev_tl;
+    timelines.frameworks = r.framework_timelines(|pid| {
+        let p = snap.processes.iter().rev().find(|p| p.pid == pid);
+        p.map_or_else(String::new, |p| if p.command.is_empty() { p.exe.clone() } else { p.command.clone() })
+    });
     let notes = notes(&mut r, &processes);
     let layout = r.layout.take().map(|mut l| {
         l.entries.retain(|e| r.pid_selected(e.pid));
@@ -297,6 +301,13 @@ fn notes(r: &mut Replayer, processes: &[ProcessReport]) -> Vec<String> {
     }
     if r.tracked_overflow() {
         notes.push("more than 512 processes: only the first have their own timeline".into());
+    }
+    if r.frameworks_untracked > 0 {
+        notes.push(format!(
+            "more than {} framework caches (process, device, framework): {} readings of the others have no timeline",
+            r.frameworks.len(),
+            r.frameworks_untracked
+        ));
     }
     if r.stopped {
         notes.push("replay stopped at --to".into());

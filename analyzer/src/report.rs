@@ -370,6 +370,42 @@ pub struct LeakReport {
 pub struct Timelines {
     pub processes: Vec<ProcessTimeline>,
     pub devices: Vec<DeviceTimeline>,
+    /// Per process, device and framework: the framework's cache as its lens (or a PyTorch
+    /// snapshot's trace) gave it. Empty without a lens or snapshot.
+    pub frameworks: Vec<FrameworkTimeline>,
+}
+
+/// A framework's cache on one device of one process over time: the numbers the agent exports
+/// live as `vramhook_process_framework_{reserved,allocated,largest_free_block,fragmentation}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkTimeline {
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    /// `pytorch`, `cupy`, `jax`, …
+    pub framework: String,
+    /// Where the numbers come from: `lens` (the capture's `framework_sample` and
+    /// `framework_oom` records) or `snapshot` (a PyTorch snapshot's trace and final state).
+    pub source: String,
+    /// Records (samples and OOMs) that fed it.
+    pub samples: u64,
+    /// `[t_ns, min, max, last]` of bytes the framework holds from the driver.
+    pub reserved_bytes: Vec<Point>,
+    /// Of those, bytes handed out to the program.
+    pub allocated_bytes: Vec<Point>,
+    /// Where it was measured only (a lens measures it less often than it samples).
+    pub largest_free_block: Vec<Point>,
+    /// `1 − largest free block / (reserved − allocated)` (0 when nothing is free), where the
+    /// largest free block was measured.
+    pub fragmentation: Vec<Point>,
+    /// The framework's own out-of-memory moments on this device (at most 1,000 listed).
+    pub ooms: Vec<FrameworkOomMark>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkOomMark {
+    pub ts_ns: u64,
+    pub requested_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -72,6 +72,9 @@ struct Importer<'r> {
     allocated: BTreeMap<i16, u64>,
     /// Folded segment bases (each counted once).
     folded: BTreeSet<u64>,
+    /// The process the framework timelines are drawn for (the synthetic one, or the capture's
+    /// process the snapshot joined).
+    view_pid: u32,
 }
 
 impl Importer<'_> {
@@ -142,6 +145,14 @@ impl Importer<'_> {
         }
         self.dirty.remove(&base);
         Some(seg)
+    }
+
+    /// The cache of device `d` as the trace has rebuilt it, into its framework timeline.
+    fn point(&mut self, d: i16, ts: u64, largest: Option<u64>) {
+        let reserved = self.reserved.get(&d).copied().unwrap_or(0);
+        let allocated = self.allocated.get(&d).copied().unwrap_or(0).min(reserved);
+        let code = FrameworkId::PyTorch as u8;
+        self.r.framework_point(self.view_pid, d, code, "snapshot", ts, reserved, allocated, largest);
     }
 
     /// Hands the segments that changed since the last call to the model.
@@ -231,6 +242,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         reserved: BTreeMap::new(),
         allocated: BTreeMap::new(),
         folded: BTreeSet::new(),
+        view_pid: pid,
     };
     // A snapshot is PyTorch's caching allocator by definition.
     imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
@@ -295,13 +307,21 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.dirty.remove(&addr);
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, addr, size), *d, ts);
                 imp.r.framework_segment(pid, *d, addr, size, &[], ts);
+                imp.point(*d, ts, None);
             }
             "segment_free" | "segment_unmap" if imp.remove_seg(addr).is_some() => {
                 imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
                 imp.emit(Event::free(Api::cuMemFree_v2, addr), *d, ts);
+                imp.point(*d, ts, None);
             }
-            "alloc" => imp.add_block(addr, size),
-            "free_completed" => imp.remove_block(addr),
+            "alloc" => {
+                imp.add_block(addr, size);
+                imp.point(*d, ts, None);
+            }
+            "free_completed" => {
+                imp.remove_block(addr);
+                imp.point(*d, ts, None);
+            }
             "oom" => {
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
@@ -315,6 +335,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 let allocated = imp.allocated.get(d).copied().unwrap_or(0).min(reserved);
                 let gave_up = Event::framework_oom(FrameworkId::PyTorch, size, reserved, allocated, UNKNOWN_BYTES);
                 imp.emit(gave_up, *d, ts);
+                imp.point(*d, ts, None);
+                let view = imp.view_pid;
+                imp.r.framework_oom_mark(view, *d, FrameworkId::PyTorch as u8, "snapshot", ts, size);
             }
             _ => {}
         }
@@ -331,6 +354,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         imp.emit(Event::free(Api::cuMemFree_v2, b), d, t_end);
     }
     let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
+    // Per device: reserved, allocated and the largest free block of the final segments.
+    let mut at_end: BTreeMap<i16, (u64, u64, u64)> = BTreeMap::new();
     for s in &segments {
         let base = u(s, "address");
         let size = u(s, "total_size");
@@ -361,7 +386,20 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             }
             blocks.push(Block { addr: u(&b, "address"), size: bs, allocated });
         }
+        let e = at_end.entry(d).or_default();
+        e.0 = e.0.saturating_add(size);
+        let used = blocks.iter().filter(|b| b.allocated).fold(0u64, |acc, b| acc.saturating_add(b.size));
+        e.1 = e.1.saturating_add(used);
+        if let Some(l) = largest_free(base, size, &blocks) {
+            e.2 = e.2.max(l);
+        }
         imp.r.framework_segment(pid, d, base, size, &blocks, t_end);
+    }
+    // The cache at the snapshot, its own numbers, with the largest free block its blocks give.
+    let (view, code) = (imp.view_pid, FrameworkId::PyTorch as u8);
+    for (d, (reserved, allocated, largest)) in at_end {
+        let allocated = allocated.min(reserved);
+        imp.r.framework_point(view, d, code, "snapshot", t_end, reserved, allocated, Some(largest));
     }
     drop(imp);
     let snap = r.model.snapshot();
@@ -376,4 +414,23 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     });
     drop(parsed);
     Ok(())
+}
+
+/// The largest stretch of a segment not covered by an allocated block (`None` when the
+/// blocks overlap or leave the segment: the model reports those as bad segments).
+fn largest_free(base: u64, size: u64, blocks: &[Block]) -> Option<u64> {
+    let end = base.checked_add(size)?;
+    let mut allocated: Vec<(u64, u64)> =
+        blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
+    allocated.sort_unstable();
+    let (mut cursor, mut largest) = (base, 0u64);
+    for (a, s) in allocated {
+        let e = a.checked_add(s)?;
+        if a < cursor || e > end {
+            return None;
+        }
+        largest = largest.max(a - cursor);
+        cursor = e;
+    }
+    Some(largest.max(end - cursor))
 }

@@ -106,7 +106,22 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</ul>\n");
     }
-    h.push_str("<h2>Timelines</h2><div id=plot-live></div><div id=plot-free></div>\n");
+    h.push_str("<h2>Timelines</h2><div id=plot-live></div>\n");
+    // The framework's cache next to the driver's view of the same bytes; no plot (and no
+    // empty axis) where no lens or snapshot spoke.
+    if r.timelines.frameworks.is_empty() {
+        h.push_str(
+            "<p class=note id=no-framework>No framework cache numbers: no lens records (<code>vramhook run</code> loads \
+             the PyTorch lens) and no PyTorch snapshot in the input.</p>\n",
+        );
+    } else {
+        h.push_str("<div id=plot-fw-bytes></div><div id=plot-fw-frag></div>\n<ul class=framework-caches>");
+        for f in &r.timelines.frameworks {
+            h.push_str(&format!("<li>{}</li>", esc(&crate::render::text::framework_line(f))));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("<div id=plot-free></div>\n");
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");

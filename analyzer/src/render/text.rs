@@ -293,6 +293,16 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "  … {} more in --json", r.fragmentation.len() - 20);
     }
 
+    if !r.timelines.frameworks.is_empty() {
+        let _ = writeln!(o, "\nFRAMEWORK CACHES ({}; timelines in --json and --html)", r.timelines.frameworks.len());
+        for f in r.timelines.frameworks.iter().take(20) {
+            let _ = writeln!(o, "  {}", framework_line(f));
+        }
+        if r.timelines.frameworks.len() > 20 {
+            let _ = writeln!(o, "  … {} more in --json", r.timelines.frameworks.len() - 20);
+        }
+    }
+
     let _ = writeln!(o, "\nHISTOGRAMS (allocations live at exit or end)");
     for p in &r.processes {
         let _ = writeln!(o, "  pid {} sizes: {}", p.pid, hist_line(&p.size_histogram, fmt_bytes));
@@ -321,4 +331,40 @@ pub fn render(r: &Report) -> String {
     let lost: u64 = r.processes.iter().map(|p| p.dropped_events).sum();
     let _ = writeln!(o, "  dropped events: {lost}");
     o
+}
+
+/// One framework cache in a line: its peak and last reserved and allocated bytes, its last
+/// measured largest free block and fragmentation, and its OOMs.
+pub fn framework_line(f: &FrameworkTimeline) -> String {
+    let peak = |s: &[crate::series::Point]| s.iter().map(|p| p.max as u64).max().unwrap_or(0);
+    let last = |s: &[crate::series::Point]| s.last().map(|p| p.last);
+    let mut line = format!(
+        "pid {} dev {} {} ({}, {} readings): reserved peak {}, last {}; allocated peak {}, last {}",
+        f.pid,
+        f.device,
+        f.framework,
+        f.source,
+        f.samples,
+        fmt_bytes(peak(&f.reserved_bytes)),
+        opt_bytes(last(&f.reserved_bytes).map(|v| v as u64)),
+        fmt_bytes(peak(&f.allocated_bytes)),
+        opt_bytes(last(&f.allocated_bytes).map(|v| v as u64)),
+    );
+    match (last(&f.largest_free_block), f.fragmentation.last()) {
+        (Some(b), Some(fr)) => {
+            let max = f.fragmentation.iter().map(|p| p.max).fold(0.0, f64::max);
+            let _ = write!(
+                line,
+                "; largest free block {} (last measured), fragmentation {:.2} (max {:.2})",
+                fmt_bytes(b as u64),
+                fr.last,
+                max
+            );
+        }
+        _ => line.push_str("; largest free block never measured"),
+    }
+    if !f.ooms.is_empty() {
+        let _ = write!(line, "; {} framework OOM(s)", f.ooms.len());
+    }
+    line
 }
