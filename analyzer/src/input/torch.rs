@@ -11,16 +11,21 @@
 //!   that was idle then), and from the final `segments` list at the end;
 //! - an `oom` entry becomes a failed allocation followed by the device sample it carries.
 //!
-//! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range).
+//! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range). Analysed
+//! with captures, a snapshot whose segments are one capture process's allocations joins that
+//! process (see `crate::replay::join`): its allocations and frees are then not replayed again
+//! (the capture has the driver's calls), and its framework view (blocks, fragmentation, OOM
+//! incidents, cache timeline) is reported as that process's.
 
 use crate::input::pickle::{self, Value};
-use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals};
+use crate::replay::SegmentKey;
+use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals, SnapshotJoin};
 use crate::{AnalyzeError, Replayer};
 use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::Block;
 use vramhook_protocol::capture::ProcessInfo;
 use vramhook_protocol::kinds::UNKNOWN_BYTES;
-use vramhook_protocol::record::{Api, Event, FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
+use vramhook_protocol::record::{Api, Event, EventKind, FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
 
 /// Largest snapshot file read.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -75,11 +80,17 @@ struct Importer<'r> {
     /// The process the framework timelines are drawn for (the synthetic one, or the capture's
     /// process the snapshot joined).
     view_pid: u32,
+    /// Joined a capture's process: its segments' allocations and frees are the capture's.
+    joined: bool,
 }
 
 impl Importer<'_> {
     /// Replays `ev` (built by one of `Event`'s constructors) as this process's next event.
     fn emit(&mut self, ev: Event, device: i16, ts: u64) {
+        let driver_call = ev.kind == EventKind::Alloc as u8 || ev.kind == EventKind::Free as u8;
+        if self.joined && driver_call && ev.result == 0 {
+            return;
+        }
         self.seq += 1;
         self.r.event(&ev.by(self.pid, self.pid).at(ts).with_seq(self.seq).on_device(device));
     }
@@ -218,6 +229,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     };
     let n_inputs = r.inputs.len() as u32;
     let pid = SNAPSHOT_PID_BASE + n_inputs;
+    let join = join_decision(r, path);
+    let joined = join.as_ref().and_then(|j| j.pid);
+    r.snapshot_pids.insert(pid, (path.to_string(), joined));
     let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
     let t_end = trace.last().map_or(1, |e| e.0.saturating_add(1));
     let name = path.rsplit('/').next().unwrap_or(path).to_string();
@@ -242,7 +256,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         reserved: BTreeMap::new(),
         allocated: BTreeMap::new(),
         folded: BTreeSet::new(),
-        view_pid: pid,
+        view_pid: joined.unwrap_or(pid),
+        joined: joined.is_some(),
     };
     // A snapshot is PyTorch's caching allocator by definition.
     imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
@@ -328,7 +343,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 let reserved = imp.reserved.get(d).copied().unwrap_or(0);
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
                 // The sample PyTorch took: free bytes; the total is not in the snapshot.
-                imp.emit(Event::mem_info(free, free.saturating_add(reserved)), *d, ts);
+                // The total is not in the snapshot: a capture's, else free + reserved.
+                let total = imp.r.device_total(*d).unwrap_or(free.saturating_add(reserved));
+                imp.emit(Event::mem_info(free, total), *d, ts);
                 // An `oom` entry is PyTorch giving up (it raises OutOfMemoryError next), with
                 // its cache as the trace rebuilt it; the largest free block comes from the
                 // segments just handed over.
@@ -409,7 +426,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         wall_start_ns: wall_start,
         bytes_read: bytes.len() as u64,
         events: entries,
-        pytorch: Some(totals),
+        pytorch: Some(PytorchTotals { join, ..totals }),
         ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
     });
     drop(parsed);
@@ -433,4 +450,54 @@ fn largest_free(base: u64, size: u64, blocks: &[Block]) -> Option<u64> {
         cursor = e;
     }
     Some(largest.max(end - cursor))
+}
+
+/// Whether the snapshot at `path` joins a capture's process: `None` when no capture was read
+/// with it.
+fn join_decision(r: &mut Replayer, path: &str) -> Option<SnapshotJoin> {
+    if !r.inputs.iter().any(|i| i.kind == InputKind::Capture) {
+        return None;
+    }
+    Some(match r.join.take(path) {
+        Some(k) => r.join.decide(k),
+        None => SnapshotJoin {
+            reason: "not matched: only a snapshot in a regular file is looked for in the captures \
+                     (this one came through a pipe or FIFO)"
+                .into(),
+            ..SnapshotJoin::default()
+        },
+    })
+}
+
+/// The segments of a snapshot, to look for in the captures: its final segments and those its
+/// trace allocated, with their devices.
+pub(crate) fn segment_keys(path: &str, bytes: &[u8]) -> Result<Vec<SegmentKey>, AnalyzeError> {
+    let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
+    let root = &parsed.root;
+    let mut budget = Budget(0);
+    let mut keys = Vec::new();
+    let segments = match root.get("segments") {
+        Some(s @ Value::List(_)) => budget.items(&s, path)?,
+        _ => budget.items(root, path)?,
+    };
+    for s in &segments {
+        let (addr, size) = (u(s, "address"), u(s, "total_size"));
+        if size > 0 {
+            keys.push(SegmentKey { device: dev(s), addr, size });
+        }
+    }
+    if let Some(traces) = root.get("device_traces") {
+        for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
+            let device = i16::try_from(d).unwrap_or(i16::MAX);
+            for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
+                let action = e.get("action").and_then(|a| a.as_str());
+                // Not `segment_map`: an expandable segment's pages are mapped into its
+                // reservation, which the final segment (its address) already names.
+                if action.as_deref() == Some("segment_alloc") && u(&e, "size") > 0 {
+                    keys.push(SegmentKey { device, addr: u(&e, "addr"), size: u(&e, "size") });
+                }
+            }
+        }
+    }
+    Ok(keys)
 }

@@ -82,6 +82,9 @@ pub fn render(r: &Report) -> String {
         if let Some(w) = i.wall_start_ns {
             h.push_str(&esc(&format!(", started {}", utc(w))));
         }
+        if let Some(j) = i.pytorch.as_ref().and_then(|p| p.join.as_ref()) {
+            h.push_str(&format!(", <span class=snapshot-join>{}</span>", esc(&crate::render::text::join_line(j))));
+        }
         h.push_str(") ");
     }
     for f in &r.logs {
@@ -216,7 +219,10 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.device_free_bytes.map_or("?".into(), fmt_bytes),
             o.device_total_bytes.map_or("?".into(), fmt_bytes),
             esc(&o.verdict_name),
-            esc(&o.explanation).replace('\n', "<br>"),
+            match crate::render::text::snapshot_origin(r, o) {
+                Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&o.explanation).replace('\n', "<br>"),
+                None => esc(&o.explanation).replace('\n', "<br>"),
+            },
             o.outcome,
             o.failures,
             o.retries,

@@ -113,6 +113,9 @@ pub fn render(r: &Report) -> String {
                 fmt_bytes(p.allocated_bytes),
                 fmt_bytes(p.reserved_unallocated_bytes)
             );
+            if let Some(j) = &p.join {
+                let _ = writeln!(o, "       {}", join_line(j));
+            }
         }
     }
     let _ = writeln!(
@@ -207,6 +210,9 @@ pub fn render(r: &Report) -> String {
             opt_bytes(i.device_free_bytes),
             opt_bytes(i.device_total_bytes)
         );
+        if let Some(line) = snapshot_origin(r, i) {
+            let _ = writeln!(o, "     {line}");
+        }
         let _ = writeln!(o, "     verdict: {}", i.verdict_name.to_uppercase());
         for line in i.explanation.lines() {
             let _ = writeln!(o, "     {line}");
@@ -367,4 +373,24 @@ pub fn framework_line(f: &FrameworkTimeline) -> String {
         let _ = write!(line, "; {} framework OOM(s)", f.ooms.len());
     }
     line
+}
+
+/// What a snapshot's match with the captures came to, in a line.
+pub fn join_line(j: &SnapshotJoin) -> String {
+    match j.pid {
+        Some(pid) if j.joined => format!("joined to pid {pid}: {}", j.reason),
+        _ => format!("not joined to a capture's process: {}", j.reason),
+    }
+}
+
+/// For an incident from a PyTorch snapshot: which snapshot, and the capture's incident of the
+/// same failure when there is one.
+pub fn snapshot_origin(r: &Report, i: &OomReport) -> Option<String> {
+    let path = i.from_snapshot.as_ref()?;
+    let mut line = format!("from the PyTorch snapshot {path}");
+    if let Some(k) = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.id == id)) {
+        let c = &r.ooms[k];
+        let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict_name);
+    }
+    Some(line)
 }

@@ -3,8 +3,11 @@
 //! ([`layout`]). Every number in the report comes from the model; `crate::build` makes the
 //! report of the final state.
 
+mod join;
 mod layout;
 mod timelines;
+
+pub(crate) use join::SegmentKey;
 
 pub(crate) use layout::layout_item;
 
@@ -144,6 +147,10 @@ pub struct Replayer {
     pub(crate) frameworks: BTreeMap<(u32, i16, u8), FrameworkTrack>,
     /// Caches past [`MAX_TRACKED_FRAMEWORKS`] (counted, no timeline).
     pub(crate) frameworks_untracked: u64,
+    /// The snapshots' segments, looked up in the captures' allocations.
+    pub(crate) join: join::JoinIndex,
+    /// Each snapshot's synthetic process: its input, and the capture's process it joined.
+    pub(crate) snapshot_pids: BTreeMap<u32, (String, Option<u32>)>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
     pub(crate) layout: Option<LayoutReport>,
@@ -196,6 +203,8 @@ impl Replayer {
             arenas: BTreeMap::new(),
             frameworks: BTreeMap::new(),
             frameworks_untracked: 0,
+            join: join::JoinIndex::default(),
+            snapshot_pids: BTreeMap::new(),
             exits: FastMap::default(),
             layout: None,
             layout_fixed: false,
@@ -248,6 +257,9 @@ impl Replayer {
             self.flush(ev.ts_ns);
         }
         self.model.apply(ev);
+        if !self.join.is_empty() {
+            self.join.see(ev);
+        }
         self.applied += 1;
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
@@ -454,7 +466,24 @@ impl Replayer {
     }
 
     pub(crate) fn pid_selected(&self, pid: u32) -> bool {
+        let pid = self.view_pid(pid);
         self.opts.pids.is_empty() || self.opts.pids.contains(&pid)
+    }
+
+    /// The process a report shows `pid`'s numbers under: a snapshot's synthetic process that
+    /// joined a capture's process is that process.
+    pub(crate) fn view_pid(&self, pid: u32) -> u32 {
+        self.snapshot_pids.get(&pid).and_then(|s| s.1).unwrap_or(pid)
+    }
+
+    /// Expects a snapshot (its segments are looked up in the captures replayed next).
+    pub(crate) fn expect_snapshot(&mut self, name: &str, segments: &[SegmentKey]) {
+        self.join.expect(name, segments);
+    }
+
+    /// The device's total bytes, when a driver sample said.
+    pub(crate) fn device_total(&self, device: i16) -> Option<u64> {
+        self.dev_index.get(&device).and_then(|&i| self.devs[i].total)
     }
 
     pub fn process_info(&mut self, info: &ProcessInfo) {

@@ -141,7 +141,7 @@ impl Replayer {
             .values()
             .filter(|a| self.pid_selected(a.pid))
             .map(|a| ArenaReport {
-                pid: a.pid,
+                pid: self.view_pid(a.pid),
                 device: a.device,
                 kind: a.kind,
                 base: a.base,
