@@ -340,7 +340,7 @@ fn framework_cache_plots_render_next_to_the_live_bytes() {
     let probe = format!(
         "{TOP} const p=id=>{{const s=document.querySelector('[data-plot='+id+']');if(!s)return null;\
            return {{empty:s.getAttribute('data-empty'),series:s.querySelectorAll('.series').length,\
-           markers:s.querySelectorAll('.oom-marker').length,ticks:[...s.querySelectorAll('.tick')].map(t=>t.textContent),\
+           markers:s.querySelectorAll('.oom-marker').length,readings:s.querySelectorAll('.reading').length,ticks:[...s.querySelectorAll('.tick')].map(t=>t.textContent),\
            top:top('[data-plot='+id+']')}};}};\
          return {{live:p('plot-live'),bytes:p('plot-fw-bytes'),frag:p('plot-fw-frag'),free:p('plot-free')}};"
     );
@@ -349,6 +349,8 @@ fn framework_cache_plots_render_next_to_the_live_bytes() {
     assert!(bytes_plot["empty"].is_null() && frag["empty"].is_null(), "{at}");
     assert_eq!(bytes_plot["series"], 3, "reserved, allocated, largest free block: {at}");
     assert_eq!(frag["series"], 1, "{at}");
+    // Measured now and then: each reading is a dot (four samples and the OOM).
+    assert_eq!(frag["readings"], 5, "{at}");
     for p in [bytes_plot, frag] {
         assert!(p["markers"].as_u64().unwrap_or(0) >= 1, "OOM marker: {at}");
         let ticks: Vec<&str> = p["ticks"].as_array().expect("ticks").iter().filter_map(|t| t.as_str()).collect();

@@ -361,6 +361,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     }
 
     // The final state: the snapshot's own segments and blocks.
+    // The snapshot's own last moment (its last trace entry), for its cache timeline; the
+    // model's state goes on to the end of the replay.
+    let t_snap = if trace.is_empty() { imp.r.last_ts } else { t_end };
     let t_end = t_end.max(imp.r.last_ts);
     let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
     let gone: Vec<(u64, i16)> =
@@ -412,11 +415,12 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         }
         imp.r.framework_segment(pid, d, base, size, &blocks, t_end);
     }
-    // The cache at the snapshot, its own numbers, with the largest free block its blocks give.
+    // The cache at the snapshot (after its last trace entry), its own numbers, with the
+    // largest free block its blocks give.
     let (view, code) = (imp.view_pid, FrameworkId::PyTorch as u8);
     for (d, (reserved, allocated, largest)) in at_end {
         let allocated = allocated.min(reserved);
-        imp.r.framework_point(view, d, code, "snapshot", t_end, reserved, allocated, Some(largest));
+        imp.r.framework_point(view, d, code, "snapshot", t_snap, reserved, allocated, Some(largest));
     }
     drop(imp);
     let snap = r.model.snapshot();
