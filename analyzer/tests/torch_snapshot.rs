@@ -234,7 +234,8 @@ type Holder<'a> = (u32, &'a [(u64, u64)], i16);
 
 fn capture_with(holders: &[Holder<'_>]) -> tempfile::NamedTempFile {
     use vramhook_protocol::capture::CaptureWriter;
-    use vramhook_protocol::record::{Api, Event};
+    use vramhook_protocol::kinds::UNKNOWN_BYTES;
+    use vramhook_protocol::record::{Api, Event, FrameworkId};
     let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
     let mut evs = Vec::new();
     for (k, (pid, segs, device)) in holders.iter().enumerate() {
@@ -242,6 +243,10 @@ fn capture_with(holders: &[Holder<'_>]) -> tempfile::NamedTempFile {
             let ts = 1_000_000 + (k * 10 + n) as u64 * 1000;
             evs.push(ev(*pid, ts, Event::alloc(Api::cuMemAlloc_v2, *addr, *size)).on_device(*device));
         }
+        // What a lens says of the same cache: reserved, nothing allocated yet.
+        let reserved = segs.iter().map(|s| s.1).sum();
+        let sample = Event::framework_sample(FrameworkId::PyTorch, reserved, 0, UNKNOWN_BYTES, segs.len() as u64);
+        evs.push(ev(*pid, 2_000_000 + k as u64, sample).on_device(*device));
     }
     w.write_events(&evs).expect("events");
     let f = tempfile::NamedTempFile::new().expect("temp file");
@@ -273,6 +278,10 @@ fn one_process_holding_the_segments_gets_the_snapshot() {
     assert!(r.fragmentation.iter().all(|a| a.pid == 100));
     // The snapshot's 22 MiB are the capture's allocations: pid 100 holds them once.
     assert_eq!(r.devices[0].peak_live_bytes, 22 * MIB + 4 * MIB);
+    // The lens's readings and the snapshot's of pid 100's cache are two timelines.
+    let mut sources: Vec<(u32, &str)> = r.timelines.frameworks.iter().map(|f| (f.pid, f.source.as_str())).collect();
+    sources.sort_unstable();
+    assert_eq!(sources, vec![(100, "lens"), (100, "snapshot"), (200, "lens")]);
 }
 
 #[test]

@@ -40,11 +40,15 @@ pub(crate) struct JoinIndex {
 }
 
 impl JoinIndex {
-    /// A snapshot to look for: its name and segments (deduplicated by address).
-    pub(crate) fn expect(&mut self, name: &str, segments: &[SegmentKey]) {
+    /// A snapshot to look for: its name and segments (deduplicated by address; the first
+    /// `max` of them, as the importer keeps).
+    pub(crate) fn expect(&mut self, name: &str, segments: &[SegmentKey], max: usize) {
         let n = self.snapshots.len() as u32;
         let mut distinct = 0;
         for s in segments {
+            if distinct >= max {
+                break;
+            }
             let entries = self.by_addr.entry(s.addr).or_default();
             if !entries.iter().any(|e| e.0 == n) {
                 entries.push((n, s.size, s.device));

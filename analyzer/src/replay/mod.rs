@@ -143,8 +143,9 @@ pub struct Replayer {
     /// Exits past the budget of full views (no histograms, no largest allocations).
     pub(crate) exits_summarised: u64,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
-    /// Keyed by (pid, device, framework code).
-    pub(crate) frameworks: BTreeMap<(u32, i16, u8), FrameworkTrack>,
+    /// Keyed by (pid, device, framework code, source): a lens's readings and a snapshot's of
+    /// the same cache are drawn apart.
+    pub(crate) frameworks: BTreeMap<(u32, i16, u8, &'static str), FrameworkTrack>,
     /// Caches past [`MAX_TRACKED_FRAMEWORKS`] (counted, no timeline).
     pub(crate) frameworks_untracked: u64,
     /// The snapshots' segments, looked up in the captures' allocations.
@@ -403,7 +404,7 @@ impl Replayer {
         framework: u8,
         source: &'static str,
     ) -> Option<&mut FrameworkTrack> {
-        let key = (pid, device, framework);
+        let key = (pid, device, framework, source);
         if !self.frameworks.contains_key(&key) {
             if self.frameworks.len() >= MAX_TRACKED_FRAMEWORKS {
                 self.frameworks_untracked += 1;
@@ -478,7 +479,7 @@ impl Replayer {
 
     /// Expects a snapshot (its segments are looked up in the captures replayed next).
     pub(crate) fn expect_snapshot(&mut self, name: &str, segments: &[SegmentKey]) {
-        self.join.expect(name, segments);
+        self.join.expect(name, segments, self.opts.max_items);
     }
 
     /// The device's total bytes, when a driver sample said.

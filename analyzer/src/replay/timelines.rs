@@ -160,8 +160,8 @@ impl Replayer {
         let (from, to) = (self.from_abs, self.to_abs);
         self.frameworks
             .iter()
-            .filter(|((pid, _, _), _)| self.pid_selected(*pid))
-            .map(|((pid, device, code), t)| FrameworkTimeline {
+            .filter(|((pid, _, _, _), _)| self.pid_selected(*pid))
+            .map(|((pid, device, code, _), t)| FrameworkTimeline {
                 pid: *pid,
                 command: command(*pid),
                 device: *device,
