@@ -224,6 +224,11 @@ fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
         assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");
         assert!(text.contains("the same failure as #"), "{text}");
     }
+    // --pid 468 keeps what the snapshot joined to it.
+    let r = analyze(&[&cap, &snap], &Options { pids: vec![468], ..Options::default() }).expect("analyze");
+    assert_eq!(r.ooms.iter().filter(|o| o.from_snapshot.is_some()).count(), 2);
+    assert_eq!(r.fragmentation.len(), 139);
+    assert_eq!(r.timelines.frameworks.len(), 1);
 }
 
 /// Captures for the generated snapshot (segment A, 20 MiB at 0x7f0000000000, and B, 2 MiB at
