@@ -223,6 +223,9 @@ fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
         let text = vramhook_analyzer::render::text::render(&r);
         assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");
         assert!(text.contains("the same failure as #"), "{text}");
+        let page = vramhook_analyzer::render::html::render(&r);
+        assert!(page.contains("<span class=snapshot-join>joined to pid 468: 139 of its 139 segments"));
+        assert_eq!(page.matches("<span class=from-snapshot>from the PyTorch snapshot").count(), 2);
     }
     // --pid 468 keeps what the snapshot joined to it.
     let r = analyze(&[&cap, &snap], &Options { pids: vec![468], ..Options::default() }).expect("analyze");
