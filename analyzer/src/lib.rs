@@ -106,8 +106,10 @@ fn read_snapshots<P: AsRef<Path>>(r: &mut Replayer, paths: &[P]) -> Result<Vec<D
         let open_err = |e: std::io::Error| AnalyzeError::Open { path: name.clone(), message: e.to_string() };
         let file = File::open(path).map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
-        let mut head = [0u8; 1];
-        if !meta.is_file() || file.read_at(&mut head, 0).map_err(open_err)? == 0 || !is_pickle(&head) {
+        // Told apart as the main loop does: a log first, then a pickle.
+        let mut head = [0u8; 4096];
+        let n = file.read_at(&mut head, 0).map_err(open_err)?;
+        if !meta.is_file() || logs::is_log(&head[..n]) || !is_pickle(&head[..n]) {
             continue;
         }
         let bytes = read_bounded(&file, meta.len(), torch::MAX_SNAPSHOT_BYTES)

@@ -342,8 +342,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 let free = u(e, "device_free");
                 let reserved = imp.reserved.get(d).copied().unwrap_or(0);
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
-                // The sample PyTorch took: free bytes; the total is not in the snapshot.
-                // The total is not in the snapshot: a capture's, else free + reserved.
+                // The sample PyTorch took: free bytes. The total is not in the snapshot: a
+                // capture's, else free + reserved.
                 let total = imp.r.device_total(*d).unwrap_or(free.saturating_add(reserved));
                 imp.emit(Event::mem_info(free, total), *d, ts);
                 // An `oom` entry is PyTorch giving up (it raises OutOfMemoryError next), with
@@ -360,9 +360,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         }
     }
 
-    // The final state: the snapshot's own segments and blocks.
-    // The snapshot's own last moment (its last trace entry), for its cache timeline; the
-    // model's state goes on to the end of the replay.
+    // The final state: the snapshot's own segments and blocks. Its own last moment (its last
+    // trace entry) is where its cache timeline ends; the model's state goes on to the end of
+    // the replay.
     let t_snap = if trace.is_empty() { imp.r.last_ts } else { t_end };
     let t_end = t_end.max(imp.r.last_ts);
     let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
