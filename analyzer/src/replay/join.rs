@@ -152,3 +152,56 @@ impl JoinIndex {
         join
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramhook_protocol::record::Api;
+
+    const MIB: u64 = 1 << 20;
+
+    fn index() -> JoinIndex {
+        let mut j = JoinIndex::default();
+        let segs = [
+            SegmentKey { device: 0, addr: 0x1000_0000, size: 20 * MIB },
+            SegmentKey { device: 0, addr: 0x2000_0000, size: 2 * MIB },
+            SegmentKey { device: 0, addr: 0x2000_0000, size: 2 * MIB }, // the trace's copy
+            SegmentKey { device: 0, addr: 0x3000_0000, size: 64 * MIB },
+        ];
+        j.expect("s.pickle", &segs, 100);
+        j
+    }
+
+    #[test]
+    fn allocations_reservations_and_lens_segments_count_once_each() {
+        let mut j = index();
+        let k = j.take("s.pickle").expect("expected");
+        let alloc =
+            |pid, addr, size, dev: i16| Event::alloc(Api::cuMemAlloc_v2, addr, size).by(pid, pid).on_device(dev);
+        // Freed and allocated again at the same address: one segment.
+        j.see(&alloc(7, 0x1000_0000, 20 * MIB, 0));
+        j.see(&alloc(7, 0x1000_0000, 20 * MIB, 0));
+        // An expandable segment: the reservation holds more than the mapped bytes, names no device.
+        j.see(&Event::vmm_reserve(0x3000_0000, 512 * MIB, 0, 0).by(7, 7).on_device(-1));
+        // The lens's record of the last one.
+        j.see(&Event::framework_segment(0x2000_0000, 2 * MIB, MIB, MIB, 1).by(7, 7).on_device(0));
+        // Not matches: another device, another size, a failed call, a snapshot's own process.
+        j.see(&alloc(8, 0x1000_0000, 20 * MIB, 1));
+        j.see(&alloc(8, 0x2000_0000, 4 * MIB, 0));
+        j.see(&alloc(8, 0x3000_0000, 64 * MIB, 0).with_result(2));
+        j.see(&alloc(SNAPSHOT_PID_BASE + 1, 0x1000_0000, 20 * MIB, 0));
+        let d = j.decide(k);
+        assert_eq!((d.joined, d.pid, d.matched, d.segments), (true, Some(7), 3, 3), "{d:?}");
+        assert_eq!(d.candidates.len(), 1, "{d:?}");
+        assert!(j.take("s.pickle").is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_reservation_smaller_than_the_segment_is_not_it() {
+        let mut j = index();
+        j.see(&Event::vmm_reserve(0x3000_0000, 32 * MIB, 0, 0).by(7, 7));
+        let d = j.decide(0);
+        assert!(!d.joined && d.candidates.is_empty(), "{d:?}");
+        assert!(d.reason.contains("none of its 3 segments"), "{}", d.reason);
+    }
+}
