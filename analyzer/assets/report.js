@@ -50,12 +50,26 @@ function plot(id,title,series,fmt,opt){
       if(p[1]!==p[2])el('line',{x1:X,x2:X,y1:y(p[1]),y2:y(p[2]),stroke:c,'stroke-opacity':0.35},svg);});
     const last=s.pts[s.pts.length-1];d+='H'+x(Math.max(last[0],opt.extend?T1:last[0])).toFixed(1);
     el('path',{d:d,fill:'none',stroke:c,'stroke-width':2,'stroke-dasharray':s.dash||'',class:'series'},svg);
+    // Sparse readings (measured now and then) are dots too: one reading is no line at all.
+    if(s.dots&&s.pts.length<=200||s.pts.length==1)s.pts.forEach(p=>el('circle',{cx:x(p[0]).toFixed(1),cy:y(p[3]).toFixed(1),r:3.5,fill:c,class:'reading'},svg));
     const k=series.filter(q=>q.pts.length).indexOf(s),lx=L+(k%4)*300,ly=H-B+36+Math.floor(k/4)*18;el('rect',{x:lx,y:ly-9,width:10,height:10,fill:c},svg);txt(svg,lx+14,ly,s.name,{fill:'#1d2329'});});
   return svg;}
 const marks=D.ooms;
 const live=[];D.timelines.processes.forEach(p=>live.push({name:'pid '+p.pid+' '+p.command.split(' ')[0].split('/').pop(),pts:p.live_bytes}));
 D.timelines.devices.forEach(d=>live.push({name:'device '+d.device+' (all traced)',pts:d.live_bytes,dash:'6,3',color:'#57606a'}));
 plot('plot-live','Live bytes per process and per device',live,fb,{markers:marks});
+// Framework caches (lens or snapshot): reserved solid, allocated dashed, largest free block
+// dotted, one colour per cache; fragmentation on its own 0..1 plot. Drawn only where the
+// page has their places (the report has framework timelines).
+if(document.getElementById('plot-fw-bytes')){
+  const fw=D.timelines.frameworks.slice(0,10);
+  function cache(f){return 'pid '+f.pid+' GPU '+f.device+' '+f.framework+(f.source==='snapshot'?' (snapshot)':'');}
+  const bytes=[];fw.forEach((f,i)=>{const c=COLORS[i%COLORS.length];
+    bytes.push({name:cache(f)+' reserved',pts:f.reserved_bytes,color:c});
+    bytes.push({name:cache(f)+' allocated',pts:f.allocated_bytes,color:c,dash:'6,3'});
+    bytes.push({name:cache(f)+' largest free block',pts:f.largest_free_block,color:c,dash:'2,2',dots:true});});
+  plot('plot-fw-bytes','Framework cache: reserved, allocated, largest free block',bytes,fb,{markers:marks});
+  plot('plot-fw-frag','Framework cache fragmentation (1 − largest free block / reserved but unallocated)',fw.map((f,i)=>({name:cache(f),pts:f.fragmentation,color:COLORS[i%COLORS.length],dots:true})),v=>v.toFixed(2),{markers:marks,ymax:1});}
 const free=[];let tot=0;D.timelines.devices.forEach(d=>{free.push({name:'device '+d.device+' free (driver)',pts:d.free_bytes});tot=Math.max(tot,d.total_bytes||0);});
 plot('plot-free','Device free bytes (driver samples)'+(tot?' — total '+fb(tot):''),free,fb,{markers:marks,ymax:tot,extend:true});
 const fr=D.fragmentation.slice(0,10);

@@ -53,9 +53,16 @@ pub fn finish(mut r: Replayer) -> Report {
     let ooms = oom_reports(&r, &snap, &w);
     let (devices, dev_tl) = r.device_reports();
     timelines.devices = dev_tl;
+    timelines.frameworks = r.framework_timelines(|pid| {
+        let p = snap.processes.iter().rev().find(|p| p.pid == pid);
+        p.map_or_else(String::new, |p| if p.command.is_empty() { p.exe.clone() } else { p.command.clone() })
+    });
     let notes = notes(&mut r, &processes);
     let layout = r.layout.take().map(|mut l| {
         l.entries.retain(|e| r.pid_selected(e.pid));
+        for a in &mut l.arenas {
+            a.pid = r.view_pid(a.pid);
+        }
         l
     });
     Report {
@@ -125,6 +132,10 @@ fn process_reports(
     let mut leaks = Vec::new();
     for (slot, view) in snap.processes.iter().enumerate() {
         if !r.pid_selected(view.pid) {
+            continue;
+        }
+        if r.view_pid(view.pid) != view.pid {
+            // A snapshot joined to a capture's process: its numbers are that process's.
             continue;
         }
         let exit = r.exits.get(&slot);
@@ -251,14 +262,22 @@ fn top_holders(processes: &[ProcessReport]) -> Vec<Holder> {
 
 /// The model's incidents of the selected processes inside the window.
 fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport> {
+    let command_of = |pid: u32| {
+        let p = snap.processes.iter().rev().find(|p| p.pid == pid);
+        p.map(|p| if p.command.is_empty() { p.exe.clone() } else { p.command.clone() })
+    };
+    let window = r.opts.model.incident_window_ns;
     snap.incidents
         .iter()
         .filter(|i| r.pid_selected(i.pid) && i.ts_ns >= w.from && i.ts_ns <= r.to_abs)
         .map(|i| OomReport {
             id: i.id,
             ts_ns: i.ts_ns,
-            pid: i.pid,
-            command: i.command.clone(),
+            pid: r.view_pid(i.pid),
+            command: match r.view_pid(i.pid) {
+                pid if pid != i.pid => command_of(pid).unwrap_or_else(|| i.command.clone()),
+                _ => i.command.clone(),
+            },
             device: i.device,
             api: i.api.name().to_string(),
             caller: i.caller.clone(),
@@ -268,7 +287,7 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             verdict: i.verdict,
             verdict_name: verdict_name(i.verdict).into(),
             unknown_reason: i.unknown_reason.clone(),
-            explanation: i.explanation.clone(),
+            explanation: joined_explanation(r, i, command_of(r.view_pid(i.pid))),
             failures: i.failures,
             retries: i.retries,
             freed_bytes_between: i.freed_bytes_between,
@@ -281,8 +300,42 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             framework_oom: i.framework_oom.clone(),
             cache_fragmentation: i.cache_fragmentation,
             lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
+            from_snapshot: r.snapshot_pids.get(&i.pid).map(|s| s.0.clone()),
+            same_failure_as: same_failure(snap, i, r.view_pid(i.pid), window),
         })
         .collect()
+}
+
+/// The model's explanation; for a joined snapshot's incident, naming the capture's process
+/// (and the snapshot) where it names the snapshot's synthetic process.
+fn joined_explanation(r: &Replayer, i: &vramhook_model::OomIncident, command: Option<String>) -> String {
+    let pid = r.view_pid(i.pid);
+    match (r.snapshot_pids.get(&i.pid), command) {
+        (Some((path, Some(_))), Some(command)) if pid != i.pid => i.explanation.replacen(
+            &format!("process {} ({})", i.pid, i.command),
+            &format!(
+                "process {pid} ({command}, as its PyTorch snapshot {} shows it)",
+                path.rsplit('/').next().unwrap_or(path)
+            ),
+            1,
+        ),
+        _ => i.explanation.clone(),
+    }
+}
+
+/// For a joined snapshot's incident `i` (reported as `pid`'s), the capture's incident of the
+/// same failure: that process, device and request, the closest in time within `window`.
+fn same_failure(snap: &ModelSnapshot, i: &vramhook_model::OomIncident, pid: u32, window: u64) -> Option<u64> {
+    if pid == i.pid {
+        return None;
+    }
+    snap.incidents
+        .iter()
+        .filter(|c| c.pid == pid && c.device == i.device && c.requested_bytes == i.requested_bytes)
+        .map(|c| (c.ts_ns.abs_diff(i.ts_ns), c.id))
+        .filter(|(d, _)| *d <= window)
+        .min()
+        .map(|(_, id)| id)
 }
 
 /// The replay's notes, then what each input, the losses and the limits call for.
@@ -297,6 +350,13 @@ fn notes(r: &mut Replayer, processes: &[ProcessReport]) -> Vec<String> {
     }
     if r.tracked_overflow() {
         notes.push("more than 512 processes: only the first have their own timeline".into());
+    }
+    if r.frameworks_untracked > 0 {
+        notes.push(format!(
+            "more than {} framework caches (process, device, framework): {} readings of the others have no timeline",
+            r.frameworks.len(),
+            r.frameworks_untracked
+        ));
     }
     if r.stopped {
         notes.push("replay stopped at --to".into());

@@ -85,12 +85,55 @@ fn is_pickle(head: &[u8]) -> bool {
     head.first() == Some(&0x80)
 }
 
+/// A snapshot in a regular file, read before the captures and imported after them.
+struct Deferred {
+    index: usize,
+    name: String,
+    bytes: Vec<u8>,
+}
+
+/// The PyTorch snapshots among `paths` that are regular files: read, and their segments
+/// expected by the replay, so that the captures' allocations can be matched with them.
+fn read_snapshots<P: AsRef<Path>>(r: &mut Replayer, paths: &[P]) -> Result<Vec<Deferred>, AnalyzeError> {
+    let mut out = Vec::new();
+    for (index, path) in paths.iter().enumerate() {
+        let path = path.as_ref();
+        // Only what is a regular file by its path is opened here: a FIFO is opened once, in turn.
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let name = path.display().to_string();
+        let open_err = |e: std::io::Error| AnalyzeError::Open { path: name.clone(), message: e.to_string() };
+        let file = File::open(path).map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        // Told apart as the main loop does: a log first, then a pickle.
+        let mut head = [0u8; 4096];
+        let n = file.read_at(&mut head, 0).map_err(open_err)?;
+        if !meta.is_file() || logs::is_log(&head[..n]) || !is_pickle(&head[..n]) {
+            continue;
+        }
+        let bytes = read_bounded(&file, meta.len(), torch::MAX_SNAPSHOT_BYTES)
+            .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
+        if paths.len() > 1 {
+            // Something to match it with.
+            r.expect_snapshot(&name, &torch::segment_keys(&name, &bytes)?);
+        }
+        out.push(Deferred { index, name, bytes });
+    }
+    Ok(out)
+}
+
 /// Analyses files in order, as one stream (rotated captures continue each other; a PyTorch
-/// snapshot is imported into the same model).
+/// snapshot is imported into the same model, after the captures: one whose segments are a
+/// capture process's allocations joins that process).
 pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, AnalyzeError> {
     let mut r = Replayer::new(opts.clone());
     let mut logs = logs::LogInputs::default();
-    for path in paths {
+    let snapshots = read_snapshots(&mut r, paths)?;
+    for (index, path) in paths.iter().enumerate() {
+        if snapshots.iter().any(|s| s.index == index) {
+            continue;
+        }
         let path = path.as_ref();
         let name = path.display().to_string();
         let open_err = |e: std::io::Error| AnalyzeError::Open { path: name.clone(), message: e.to_string() };
@@ -146,6 +189,9 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
                 r.capture(&name, Piped::new(input))?;
             }
         }
+    }
+    for s in snapshots {
+        torch::import(&mut r, &s.name, &s.bytes)?;
     }
     let mut report = finish(r);
     logs.attach(&mut report);

@@ -210,6 +210,33 @@ pub struct PytorchTotals {
     pub allocated_bytes: u64,
     /// Reserved but unallocated, as the model computes it (its framework-cache idle bytes).
     pub reserved_unallocated_bytes: u64,
+    /// Analysed with captures: whether the snapshot joined one of their processes, and why
+    /// (or why not). `None` when no capture came with it.
+    pub join: Option<SnapshotJoin>,
+}
+
+/// A snapshot matched with the captures' processes by its segments' addresses.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SnapshotJoin {
+    /// Its framework view (blocks, fragmentation, OOM incidents, cache timeline) is reported
+    /// as that process's.
+    pub joined: bool,
+    /// The process it joined.
+    pub pid: Option<u32>,
+    /// Distinct segments in the snapshot (its final ones and those its trace allocated).
+    pub segments: u64,
+    /// Of them, allocations of the joined process (or of the best candidate when not joined).
+    pub matched: u64,
+    /// The processes with matching allocations, most matches first (at most 5).
+    pub candidates: Vec<JoinCandidate>,
+    /// In words: the match, or why there is none.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JoinCandidate {
+    pub pid: u32,
+    pub matched: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -335,6 +362,12 @@ pub struct OomReport {
     pub cache_fragmentation: Option<f64>,
     /// The process's last events before the failure, oldest first.
     pub lead_up: Vec<EventLine>,
+    /// The PyTorch snapshot the incident comes from (`None`: from a capture). A snapshot that
+    /// joined a capture's process reports its incidents as that process's.
+    pub from_snapshot: Option<String>,
+    /// The capture's incident of the same failure (same process, device and request, within
+    /// the incident window), when a joined snapshot's incident has one.
+    pub same_failure_as: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -370,6 +403,42 @@ pub struct LeakReport {
 pub struct Timelines {
     pub processes: Vec<ProcessTimeline>,
     pub devices: Vec<DeviceTimeline>,
+    /// Per process, device and framework: the framework's cache as its lens (or a PyTorch
+    /// snapshot's trace) gave it. Empty without a lens or snapshot.
+    pub frameworks: Vec<FrameworkTimeline>,
+}
+
+/// A framework's cache on one device of one process over time: the numbers the agent exports
+/// live as `vramhook_process_framework_{reserved,allocated,largest_free_block,fragmentation}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkTimeline {
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    /// `pytorch`, `cupy`, `jax`, …
+    pub framework: String,
+    /// Where the numbers come from: `lens` (the capture's `framework_sample` and
+    /// `framework_oom` records) or `snapshot` (a PyTorch snapshot's trace and final state).
+    pub source: String,
+    /// Records (samples and OOMs) that fed it.
+    pub samples: u64,
+    /// `[t_ns, min, max, last]` of bytes the framework holds from the driver.
+    pub reserved_bytes: Vec<Point>,
+    /// Of those, bytes handed out to the program.
+    pub allocated_bytes: Vec<Point>,
+    /// Where it was measured only (a lens measures it less often than it samples).
+    pub largest_free_block: Vec<Point>,
+    /// `1 − largest free block / (reserved − allocated)` (0 when nothing is free), where the
+    /// largest free block was measured.
+    pub fragmentation: Vec<Point>,
+    /// The framework's own out-of-memory moments on this device (at most 1,000 listed).
+    pub ooms: Vec<FrameworkOomMark>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkOomMark {
+    pub ts_ns: u64,
+    pub requested_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

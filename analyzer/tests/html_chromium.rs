@@ -327,3 +327,49 @@ fn verdicts_and_log_incidents_come_before_the_plots() {
         assert!(files.contains(&want), "{want} not in {files}");
     }
 }
+
+/// The framework cache's plots (issue #10): beside the live-bytes plot, with the OOM markers,
+/// reserved, allocated and largest free block drawn; a fragmentation plot with no measured
+/// largest free block says "no data" and has no axis.
+#[test]
+fn framework_cache_plots_render_next_to_the_live_bytes() {
+    let (bytes, _) = lens_capture(40, 10);
+    let report = analyze_bytes("lens.vhc", &bytes, &Options::default()).expect("analyze");
+    assert!(!report.ooms.is_empty(), "the framework's OOM is an incident");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let probe = format!(
+        "{TOP} const p=id=>{{const s=document.querySelector('[data-plot='+id+']');if(!s)return null;\
+           return {{empty:s.getAttribute('data-empty'),series:s.querySelectorAll('.series').length,\
+           markers:s.querySelectorAll('.oom-marker').length,readings:s.querySelectorAll('.reading').length,ticks:[...s.querySelectorAll('.tick')].map(t=>t.textContent),\
+           top:top('[data-plot='+id+']')}};}};\
+         return {{live:p('plot-live'),bytes:p('plot-fw-bytes'),frag:p('plot-fw-frag'),free:p('plot-free')}};"
+    );
+    let at = measure(dir.path(), "framework", &html::render(&report), &probe);
+    let (bytes_plot, frag) = (&at["bytes"], &at["frag"]);
+    assert!(bytes_plot["empty"].is_null() && frag["empty"].is_null(), "{at}");
+    assert_eq!(bytes_plot["series"], 3, "reserved, allocated, largest free block: {at}");
+    assert_eq!(frag["series"], 1, "{at}");
+    // Measured now and then: each reading is a dot (four samples and the OOM).
+    assert_eq!(frag["readings"], 5, "{at}");
+    for p in [bytes_plot, frag] {
+        assert!(p["markers"].as_u64().unwrap_or(0) >= 1, "OOM marker: {at}");
+        let ticks: Vec<&str> = p["ticks"].as_array().expect("ticks").iter().filter_map(|t| t.as_str()).collect();
+        assert!(ticks.len() >= 3 && ticks.windows(2).all(|w| w[0] != w[1]), "{ticks:?}");
+    }
+    assert!(frag["ticks"].as_array().is_some_and(|t| t.last().and_then(|v| v.as_str()) == Some("1.00")), "{at}");
+    let y = |k: &str| at[k]["top"].as_f64().unwrap_or_else(|| panic!("{k}: {at}"));
+    assert!(y("live") < y("bytes") && y("bytes") < y("frag") && y("frag") < y("free"), "{at}");
+
+    // Never measured: the fragmentation plot is empty, without an axis.
+    let (bytes, _) = lens_capture(40, 0);
+    let report = analyze_bytes("lens.vhc", &bytes, &Options::default()).expect("analyze");
+    let at = measure(dir.path(), "unmeasured", &html::render(&report), &probe);
+    assert_eq!(at["frag"]["empty"], "yes", "{at}");
+    assert_eq!(at["frag"]["ticks"].as_array().map(|t| t.len()), Some(0), "{at}");
+    assert_eq!(at["bytes"]["series"], 2, "reserved and allocated only: {at}");
+    // No lens at all: no framework plot.
+    let (bytes, _) = scenario();
+    let report = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
+    let at = measure(dir.path(), "nolens", &html::render(&report), &probe);
+    assert!(at["bytes"].is_null() && at["frag"].is_null(), "{at}");
+}

@@ -172,3 +172,150 @@ fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragme
     let l = fatal.framework_oom.as_ref().expect("PyTorch's numbers at its OOM");
     assert_eq!(l.reserved - l.allocated, 61_798_875_136);
 }
+
+/// The real pair of issue #10: the capture and PyTorch's snapshot of the same H200 process
+/// (`h200-oom/torch_default_fragmented.vhc`, `torch_fragmented_snapshot.pickle`). The
+/// snapshot joins pid 468 on all 139 segments, in either order on the command line: its
+/// incidents, arenas and cache timeline are that process's, and its segments are not counted
+/// twice.
+#[test]
+fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/h200-oom");
+    let cap = format!("{dir}/torch_default_fragmented.vhc");
+    let snap = format!("{dir}/torch_fragmented_snapshot.pickle");
+    let alone = analyze(&[&cap], &Options::default()).expect("the capture alone");
+    for order in [[&cap, &snap], [&snap, &cap]] {
+        let r = analyze(&order, &Options::default()).expect("analyze the pair");
+        assert_valid(&r);
+        let input = r.inputs.iter().find(|i| i.pytorch.is_some()).expect("the snapshot's input");
+        let j = input.pytorch.as_ref().and_then(|p| p.join.as_ref()).expect("a join decision");
+        assert!(j.joined, "{}", j.reason);
+        assert_eq!((j.pid, j.segments, j.matched), (Some(468), 139, 139), "{}", j.reason);
+        assert_eq!(
+            r.processes.len(),
+            1,
+            "no synthetic process: {:?}",
+            r.processes.iter().map(|p| p.pid).collect::<Vec<_>>()
+        );
+        assert_eq!(r.processes[0].pid, 468);
+        // Its segments are the capture's allocations: not counted twice, and the device's
+        // total is the driver's, not free + reserved.
+        assert_eq!(r.devices[0].peak_live_bytes, alone.devices[0].peak_live_bytes);
+        assert_eq!(r.devices[0].total_bytes, alone.devices[0].total_bytes);
+        assert!(r.leaks.iter().all(|l| l.pid == 468));
+        // The snapshot's incidents, under pid 468, each naming the capture's one.
+        let from_snap: Vec<_> = r.ooms.iter().filter(|o| o.from_snapshot.is_some()).collect();
+        assert_eq!(from_snap.len(), 2);
+        assert!(from_snap.iter().all(|o| o.pid == 468 && o.command.contains("torch_oom.py")));
+        let fatal = from_snap.iter().find(|o| o.requested_bytes == 2 << 30).expect("the 2 GiB failure");
+        assert_eq!(fatal.verdict_name, "framework_fragmentation", "{}", fatal.explanation);
+        assert!(fatal.explanation.starts_with("process 468 (python3"), "{}", fatal.explanation);
+        let same = r.ooms.iter().find(|o| Some(o.id) == fatal.same_failure_as).expect("the capture's incident");
+        assert_eq!((same.pid, same.requested_bytes, same.from_snapshot.as_deref()), (468, 2 << 30, None));
+        assert_eq!(same.verdict_name, "capacity", "the driver alone");
+        // Blocks and fragmentation: the snapshot's segments are pid 468's arenas.
+        assert_eq!(r.fragmentation.len(), 139);
+        assert!(r.fragmentation.iter().all(|a| a.pid == 468));
+        let f = r.timelines.frameworks.iter().find(|f| f.source == "snapshot").expect("the cache timeline");
+        assert_eq!(f.pid, 468);
+        assert!(f.command.contains("torch_oom.py"), "{}", f.command);
+        assert_eq!(f.allocated_bytes.last().map(|p| p.last as u64), Some(87_451_238_400));
+        let text = vramhook_analyzer::render::text::render(&r);
+        assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");
+        assert!(text.contains("the same failure as #"), "{text}");
+        let page = vramhook_analyzer::render::html::render(&r);
+        assert!(page.contains("<span class=snapshot-join>joined to pid 468: 139 of its 139 segments"));
+        assert_eq!(page.matches("<span class=from-snapshot>from the PyTorch snapshot").count(), 2);
+    }
+    // --pid 468 keeps what the snapshot joined to it.
+    let r = analyze(&[&cap, &snap], &Options { pids: vec![468], ..Options::default() }).expect("analyze");
+    assert_eq!(r.ooms.iter().filter(|o| o.from_snapshot.is_some()).count(), 2);
+    assert_eq!(r.fragmentation.len(), 139);
+    assert_eq!(r.timelines.frameworks.len(), 1);
+}
+
+/// Captures for the generated snapshot (segment A, 20 MiB at 0x7f0000000000, and B, 2 MiB at
+/// 0x7f0002000000, on device 0): `holders` lists, per process, the segments it allocates
+/// and on which device.
+/// A process, the (address, size) segments it allocates, and its device.
+type Holder<'a> = (u32, &'a [(u64, u64)], i16);
+
+fn capture_with(holders: &[Holder<'_>]) -> tempfile::NamedTempFile {
+    use vramhook_protocol::capture::CaptureWriter;
+    use vramhook_protocol::kinds::UNKNOWN_BYTES;
+    use vramhook_protocol::record::{Api, Event, FrameworkId};
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    let mut evs = Vec::new();
+    for (k, (pid, segs, device)) in holders.iter().enumerate() {
+        for (n, (addr, size)) in segs.iter().enumerate() {
+            let ts = 1_000_000 + (k * 10 + n) as u64 * 1000;
+            evs.push(ev(*pid, ts, Event::alloc(Api::cuMemAlloc_v2, *addr, *size)).on_device(*device));
+        }
+        // What a lens says of the same cache: reserved, nothing allocated yet.
+        let reserved = segs.iter().map(|s| s.1).sum();
+        let sample = Event::framework_sample(FrameworkId::PyTorch, reserved, 0, UNKNOWN_BYTES, segs.len() as u64);
+        evs.push(ev(*pid, 2_000_000 + k as u64, sample).on_device(*device));
+    }
+    w.write_events(&evs).expect("events");
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(f.path(), w.finish().expect("finish")).expect("write capture");
+    f
+}
+
+const A: (u64, u64) = (0x7F00_0000_0000, 20 * MIB);
+const B: (u64, u64) = (0x7F00_0200_0000, 2 * MIB);
+
+fn join_of(holders: &[Holder<'_>]) -> (vramhook_analyzer::Report, vramhook_analyzer::SnapshotJoin) {
+    let cap = capture_with(holders);
+    let snap = format!("{}/tests/fixtures/torch_snapshot_p4.pickle", env!("CARGO_MANIFEST_DIR"));
+    let r = analyze(&[cap.path().to_str().expect("path"), &snap], &Options::default()).expect("analyze");
+    assert_valid(&r);
+    let j = r.inputs[1].pytorch.as_ref().and_then(|p| p.join.clone()).expect("a join decision");
+    (r, j)
+}
+
+#[test]
+fn one_process_holding_the_segments_gets_the_snapshot() {
+    let (r, j) = join_of(&[(100, &[A, B], 0), (200, &[(0x9000_0000, 4 * MIB)], 0)]);
+    assert!(j.joined && j.pid == Some(100) && j.matched == 2 && j.segments == 2, "{j:?}");
+    assert_eq!(j.candidates.len(), 1);
+    assert!(r.processes.iter().all(|p| p.pid == 100 || p.pid == 200), "{:?}", r.processes);
+    let o = r.ooms.iter().find(|o| o.from_snapshot.is_some()).expect("the snapshot's OOM");
+    assert_eq!((o.pid, o.verdict_name.as_str()), (100, "framework_fragmentation"));
+    assert_eq!(o.same_failure_as, None, "the capture has no failure of its own");
+    assert!(r.fragmentation.iter().all(|a| a.pid == 100));
+    // The snapshot's 22 MiB are the capture's allocations: pid 100 holds them once.
+    assert_eq!(r.devices[0].peak_live_bytes, 22 * MIB + 4 * MIB);
+    // The lens's readings and the snapshot's of pid 100's cache are two timelines.
+    let mut sources: Vec<(u32, &str)> = r.timelines.frameworks.iter().map(|f| (f.pid, f.source.as_str())).collect();
+    sources.sort_unstable();
+    assert_eq!(sources, vec![(100, "lens"), (100, "snapshot"), (200, "lens")]);
+}
+
+#[test]
+fn no_match_or_an_ambiguous_one_stays_separate_and_says_why() {
+    let synthetic = |r: &vramhook_analyzer::Report| r.processes.iter().any(|p| p.pid > 1 << 22);
+    // Two processes with the same device addresses (possible: each has its own address space).
+    let (r, j) = join_of(&[(100, &[A, B], 0), (101, &[A, B], 0)]);
+    assert!(!j.joined && j.pid.is_none(), "{j:?}");
+    assert!(j.reason.starts_with("ambiguous") && j.reason.contains("100 (2), 101 (2)"), "{}", j.reason);
+    assert_eq!(j.candidates.len(), 2);
+    assert!(synthetic(&r));
+    assert!(vramhook_analyzer::render::text::render(&r).contains("not joined to a capture's process: ambiguous"));
+    // Half the segments is not a majority.
+    let (r, j) = join_of(&[(100, &[A], 0)]);
+    assert!(!j.joined && j.matched == 1, "{j:?}");
+    assert!(j.reason.contains("at most 1 of its 2 segments"), "{}", j.reason);
+    assert!(synthetic(&r));
+    // The right addresses on another device.
+    let (_, j) = join_of(&[(100, &[A, B], 1)]);
+    assert!(!j.joined && j.candidates.is_empty(), "{j:?}");
+    assert!(j.reason.contains("none of its 2 segments"), "{}", j.reason);
+    // Same address, another size.
+    let (_, j) = join_of(&[(100, &[(A.0, 8 * MIB), (B.0, MIB)], 0)]);
+    assert!(!j.joined && j.candidates.is_empty(), "{j:?}");
+    // A snapshot alone has nothing to join.
+    let snap = format!("{}/tests/fixtures/torch_snapshot_p4.pickle", env!("CARGO_MANIFEST_DIR"));
+    let r = analyze(&[&snap], &Options::default()).expect("analyze");
+    assert!(r.inputs[0].pytorch.as_ref().is_some_and(|p| p.join.is_none()));
+}

@@ -222,3 +222,76 @@ fn captures_from_two_hosts_give_a_report_per_host_and_for_the_fleet() {
     let out = analyze(&[s(&oom), s(&leak), "--html", s(&html)]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("several"));
 }
+
+/// Issue #10, item 4: the framework cache's numbers (the simulated lens feed of
+/// `torch_fragmented`: 16 segments of 1000 MiB, 600 MiB in use in each, then 2000 MiB asked
+/// for) as timelines in the JSON, a line in the text and plots in the HTML page.
+#[test]
+fn framework_cache_timelines_from_the_lens_in_every_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap = record(dir.path(), "torch_fragmented", &[]);
+    let r = json(&[s(&cap)]);
+    let pid = r["processes"][0]["pid"].as_u64().expect("pid");
+    let fw = r["timelines"]["frameworks"].as_array().expect("framework timelines");
+    assert_eq!(fw.len(), 1, "{fw:#?}");
+    let f = &fw[0];
+    assert_eq!(
+        (f["pid"].as_u64(), &f["source"], &f["framework"]),
+        (Some(pid), &Value::from("lens"), &Value::from("pytorch"))
+    );
+    let last = |k: &str| f[k].as_array().and_then(|s| s.last()).map(|p| p[3].clone()).unwrap_or(Value::Null);
+    let mib = 1u64 << 20;
+    assert_eq!(last("reserved_bytes"), 16 * 1000 * mib);
+    assert_eq!(last("allocated_bytes"), 16 * 600 * mib);
+    assert_eq!(last("largest_free_block"), 400 * mib);
+    let frag = last("fragmentation").as_f64().expect("fragmentation");
+    assert!((frag - (1.0 - 400.0 / 6400.0)).abs() < 1e-9, "{frag}");
+    assert_eq!(f["ooms"][0]["requested_bytes"], 2000 * mib);
+
+    let out = analyze(&[s(&cap)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("pid {pid} dev 0 pytorch (lens, ")), "{text}");
+    assert!(text.contains("largest free block 400.00 MiB (last measured), fragmentation 0.94"), "{text}");
+    let html = dir.path().join("r.html");
+    assert!(analyze(&[s(&cap), "--html", s(&html)]).status.success());
+    let page = std::fs::read_to_string(&html).expect("html written");
+    assert!(page.contains("id=plot-fw-bytes") && page.contains("id=plot-fw-frag"));
+    assert!(page.contains("\"largest_free_block\":[["), "the series are in the page's data");
+}
+
+/// Issue #10, item 5: the H200 capture and PyTorch's snapshot of the same process; the
+/// snapshot joins pid 468 on its 139 segments (and not with another run's capture).
+#[test]
+fn a_snapshot_with_its_own_capture_joins_that_process() {
+    let fixtures = repo_root().join("tests/fixtures/h200-oom");
+    let cap = fixtures.join("torch_default_fragmented.vhc");
+    let snap = fixtures.join("torch_fragmented_snapshot.pickle");
+    let r = json(&[s(&cap), s(&snap)]);
+    let j = &r["inputs"][1]["pytorch"]["join"];
+    assert_eq!(
+        (&j["joined"], &j["pid"], &j["matched"], &j["segments"]),
+        (&Value::from(true), &Value::from(468), &Value::from(139), &Value::from(139)),
+        "{j}"
+    );
+    let pids: Vec<u64> =
+        r["processes"].as_array().expect("processes").iter().filter_map(|p| p["pid"].as_u64()).collect();
+    assert_eq!(pids, vec![468]);
+    let fatal = r["ooms"]
+        .as_array()
+        .expect("ooms")
+        .iter()
+        .find(|o| o["from_snapshot"].is_string() && o["requested_bytes"] == 2u64 << 30)
+        .expect("the snapshot's 2 GiB incident");
+    assert_eq!((&fatal["pid"], &fatal["verdict_name"]), (&Value::from(468), &Value::from("framework_fragmentation")));
+    let out = analyze(&[s(&cap), s(&snap)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");
+
+    // Another run's capture (the capacity case: other addresses): the snapshot stays apart.
+    let other = fixtures.join("torch_default_capacity.vhc");
+    let r = json(&[s(&other), s(&snap)]);
+    let j = &r["inputs"][1]["pytorch"]["join"];
+    assert_eq!(j["joined"], false, "{j}");
+    assert!(j["reason"].as_str().is_some_and(|t| t.contains("none of its")), "{j}");
+    assert!(r["processes"].as_array().expect("processes").iter().any(|p| p["pid"].as_u64() > Some(1 << 22)));
+}

@@ -11,16 +11,21 @@
 //!   that was idle then), and from the final `segments` list at the end;
 //! - an `oom` entry becomes a failed allocation followed by the device sample it carries.
 //!
-//! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range).
+//! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range). Analysed
+//! with captures, a snapshot whose segments are one capture process's allocations joins that
+//! process (see `crate::replay::join`): its allocations and frees are then not replayed again
+//! (the capture has the driver's calls), and its framework view (blocks, fragmentation, OOM
+//! incidents, cache timeline) is reported as that process's.
 
 use crate::input::pickle::{self, Value};
-use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals};
+use crate::replay::SegmentKey;
+use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals, SnapshotJoin};
 use crate::{AnalyzeError, Replayer};
 use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::Block;
 use vramhook_protocol::capture::ProcessInfo;
 use vramhook_protocol::kinds::UNKNOWN_BYTES;
-use vramhook_protocol::record::{Api, Event, FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
+use vramhook_protocol::record::{Api, Event, EventKind, FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
 
 /// Largest snapshot file read.
 pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -72,11 +77,20 @@ struct Importer<'r> {
     allocated: BTreeMap<i16, u64>,
     /// Folded segment bases (each counted once).
     folded: BTreeSet<u64>,
+    /// The process the framework timelines are drawn for (the synthetic one, or the capture's
+    /// process the snapshot joined).
+    view_pid: u32,
+    /// Joined a capture's process: its segments' allocations and frees are the capture's.
+    joined: bool,
 }
 
 impl Importer<'_> {
     /// Replays `ev` (built by one of `Event`'s constructors) as this process's next event.
     fn emit(&mut self, ev: Event, device: i16, ts: u64) {
+        let driver_call = ev.kind == EventKind::Alloc as u8 || ev.kind == EventKind::Free as u8;
+        if self.joined && driver_call && ev.result == 0 {
+            return;
+        }
         self.seq += 1;
         self.r.event(&ev.by(self.pid, self.pid).at(ts).with_seq(self.seq).on_device(device));
     }
@@ -144,6 +158,14 @@ impl Importer<'_> {
         Some(seg)
     }
 
+    /// The cache of device `d` as the trace has rebuilt it, into its framework timeline.
+    fn point(&mut self, d: i16, ts: u64, largest: Option<u64>) {
+        let reserved = self.reserved.get(&d).copied().unwrap_or(0);
+        let allocated = self.allocated.get(&d).copied().unwrap_or(0).min(reserved);
+        let code = FrameworkId::PyTorch as u8;
+        self.r.framework_point(self.view_pid, d, code, "snapshot", ts, reserved, allocated, largest);
+    }
+
     /// Hands the segments that changed since the last call to the model.
     fn push_segments(&mut self, ts: u64) {
         for base in std::mem::take(&mut self.dirty) {
@@ -207,6 +229,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     };
     let n_inputs = r.inputs.len() as u32;
     let pid = SNAPSHOT_PID_BASE + n_inputs;
+    let join = join_decision(r, path);
+    let joined = join.as_ref().and_then(|j| j.pid);
+    r.snapshot_pids.insert(pid, (path.to_string(), joined));
     let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
     let t_end = trace.last().map_or(1, |e| e.0.saturating_add(1));
     let name = path.rsplit('/').next().unwrap_or(path).to_string();
@@ -231,6 +256,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         reserved: BTreeMap::new(),
         allocated: BTreeMap::new(),
         folded: BTreeSet::new(),
+        view_pid: joined.unwrap_or(pid),
+        joined: joined.is_some(),
     };
     // A snapshot is PyTorch's caching allocator by definition.
     imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
@@ -295,32 +322,48 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.dirty.remove(&addr);
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, addr, size), *d, ts);
                 imp.r.framework_segment(pid, *d, addr, size, &[], ts);
+                imp.point(*d, ts, None);
             }
             "segment_free" | "segment_unmap" if imp.remove_seg(addr).is_some() => {
                 imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
                 imp.emit(Event::free(Api::cuMemFree_v2, addr), *d, ts);
+                imp.point(*d, ts, None);
             }
-            "alloc" => imp.add_block(addr, size),
-            "free_completed" => imp.remove_block(addr),
+            "alloc" => {
+                imp.add_block(addr, size);
+                imp.point(*d, ts, None);
+            }
+            "free_completed" => {
+                imp.remove_block(addr);
+                imp.point(*d, ts, None);
+            }
             "oom" => {
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
                 let reserved = imp.reserved.get(d).copied().unwrap_or(0);
                 imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
-                // The sample PyTorch took: free bytes; the total is not in the snapshot.
-                imp.emit(Event::mem_info(free, free.saturating_add(reserved)), *d, ts);
+                // The sample PyTorch took: free bytes. The total is not in the snapshot: a
+                // capture's, else free + reserved.
+                let total = imp.r.device_total(*d).unwrap_or(free.saturating_add(reserved));
+                imp.emit(Event::mem_info(free, total), *d, ts);
                 // An `oom` entry is PyTorch giving up (it raises OutOfMemoryError next), with
                 // its cache as the trace rebuilt it; the largest free block comes from the
                 // segments just handed over.
                 let allocated = imp.allocated.get(d).copied().unwrap_or(0).min(reserved);
                 let gave_up = Event::framework_oom(FrameworkId::PyTorch, size, reserved, allocated, UNKNOWN_BYTES);
                 imp.emit(gave_up, *d, ts);
+                imp.point(*d, ts, None);
+                let view = imp.view_pid;
+                imp.r.framework_oom_mark(view, *d, FrameworkId::PyTorch as u8, "snapshot", ts, size);
             }
             _ => {}
         }
     }
 
-    // The final state: the snapshot's own segments and blocks.
+    // The final state: the snapshot's own segments and blocks. Its own last moment (its last
+    // trace entry) is where its cache timeline ends; the model's state goes on to the end of
+    // the replay.
+    let t_snap = if trace.is_empty() { imp.r.last_ts } else { t_end };
     let t_end = t_end.max(imp.r.last_ts);
     let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
     let gone: Vec<(u64, i16)> =
@@ -331,6 +374,8 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         imp.emit(Event::free(Api::cuMemFree_v2, b), d, t_end);
     }
     let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
+    // Per device: reserved, allocated and the largest free block of the final segments.
+    let mut at_end: BTreeMap<i16, (u64, u64, u64)> = BTreeMap::new();
     for s in &segments {
         let base = u(s, "address");
         let size = u(s, "total_size");
@@ -361,7 +406,21 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             }
             blocks.push(Block { addr: u(&b, "address"), size: bs, allocated });
         }
+        let e = at_end.entry(d).or_default();
+        e.0 = e.0.saturating_add(size);
+        let used = blocks.iter().filter(|b| b.allocated).fold(0u64, |acc, b| acc.saturating_add(b.size));
+        e.1 = e.1.saturating_add(used);
+        if let Some(l) = largest_free(base, size, &blocks) {
+            e.2 = e.2.max(l);
+        }
         imp.r.framework_segment(pid, d, base, size, &blocks, t_end);
+    }
+    // The cache at the snapshot (after its last trace entry), its own numbers, with the
+    // largest free block its blocks give.
+    let (view, code) = (imp.view_pid, FrameworkId::PyTorch as u8);
+    for (d, (reserved, allocated, largest)) in at_end {
+        let allocated = allocated.min(reserved);
+        imp.r.framework_point(view, d, code, "snapshot", t_snap, reserved, allocated, Some(largest));
     }
     drop(imp);
     let snap = r.model.snapshot();
@@ -371,9 +430,78 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         wall_start_ns: wall_start,
         bytes_read: bytes.len() as u64,
         events: entries,
-        pytorch: Some(totals),
+        pytorch: Some(PytorchTotals { join, ..totals }),
         ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
     });
     drop(parsed);
     Ok(())
+}
+
+/// The largest stretch of a segment not covered by an allocated block (`None` when the
+/// blocks overlap or leave the segment: the model reports those as bad segments).
+fn largest_free(base: u64, size: u64, blocks: &[Block]) -> Option<u64> {
+    let end = base.checked_add(size)?;
+    let mut allocated: Vec<(u64, u64)> =
+        blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
+    allocated.sort_unstable();
+    let (mut cursor, mut largest) = (base, 0u64);
+    for (a, s) in allocated {
+        let e = a.checked_add(s)?;
+        if a < cursor || e > end {
+            return None;
+        }
+        largest = largest.max(a - cursor);
+        cursor = e;
+    }
+    Some(largest.max(end - cursor))
+}
+
+/// Whether the snapshot at `path` joins a capture's process: `None` when no capture was read
+/// with it.
+fn join_decision(r: &mut Replayer, path: &str) -> Option<SnapshotJoin> {
+    if !r.inputs.iter().any(|i| i.kind == InputKind::Capture) {
+        return None;
+    }
+    Some(match r.join.take(path) {
+        Some(k) => r.join.decide(k),
+        None => SnapshotJoin {
+            reason: "not matched: only a snapshot in a regular file is looked for in the captures \
+                     (this one came through a pipe or FIFO)"
+                .into(),
+            ..SnapshotJoin::default()
+        },
+    })
+}
+
+/// The segments of a snapshot, to look for in the captures: its final segments and those its
+/// trace allocated, with their devices.
+pub(crate) fn segment_keys(path: &str, bytes: &[u8]) -> Result<Vec<SegmentKey>, AnalyzeError> {
+    let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
+    let root = &parsed.root;
+    let mut budget = Budget(0);
+    let mut keys = Vec::new();
+    let segments = match root.get("segments") {
+        Some(s @ Value::List(_)) => budget.items(&s, path)?,
+        _ => budget.items(root, path)?,
+    };
+    for s in &segments {
+        let (addr, size) = (u(s, "address"), u(s, "total_size"));
+        if size > 0 {
+            keys.push(SegmentKey { device: dev(s), addr, size });
+        }
+    }
+    if let Some(traces) = root.get("device_traces") {
+        for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
+            let device = i16::try_from(d).unwrap_or(i16::MAX);
+            for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
+                let action = e.get("action").and_then(|a| a.as_str());
+                // Not `segment_map`: an expandable segment's pages are mapped into its
+                // reservation, which the final segment (its address) already names.
+                if action.as_deref() == Some("segment_alloc") && u(&e, "size") > 0 {
+                    keys.push(SegmentKey { device, addr: u(&e, "addr"), size: u(&e, "size") });
+                }
+            }
+        }
+    }
+    Ok(keys)
 }

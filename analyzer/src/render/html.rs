@@ -82,6 +82,9 @@ pub fn render(r: &Report) -> String {
         if let Some(w) = i.wall_start_ns {
             h.push_str(&esc(&format!(", started {}", utc(w))));
         }
+        if let Some(j) = i.pytorch.as_ref().and_then(|p| p.join.as_ref()) {
+            h.push_str(&format!(", <span class=snapshot-join>{}</span>", esc(&crate::render::text::join_line(j))));
+        }
         h.push_str(") ");
     }
     for f in &r.logs {
@@ -106,7 +109,22 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</ul>\n");
     }
-    h.push_str("<h2>Timelines</h2><div id=plot-live></div><div id=plot-free></div>\n");
+    h.push_str("<h2>Timelines</h2><div id=plot-live></div>\n");
+    // The framework's cache next to the driver's view of the same bytes; no plot (and no
+    // empty axis) where no lens or snapshot spoke.
+    if r.timelines.frameworks.is_empty() {
+        h.push_str(
+            "<p class=note id=no-framework>No framework cache numbers: no lens records (<code>vramhook run</code> loads \
+             the PyTorch lens) and no PyTorch snapshot in the input.</p>\n",
+        );
+    } else {
+        h.push_str("<div id=plot-fw-bytes></div><div id=plot-fw-frag></div>\n<ul class=framework-caches>");
+        for f in &r.timelines.frameworks {
+            h.push_str(&format!("<li>{}</li>", esc(&crate::render::text::framework_line(f))));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("<div id=plot-free></div>\n");
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
@@ -201,7 +219,10 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.device_free_bytes.map_or("?".into(), fmt_bytes),
             o.device_total_bytes.map_or("?".into(), fmt_bytes),
             esc(&o.verdict_name),
-            esc(&o.explanation).replace('\n', "<br>"),
+            match crate::render::text::snapshot_origin(r, o) {
+                Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&o.explanation).replace('\n', "<br>"),
+                None => esc(&o.explanation).replace('\n', "<br>"),
+            },
             o.outcome,
             o.failures,
             o.retries,

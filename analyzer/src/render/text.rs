@@ -113,6 +113,9 @@ pub fn render(r: &Report) -> String {
                 fmt_bytes(p.allocated_bytes),
                 fmt_bytes(p.reserved_unallocated_bytes)
             );
+            if let Some(j) = &p.join {
+                let _ = writeln!(o, "       {}", join_line(j));
+            }
         }
     }
     let _ = writeln!(
@@ -207,6 +210,9 @@ pub fn render(r: &Report) -> String {
             opt_bytes(i.device_free_bytes),
             opt_bytes(i.device_total_bytes)
         );
+        if let Some(line) = snapshot_origin(r, i) {
+            let _ = writeln!(o, "     {line}");
+        }
         let _ = writeln!(o, "     verdict: {}", i.verdict_name.to_uppercase());
         for line in i.explanation.lines() {
             let _ = writeln!(o, "     {line}");
@@ -293,6 +299,16 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(o, "  … {} more in --json", r.fragmentation.len() - 20);
     }
 
+    if !r.timelines.frameworks.is_empty() {
+        let _ = writeln!(o, "\nFRAMEWORK CACHES ({}; timelines in --json and --html)", r.timelines.frameworks.len());
+        for f in r.timelines.frameworks.iter().take(20) {
+            let _ = writeln!(o, "  {}", framework_line(f));
+        }
+        if r.timelines.frameworks.len() > 20 {
+            let _ = writeln!(o, "  … {} more in --json", r.timelines.frameworks.len() - 20);
+        }
+    }
+
     let _ = writeln!(o, "\nHISTOGRAMS (allocations live at exit or end)");
     for p in &r.processes {
         let _ = writeln!(o, "  pid {} sizes: {}", p.pid, hist_line(&p.size_histogram, fmt_bytes));
@@ -321,4 +337,60 @@ pub fn render(r: &Report) -> String {
     let lost: u64 = r.processes.iter().map(|p| p.dropped_events).sum();
     let _ = writeln!(o, "  dropped events: {lost}");
     o
+}
+
+/// One framework cache in a line: its peak and last reserved and allocated bytes, its last
+/// measured largest free block and fragmentation, and its OOMs.
+pub fn framework_line(f: &FrameworkTimeline) -> String {
+    let peak = |s: &[crate::series::Point]| s.iter().map(|p| p.max as u64).max().unwrap_or(0);
+    let last = |s: &[crate::series::Point]| s.last().map(|p| p.last);
+    let mut line = format!(
+        "pid {} dev {} {} ({}, {} readings): reserved peak {}, last {}; allocated peak {}, last {}",
+        f.pid,
+        f.device,
+        f.framework,
+        f.source,
+        f.samples,
+        fmt_bytes(peak(&f.reserved_bytes)),
+        opt_bytes(last(&f.reserved_bytes).map(|v| v as u64)),
+        fmt_bytes(peak(&f.allocated_bytes)),
+        opt_bytes(last(&f.allocated_bytes).map(|v| v as u64)),
+    );
+    match (last(&f.largest_free_block), f.fragmentation.last()) {
+        (Some(b), Some(fr)) => {
+            let max = f.fragmentation.iter().map(|p| p.max).fold(0.0, f64::max);
+            let _ = write!(
+                line,
+                "; largest free block {} (last measured), fragmentation {:.2} (max {:.2})",
+                fmt_bytes(b as u64),
+                fr.last,
+                max
+            );
+        }
+        _ => line.push_str("; largest free block never measured"),
+    }
+    if !f.ooms.is_empty() {
+        let _ = write!(line, "; {} framework OOM(s)", f.ooms.len());
+    }
+    line
+}
+
+/// What a snapshot's match with the captures came to, in a line.
+pub fn join_line(j: &SnapshotJoin) -> String {
+    match j.pid {
+        Some(pid) if j.joined => format!("joined to pid {pid}: {}", j.reason),
+        _ => format!("not joined to a capture's process: {}", j.reason),
+    }
+}
+
+/// For an incident from a PyTorch snapshot: which snapshot, and the capture's incident of the
+/// same failure when there is one.
+pub fn snapshot_origin(r: &Report, i: &OomReport) -> Option<String> {
+    let path = i.from_snapshot.as_ref()?;
+    let mut line = format!("from the PyTorch snapshot {path}");
+    if let Some(k) = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.id == id)) {
+        let c = &r.ooms[k];
+        let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict_name);
+    }
+    Some(line)
 }

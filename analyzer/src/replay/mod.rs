@@ -3,8 +3,11 @@
 //! ([`layout`]). Every number in the report comes from the model; `crate::build` makes the
 //! report of the final state.
 
+mod join;
 mod layout;
 mod timelines;
+
+pub(crate) use join::SegmentKey;
 
 pub(crate) use layout::layout_item;
 
@@ -39,9 +42,17 @@ const FORCED_WORK_BUDGET: u64 = 2_000_000;
 /// in all (each is a snapshot of the model); exits past it keep a view of the process alone.
 /// 10,000 processes each exiting made 10^8.
 const EXIT_WORK_BUDGET: u64 = 2_000_000;
-/// Kinds that take the slow path (as bits): exits, device samples, starts.
-const SPECIAL_KINDS: u64 =
-    1 << EventKind::ProcessExit as u8 | 1 << EventKind::MemInfo as u8 | 1 << EventKind::ProcessStart as u8;
+/// Kinds that take the slow path (as bits): exits, device samples, starts, a lens's samples
+/// and OOMs (for the framework timelines).
+const SPECIAL_KINDS: u64 = 1 << EventKind::ProcessExit as u8
+    | 1 << EventKind::MemInfo as u8
+    | 1 << EventKind::ProcessStart as u8
+    | 1 << EventKind::FrameworkSample as u8
+    | 1 << EventKind::FrameworkOom as u8;
+/// (process, device, framework) caches with their own timelines.
+const MAX_TRACKED_FRAMEWORKS: usize = 256;
+/// Framework OOM moments listed per cache timeline.
+const MAX_FRAMEWORK_OOMS: usize = 1000;
 /// Corrupt frames listed per input.
 pub(crate) const MAX_CORRUPT_LISTED: usize = 100;
 
@@ -72,6 +83,17 @@ struct ArenaTrack {
     frag: Series,
     largest: Series,
     free: Series,
+}
+
+/// A framework's cache on one device of one process, over time.
+pub(crate) struct FrameworkTrack {
+    pub source: &'static str,
+    pub samples: u64,
+    pub reserved: Series,
+    pub allocated: Series,
+    pub largest: Series,
+    pub frag: Series,
+    pub ooms: Vec<FrameworkOomMark>,
 }
 
 pub(crate) struct ExitInfo {
@@ -121,6 +143,15 @@ pub struct Replayer {
     /// Exits past the budget of full views (no histograms, no largest allocations).
     pub(crate) exits_summarised: u64,
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
+    /// Keyed by (pid, device, framework code, source): a lens's readings and a snapshot's of
+    /// the same cache are drawn apart.
+    pub(crate) frameworks: BTreeMap<(u32, i16, u8, &'static str), FrameworkTrack>,
+    /// Caches past [`MAX_TRACKED_FRAMEWORKS`] (counted, no timeline).
+    pub(crate) frameworks_untracked: u64,
+    /// The snapshots' segments, looked up in the captures' allocations.
+    pub(crate) join: join::JoinIndex,
+    /// Each snapshot's synthetic process: its input, and the capture's process it joined.
+    pub(crate) snapshot_pids: BTreeMap<u32, (String, Option<u32>)>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
     pub(crate) layout: Option<LayoutReport>,
@@ -171,6 +202,10 @@ impl Replayer {
             exit_work: 0,
             exits_summarised: 0,
             arenas: BTreeMap::new(),
+            frameworks: BTreeMap::new(),
+            frameworks_untracked: 0,
+            join: join::JoinIndex::default(),
+            snapshot_pids: BTreeMap::new(),
             exits: FastMap::default(),
             layout: None,
             layout_fixed: false,
@@ -223,6 +258,9 @@ impl Replayer {
             self.flush(ev.ts_ns);
         }
         self.model.apply(ev);
+        if !self.join.is_empty() {
+            self.join.see(ev);
+        }
         self.applied += 1;
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
@@ -340,11 +378,113 @@ impl Replayer {
             d.min_free = Some(d.min_free.map_or(ev.addr, |m| m.min(ev.addr)));
             d.free.push(ev.ts_ns, ev.addr as f64);
         }
+        // A snapshot's importer draws its own timeline (from its trace, under the process it
+        // joined): its synthetic process's records are not a lens's.
+        let lens = ev.pid < crate::input::torch::SNAPSHOT_PID_BASE;
+        if lens && ev.result == 0 && ev.framework_allocated() <= ev.framework_reserved() {
+            let (reserved, allocated) = (ev.framework_reserved(), ev.framework_allocated());
+            let code = ev.framework() as u8;
+            if ev.kind == EventKind::FrameworkSample as u8 {
+                let largest = ev.largest_free_block();
+                self.framework_point(ev.pid, ev.device, code, "lens", ev.ts_ns, reserved, allocated, largest);
+            } else if ev.kind == EventKind::FrameworkOom as u8 {
+                let largest = ev.largest_free_block();
+                self.framework_point(ev.pid, ev.device, code, "lens", ev.ts_ns, reserved, allocated, largest);
+                self.framework_oom_mark(ev.pid, ev.device, code, "lens", ev.ts_ns, ev.framework_request());
+            }
+        }
         true
     }
 
+    /// The track of a framework's cache, created on first use (`None` past the limit).
+    fn framework_track(
+        &mut self,
+        pid: u32,
+        device: i16,
+        framework: u8,
+        source: &'static str,
+    ) -> Option<&mut FrameworkTrack> {
+        let key = (pid, device, framework, source);
+        if !self.frameworks.contains_key(&key) {
+            if self.frameworks.len() >= MAX_TRACKED_FRAMEWORKS {
+                self.frameworks_untracked += 1;
+                return None;
+            }
+            let n = self.opts.max_points;
+            let track = FrameworkTrack {
+                source,
+                samples: 0,
+                reserved: Series::new(n),
+                allocated: Series::new(n),
+                largest: Series::new(n),
+                frag: Series::new(n),
+                ooms: Vec::new(),
+            };
+            self.frameworks.insert(key, track);
+        }
+        self.frameworks.get_mut(&key)
+    }
+
+    /// One reading of a framework's cache: reserved and allocated bytes, and the largest free
+    /// block where it was measured (fragmentation is only known then).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn framework_point(
+        &mut self,
+        pid: u32,
+        device: i16,
+        framework: u8,
+        source: &'static str,
+        ts: u64,
+        reserved: u64,
+        allocated: u64,
+        largest: Option<u64>,
+    ) {
+        let Some(t) = self.framework_track(pid, device, framework, source) else { return };
+        t.samples += 1;
+        t.reserved.push(ts, reserved as f64);
+        t.allocated.push(ts, allocated as f64);
+        if let Some(b) = largest {
+            let free = reserved.saturating_sub(allocated);
+            t.largest.push(ts, b as f64);
+            t.frag.push(ts, vramhook_model::fragmentation(b, free));
+        }
+    }
+
+    /// The framework gave up on a request of `requested` bytes.
+    pub(crate) fn framework_oom_mark(
+        &mut self,
+        pid: u32,
+        device: i16,
+        framework: u8,
+        source: &'static str,
+        ts: u64,
+        requested: u64,
+    ) {
+        let Some(t) = self.framework_track(pid, device, framework, source) else { return };
+        if t.ooms.len() < MAX_FRAMEWORK_OOMS {
+            t.ooms.push(FrameworkOomMark { ts_ns: ts, requested_bytes: requested });
+        }
+    }
+
     pub(crate) fn pid_selected(&self, pid: u32) -> bool {
+        let pid = self.view_pid(pid);
         self.opts.pids.is_empty() || self.opts.pids.contains(&pid)
+    }
+
+    /// The process a report shows `pid`'s numbers under: a snapshot's synthetic process that
+    /// joined a capture's process is that process.
+    pub(crate) fn view_pid(&self, pid: u32) -> u32 {
+        self.snapshot_pids.get(&pid).and_then(|s| s.1).unwrap_or(pid)
+    }
+
+    /// Expects a snapshot (its segments are looked up in the captures replayed next).
+    pub(crate) fn expect_snapshot(&mut self, name: &str, segments: &[SegmentKey]) {
+        self.join.expect(name, segments, self.opts.max_items);
+    }
+
+    /// The device's total bytes, when a driver sample said.
+    pub(crate) fn device_total(&self, device: i16) -> Option<u64> {
+        self.dev_index.get(&device).and_then(|&i| self.devs[i].total)
     }
 
     pub fn process_info(&mut self, info: &ProcessInfo) {

@@ -141,7 +141,7 @@ impl Replayer {
             .values()
             .filter(|a| self.pid_selected(a.pid))
             .map(|a| ArenaReport {
-                pid: a.pid,
+                pid: self.view_pid(a.pid),
                 device: a.device,
                 kind: a.kind,
                 base: a.base,
@@ -151,6 +151,31 @@ impl Replayer {
                 fragmentation: a.frag.points_in(self.from_abs, self.to_abs),
                 largest_free_span: a.largest.points_in(self.from_abs, self.to_abs),
                 free_in_arena: a.free.points_in(self.from_abs, self.to_abs),
+            })
+            .collect()
+    }
+
+    /// The framework caches' timelines, each named with its process's command.
+    pub(crate) fn framework_timelines(&self, command: impl Fn(u32) -> String) -> Vec<FrameworkTimeline> {
+        let (from, to) = (self.from_abs, self.to_abs);
+        self.frameworks
+            .iter()
+            .filter(|((pid, _, _, _), _)| self.pid_selected(*pid))
+            .map(|((pid, device, code, _), t)| FrameworkTimeline {
+                pid: *pid,
+                command: command(*pid),
+                device: *device,
+                framework: vramhook_protocol::record::FrameworkId::from_code(*code)
+                    .unwrap_or_default()
+                    .name()
+                    .to_string(),
+                source: t.source.to_string(),
+                samples: t.samples,
+                reserved_bytes: t.reserved.points_in(from, to),
+                allocated_bytes: t.allocated.points_in(from, to),
+                largest_free_block: t.largest.points_in(from, to),
+                fragmentation: t.frag.points_in(from, to),
+                ooms: t.ooms.iter().filter(|o| o.ts_ns >= from && o.ts_ns <= to).cloned().collect(),
             })
             .collect()
     }

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd, ProcessInfo};
-use vramhook_protocol::record::{Api, Event};
+use vramhook_protocol::kinds::UNKNOWN_BYTES;
+use vramhook_protocol::record::{Api, Event, FrameworkId};
 
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
@@ -269,4 +270,58 @@ pub fn assert_valid(report: &vramhook_analyzer::Report) {
     let mut errs = Vec::new();
     validate(&s, &s, &v, "$", &mut errs);
     assert!(errs.is_empty(), "report does not match the schema:\n{}", errs.join("\n"));
+}
+
+pub fn info(pid: u32, cmd: &str) -> ProcessInfo {
+    ProcessInfo {
+        pid,
+        ppid: 1,
+        uid: 1000,
+        start_time: 1,
+        run_id: 0,
+        exe: "/usr/bin/python3".into(),
+        cmdline: cmd.split(' ').map(String::from).collect(),
+    }
+}
+
+/// One lens sample: time, reserved, allocated, largest free block (or `UNKNOWN_BYTES`).
+pub type LensReading = (u64, u64, u64, u64);
+
+/// pid 100 on device 1: a 4 GiB segment, then lens samples every 10 ms, the largest free
+/// block measured every `every`th sample only (never when 0), and one framework OOM (its
+/// largest free block 512 MiB, measured when `every` > 0); pid 200 has no lens.
+/// Returns the capture and, per sample, its reading.
+pub fn lens_capture(samples: u64, every: u64) -> (Vec<u8>, Vec<LensReading>) {
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    w.write_process(&info(100, "python3 train.py")).expect("process");
+    w.write_process(&info(200, "plain-cuda-app")).expect("process");
+    let dev1 = |e: Event| e.on_device(1);
+    let mut events = vec![
+        dev1(ev(100, 1_000_000, Event::alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000, 4 * GIB))),
+        ev(200, 1_500_000, Event::alloc(Api::cuMemAlloc_v2, 0x7e00_0000_0000, GIB)),
+    ];
+    let mut truth = Vec::new();
+    for i in 0..samples {
+        let ts = 2_000_000 + i * 10_000_000;
+        let reserved = 4 * GIB;
+        // Allocated climbs and falls in a saw; one sample in the middle reaches the whole cache.
+        let allocated = if i == samples / 2 { reserved } else { (i % 7) * 256 * MIB };
+        let largest = if every > 0 && i % every == 0 { (reserved - allocated) / 2 } else { UNKNOWN_BYTES };
+        events.push(dev1(ev(100, ts, Event::framework_sample(FrameworkId::PyTorch, reserved, allocated, largest, 4))));
+        truth.push((ts, reserved, allocated, largest));
+    }
+    let t_oom = 2_000_000 + samples * 10_000_000;
+    events.push(dev1(ev(
+        100,
+        t_oom,
+        Event::framework_oom(
+            FrameworkId::PyTorch,
+            2 * GIB,
+            4 * GIB,
+            3 * GIB,
+            if every > 0 { 512 * MIB } else { UNKNOWN_BYTES },
+        ),
+    )));
+    w.write_events(&events).expect("events");
+    (w.finish().expect("finish"), truth)
 }
