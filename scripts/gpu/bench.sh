@@ -10,9 +10,9 @@
 # - pair: the hook's cost inside one process (.gpu/bench_pair, built from
 #   tests/simcuda/workloads/bench_pair.c): every iteration calls libcuda's own
 #   cuMemAllocAsync/cuMemFreeAsync and the program's (vramhook's wrapper) side by side.
-#   Configurations, interleaved over BENCH_ROUNDS rounds: aa (no LD_PRELOAD: the method's
-#   own error), hooked, and with .gpu/libvramhook-parts.so (cargo feature bench-parts) the
-#   hook with parts left out (VRAMHOOK_BENCH_SKIP: 1 clock, 2 ring write, 4 device lookup),
+#   Configurations (BENCH_PAIR_CONFIGS, see pair below), interleaved over BENCH_ROUNDS
+#   rounds: aa (no LD_PRELOAD: the method's own error), hooked, and with
+#   .gpu/libvramhook-parts.so (cargo feature bench-parts) the hook with parts left out,
 #   VRAMHOOK_DISABLE=1 (the wrapper alone) and VRAMHOOK_CLOCK=monotonic
 # - simpair: scripts/bench-pair.sh (the simulated driver, inside one process) on this
 #   host's cores, at 1 and 16 threads; needs tests/simcuda/build (carried)
@@ -104,25 +104,24 @@ pair() {
     local parts_lib="$PWD/.gpu/libvramhook-parts.so"
     PAIR_RINGS=$(mktemp -d /dev/shm/vh-pair.XXXXXX)
     : > "$OUT/bench_pair.jsonl"
-    # BENCH_PAIR_CONFIGS picks configurations (default all); "baseline" is an older build
-    # (BENCH_BASELINE_LIB) beside this one, in the same rounds.
-    local configs="${BENCH_PAIR_CONFIGS:-aa hooked baseline parts-all no-clock no-write no-device no-clock-write wrapper-only monotonic}"
-    has_config() { case " $configs " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+    # BENCH_PAIR_CONFIGS picks configurations: aa, hooked, baseline (an older build,
+    # BENCH_BASELINE_LIB, beside this one in the same rounds), wrapper-only
+    # (VRAMHOOK_DISABLE=1), monotonic (VRAMHOOK_CLOCK=monotonic), and skipN: the parts build
+    # with VRAMHOOK_BENCH_SKIP=N (bits: 1 no clock, 2 no ring write, 4 no device lookup,
+    # 8 no look at the slot's stamp, 16 the next slot asked for before the driver runs).
+    local configs="${BENCH_PAIR_CONFIGS:-aa hooked baseline skip0 skip1 skip2 skip4 skip8 skip16 wrapper-only monotonic}"
     for round in $(seq "$ROUNDS"); do
-        has_config aa && pair_config aa "$round" ""
-        has_config hooked && pair_config hooked "$round" "$VRAMHOOK_LIB"
-        if has_config baseline && [ -n "${BENCH_BASELINE_LIB:-}" ]; then
-            pair_config baseline "$round" "$PWD/$BENCH_BASELINE_LIB"
-        fi
-        if [ -f "$parts_lib" ]; then
-            has_config parts-all && pair_config parts-all "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=0
-            has_config no-clock && pair_config no-clock "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=1
-            has_config no-write && pair_config no-write "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=2
-            has_config no-device && pair_config no-device "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=4
-            has_config no-clock-write && pair_config no-clock-write "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP=3
-            has_config wrapper-only && pair_config wrapper-only "$round" "$parts_lib" VRAMHOOK_DISABLE=1
-        fi
-        has_config monotonic && pair_config monotonic "$round" "$VRAMHOOK_LIB" VRAMHOOK_CLOCK=monotonic
+        for config in $configs; do
+            case "$config" in
+                aa) pair_config aa "$round" "" ;;
+                hooked) pair_config hooked "$round" "$VRAMHOOK_LIB" ;;
+                baseline) [ -z "${BENCH_BASELINE_LIB:-}" ] || pair_config baseline "$round" "$PWD/$BENCH_BASELINE_LIB" ;;
+                wrapper-only) pair_config wrapper-only "$round" "$parts_lib" VRAMHOOK_DISABLE=1 ;;
+                monotonic) pair_config monotonic "$round" "$VRAMHOOK_LIB" VRAMHOOK_CLOCK=monotonic ;;
+                skip*) pair_config "$config" "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP="${config#skip}" ;;
+                *) echo "bench.sh: unknown configuration $config" >&2 ;;
+            esac
+        done
     done
     rm -rf "$PAIR_RINGS"
     python3 scripts/bench_pair_summary.py "$OUT/bench_pair.jsonl"
