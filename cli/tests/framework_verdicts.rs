@@ -270,6 +270,41 @@ fn the_python_lens_sees_the_cache_of_a_python_program() {
     assert_eq!(r["ooms"][0]["framework_oom"], Value::Null, "no lens ran");
 }
 
+/// PyTorch 2.11 in `backend:cudaMallocAsync` mode refuses an OOM observer, inside its lazy
+/// CUDA init: a lens that let that out failed the program's first CUDA call (seen on the
+/// H200). The program must end exactly as it does without the lens.
+#[test]
+fn the_lens_never_fails_a_program_whose_allocator_refuses_an_oom_observer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_torch");
+    let run = |lens: bool, name: &str| {
+        let mut cmd = Command::new(vramhook());
+        cmd.arg("run");
+        if !lens {
+            cmd.arg("--no-lens");
+        }
+        cmd.arg("--record").arg(dir.path().join(format!("{name}.vhc")));
+        cmd.arg("--ring-dir").arg(dir.path().join(format!("rings-{name}")));
+        cmd.arg("--").arg("python3").arg(fake.join("fragment.py"));
+        cmd.env("VRAMHOOK_LIB", interposer()).env("LD_LIBRARY_PATH", sim_dir()).env_remove("LD_PRELOAD");
+        cmd.env("VRAMHOOK_SIM_VRAM_BYTES", "1073741824").env("PYTHONPATH", &fake);
+        cmd.env("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync").env("VRAMHOOK_LENS_INTERVAL_S", "0.05");
+        cmd.env("FRAGMENT_HOLD_S", "0.5");
+        cmd.output().expect("run python3 under vramhook")
+    };
+    let with = run(true, "lens");
+    let without = run(false, "nolens");
+    let stderr = String::from_utf8_lossy(&with.stderr);
+    assert_eq!(with.status.code(), without.status.code(), "{stderr}");
+    assert_eq!(with.status.code(), Some(1), "the program's own OutOfMemoryError: {stderr}");
+    assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
+    assert!(!stderr.contains("DeferredCudaCallError"), "the lens failed the program: {stderr}");
+    assert!(
+        !dump_kind(&dir.path().join("lens.vhc"), "framework_sample").is_empty(),
+        "the lens still sampled without an OOM observer"
+    );
+}
+
 #[test]
 fn the_demo_tells_the_story_a_fragmented_cache_its_verdict_and_the_fix() {
     let dir = tempfile::tempdir().expect("tempdir");

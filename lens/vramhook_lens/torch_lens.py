@@ -90,13 +90,27 @@ def _sampler(torch, interval, snapshot_every):
 
 
 def _attach_now(torch):
+    """Runs inside PyTorch's lazy CUDA init, where an exception would fail the program's
+    first CUDA call (`DeferredCudaCallError`): nothing may escape."""
+    try:
+        _attach_guarded(torch)
+    except Exception as e:
+        sys.stderr.write("vramhook lens: not attached: %r\n" % (e,))
+
+
+def _attach_guarded(torch):
     global _attached
     if _attached:
         return
     _attached = True
-    torch._C._cuda_attach_out_of_memory_observer(
-        lambda device, alloc, device_allocated, device_free: _on_oom(torch, device, alloc, device_allocated, device_free)
-    )
+    try:
+        torch._C._cuda_attach_out_of_memory_observer(
+            lambda device, alloc, device_allocated, device_free: _on_oom(torch, device, alloc, device_allocated, device_free)
+        )
+    except Exception:
+        # `backend:cudaMallocAsync` has no OOM observer (PyTorch 2.11 raises "cudaMallocAsync
+        # does not yet support attachOutOfMemoryObserver"): the samples below still run.
+        pass
     interval = _float_env("VRAMHOOK_LENS_INTERVAL_S", 1.0)
     if interval > 0:
         t = threading.Thread(
