@@ -69,6 +69,8 @@ if sys.argv[1] == "bench":
     say(framework=fw, sample_us=us, samples=got, cpu_percent_at_1s=us / 1e4)
     sys.exit(0)
 
+# Let the lens sample the empty pool first (a program that dies early still leaves samples).
+time.sleep(float(os.environ.get("FW_WAIT_S", "3")) / 3)
 bufs = []
 try:
     while True:
@@ -77,12 +79,24 @@ except OOM as e:
     say(phase="fill_oom", buffers=len(bufs), error=str(e)[:200])
 for b in bufs:
     drop(b)
-bufs = None
-kept = [alloc(600 * MiB) for _ in range(max(1, int(numbers()["reserved"] // GiB)))]
-say(phase="before", kept=len(kept), **numbers())
-time.sleep(float(os.environ.get("FW_WAIT_S", "3")))
+b = bufs = None  # the loop variable held the last buffer
+say(phase="freed", **numbers())
+kept = []
 try:
-    alloc(2 * GiB)
+    for _ in range(max(1, int(numbers()["reserved"] // GiB))):
+        kept.append(alloc(600 * MiB))
+except OOM as e:
+    say(phase="keep_oom", kept=len(kept), error=str(e)[:300], **numbers())
+n = numbers()
+say(phase="before", kept=len(kept), **n)
+time.sleep(float(os.environ.get("FW_WAIT_S", "3")))
+# Between the largest free block and all the cache's free bytes, where the framework says
+# its largest block (JAX: its BFC allocator coalesces, so 2 GiB would fit); else 2 GiB.
+free = (n["reserved"] or 0) - (n["allocated"] or 0)
+ask = n["largest"] + (free - n["largest"]) // 2 if n["largest"] and free > n["largest"] + 2 * MiB else 2 * GiB
+say(phase="ask", bytes=ask)
+try:
+    alloc(ask)
     say(phase="no_oom", **numbers())
 except OOM as e:
     say(phase="oom", error=str(e)[:300], **numbers())
