@@ -11,7 +11,7 @@
 - On request (VRAMHOOK_LENS_STACKS=1; off by default: PyTorch then captures the Python stack
   of every allocation and free), PyTorch's memory history
   (`torch.cuda.memory._record_memory_history(stacks="python", max_entries=N)`, N from
-  VRAMHOOK_LENS_STACKS_ENTRIES, default 100,000) from the moment the lens attaches, and at
+  VRAMHOOK_LENS_STACKS_ENTRIES, default 20,000) from the moment the lens attaches, and at
   each of the first VRAMHOOK_LENS_STACKS_MAX (default 3) OOMs of the process, PyTorch's
   snapshot (what `_dump_snapshot` writes) in a new file of VRAMHOOK_LENS_STACKS_DIR (default:
   the current directory; `vramhook run --record` sets the capture's), named
@@ -54,7 +54,7 @@ def _start_stacks(torch):
     global _stacks_left
     if os.environ.get("VRAMHOOK_LENS_STACKS", "0") in ("", "0"):
         return
-    entries = _int_env("VRAMHOOK_LENS_STACKS_ENTRIES", 100000)
+    entries = _int_env("VRAMHOOK_LENS_STACKS_ENTRIES", 20000)
     try:
         record = torch.cuda.memory._record_memory_history
         try:
