@@ -267,7 +267,8 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
         p.map(|p| if p.command.is_empty() { p.exe.clone() } else { p.command.clone() })
     };
     let window = r.opts.model.incident_window_ns;
-    snap.incidents
+    let mut ooms: Vec<OomReport> = snap
+        .incidents
         .iter()
         .filter(|i| r.pid_selected(i.pid) && i.ts_ns >= w.from && i.ts_ns <= r.to_abs)
         .map(|i| OomReport {
@@ -302,8 +303,30 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
             from_snapshot: r.snapshot_pids.get(&i.pid).map(|s| s.0.clone()),
             same_failure_as: same_failure(snap, i, r.view_pid(i.pid), window),
+            live_at_oom: live_at_oom(r, i, window),
         })
-        .collect()
+        .collect();
+    // A capture's incident gets the stacks of the snapshot's incident of the same failure.
+    let copies: Vec<(u64, LiveAtOom)> =
+        ooms.iter().filter_map(|o| Some((o.same_failure_as?, o.live_at_oom.clone()?))).collect();
+    for (id, live) in copies {
+        if let Some(c) = ooms.iter_mut().find(|c| c.id == id && c.live_at_oom.is_none()) {
+            c.live_at_oom = Some(live);
+        }
+    }
+    ooms
+}
+
+/// For a snapshot's incident, the allocations live at its `oom` entry by stack: the entry of
+/// that snapshot, device and request closest in time to the incident (within `window`).
+fn live_at_oom(r: &Replayer, i: &vramhook_model::OomIncident, window: u64) -> Option<LiveAtOom> {
+    r.snapshot_stacks
+        .iter()
+        .filter(|s| s.pid == i.pid && s.device == i.device && s.size == i.requested_bytes)
+        .map(|s| (s.ts.abs_diff(i.ts_ns), s))
+        .filter(|(d, _)| *d <= window)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, s)| s.live.clone())
 }
 
 /// The model's explanation; for a joined snapshot's incident, naming the capture's process

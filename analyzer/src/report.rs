@@ -368,6 +368,55 @@ pub struct OomReport {
     /// The capture's incident of the same failure (same process, device and request, within
     /// the incident window), when a joined snapshot's incident has one.
     pub same_failure_as: Option<u64>,
+    /// From a PyTorch snapshot recorded with memory history (its blocks and trace entries
+    /// carry `frames`): the allocations live at this OOM, grouped by their Python stack, and
+    /// the failed request's own stack. On a capture's incident, copied from the snapshot's
+    /// incident of the same failure. `None`: no snapshot with stacks covers this incident.
+    pub live_at_oom: Option<LiveAtOom>,
+}
+
+/// One frame of a PyTorch allocation's stack: its Python frames where the stack has any
+/// (PyTorch's C++ frames are left out then), innermost first.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackFrame {
+    pub file: String,
+    pub line: u64,
+    pub function: String,
+}
+
+/// The allocations live at an OOM that have the same stack.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveStack {
+    pub allocations: u64,
+    pub bytes: u64,
+    pub largest_bytes: u64,
+    /// Innermost first, at most [`MAX_STACK_FRAMES`].
+    pub frames: Vec<StackFrame>,
+}
+
+/// Stacks listed per OOM (the largest by bytes); the rest are counted.
+pub const MAX_LIVE_STACKS: usize = 10;
+/// Frames kept per stack.
+pub const MAX_STACK_FRAMES: usize = 16;
+
+/// What a PyTorch snapshot with memory history says about the allocations live at an OOM.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveAtOom {
+    /// The snapshot it comes from.
+    pub snapshot: String,
+    /// Allocated blocks live at the OOM, and their bytes.
+    pub allocations: u64,
+    pub bytes: u64,
+    /// Of them, blocks with no stack (allocated while history was off), and their bytes.
+    pub without_stack: u64,
+    pub without_stack_bytes: u64,
+    /// The stack of the request that failed (empty when its trace entry has none).
+    pub request_frames: Vec<StackFrame>,
+    /// Live allocations grouped by stack, the most bytes first, at most [`MAX_LIVE_STACKS`].
+    pub stacks: Vec<LiveStack>,
+    /// Further stacks (not listed), and their bytes.
+    pub stacks_folded: u64,
+    pub stacks_folded_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -171,6 +171,39 @@ fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragme
     assert!(fatal.cache_fragmentation.is_some_and(|f| f > 0.99), "{:?}", fatal.cache_fragmentation);
     let l = fatal.framework_oom.as_ref().expect("PyTorch's numbers at its OOM");
     assert_eq!(l.reserved - l.allocated, 61_798_875_136);
+    // Recorded with memory history (`stacks="all"`: C++ and Python frames): the live
+    // allocations at the fatal OOM are the 139 kept 600 MiB tensors, all made at line 61 of
+    // the program, 81.45 GiB as PyTorch said; the request was line 43 (`oom`) called from 65.
+    let live = fatal.live_at_oom.as_ref().expect("the stacks of the live allocations");
+    assert_eq!((live.allocations, live.bytes, live.without_stack), (139, 87_451_238_400, 0));
+    assert_eq!(live.stacks.len(), 1);
+    let s = &live.stacks[0];
+    assert_eq!((s.allocations, s.bytes, s.largest_bytes), (139, 87_451_238_400, 600 * MIB));
+    let at =
+        |f: &vramhook_analyzer::StackFrame| format!("{}:{} {}", f.file.rsplit('/').next().unwrap(), f.line, f.function);
+    assert_eq!(s.frames.iter().map(at).collect::<Vec<_>>(), ["torch_oom.py:61 <module>"], "C++ frames left out");
+    assert_eq!(
+        live.request_frames.iter().map(at).collect::<Vec<_>>(),
+        ["torch_oom.py:43 oom", "torch_oom.py:65 <module>"]
+    );
+    // While filling: every 1 GiB tensor of line 56 was live, and line 56 asked for one more.
+    let live = fill.live_at_oom.as_ref().expect("stacks at the first OOM");
+    assert_eq!((live.allocations, live.bytes), (139, 139 << 30));
+    assert_eq!(live.stacks[0].frames.iter().map(at).collect::<Vec<_>>(), ["torch_oom.py:56 <module>"]);
+    assert_eq!(live.request_frames.iter().map(at).collect::<Vec<_>>(), ["torch_oom.py:56 <module>"]);
+    let text = vramhook_analyzer::render::text::render(&r);
+    for line in [
+        "live at the OOM (PyTorch snapshot torch_fragmented_snapshot.pickle, memory history): 139 allocation(s), 81.45 GiB; by stack, most bytes first:",
+        "  81.45 GiB in 139 allocation(s) (largest 600.00 MiB)",
+        "    /work/main/scripts/gpu/oom/torch_oom.py:61 in <module>",
+        "the failed request of 2.00 GiB was made at:",
+        "    /work/main/scripts/gpu/oom/torch_oom.py:43 in oom",
+    ] {
+        assert!(text.contains(line), "{line:?} not in {text}");
+    }
+    let page = vramhook_analyzer::render::html::render(&r);
+    assert_eq!(page.matches("<details class=live-stacks open>").count(), 2);
+    assert!(page.contains("/work/main/scripts/gpu/oom/torch_oom.py:61 in &lt;module&gt;"));
 }
 
 /// The real pair of issue #10: the capture and PyTorch's snapshot of the same H200 process
@@ -213,6 +246,11 @@ fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
         let same = r.ooms.iter().find(|o| Some(o.id) == fatal.same_failure_as).expect("the capture's incident");
         assert_eq!((same.pid, same.requested_bytes, same.from_snapshot.as_deref()), (468, 2 << 30, None));
         assert_eq!(same.verdict_name, "capacity", "the driver alone");
+        // The capture's incident of the same failure lists the snapshot's stacks; the
+        // snapshot's incident points to it.
+        let live = same.live_at_oom.as_ref().expect("stacks copied to the capture's incident");
+        assert_eq!((live.allocations, live.bytes), (139, 87_451_238_400));
+        assert_eq!(live.stacks[0].frames[0].line, 61);
         // Blocks and fragmentation: the snapshot's segments are pid 468's arenas.
         assert_eq!(r.fragmentation.len(), 139);
         assert!(r.fragmentation.iter().all(|a| a.pid == 468));
@@ -223,6 +261,8 @@ fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
         let text = vramhook_analyzer::render::text::render(&r);
         assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");
         assert!(text.contains("the same failure as #"), "{text}");
+        assert_eq!(text.matches("/work/main/scripts/gpu/oom/torch_oom.py:61 in <module>").count(), 1, "{text}");
+        assert!(text.contains("live allocations and stacks at this OOM: under #"), "{text}");
         let page = vramhook_analyzer::render::html::render(&r);
         assert!(page.contains("<span class=snapshot-join>joined to pid 468: 139 of its 139 segments"));
         assert_eq!(page.matches("<span class=from-snapshot>from the PyTorch snapshot").count(), 2);
@@ -318,4 +358,48 @@ fn no_match_or_an_ambiguous_one_stays_separate_and_says_why() {
     let snap = format!("{}/tests/fixtures/torch_snapshot_p4.pickle", env!("CARGO_MANIFEST_DIR"));
     let r = analyze(&[&snap], &Options::default()).expect("analyze");
     assert!(r.inputs[0].pytorch.as_ref().is_some_and(|p| p.join.is_none()));
+}
+
+/// A hand-made snapshot with memory history (`fixtures/make_torch_snapshot.py`): the
+/// allocations live at its OOM, grouped by stack, with a block older than the trace (its
+/// stack from the final blocks), C++ frames left out where Python ones exist, a C++-only
+/// stack, a block without frames, a freed block not counted, and more stacks than listed.
+#[test]
+fn the_allocations_live_at_a_snapshots_oom_are_grouped_by_stack() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let r = analyze(&[&format!("{dir}/torch_snapshot_stacks.pickle")], &Options::default()).expect("analyze");
+    assert_valid(&r);
+    assert_eq!(r.ooms.len(), 1);
+    let live = r.ooms[0].live_at_oom.as_ref().expect("stacks");
+    assert_eq!(live.allocations, 17, "the 1 MiB block freed before the OOM is not live");
+    assert_eq!(live.bytes, 38 * MIB + 768 * KIB);
+    assert_eq!((live.without_stack, live.without_stack_bytes), (1, 2 * MIB));
+    let at = |fs: &[vramhook_analyzer::StackFrame]| {
+        fs.iter().map(|f| format!("{}:{} {}", f.file, f.line, f.function)).collect::<Vec<_>>().join(" < ")
+    };
+    let got: Vec<(u64, u64, u64, String)> =
+        live.stacks.iter().map(|s| (s.allocations, s.bytes, s.largest_bytes, at(&s.frames))).collect();
+    assert_eq!(got.len(), 10, "at most 10 stacks listed");
+    assert_eq!(got[0], (2, 16 * MIB, 8 * MIB, "step.py:20 forward < train.py:30 main".into()), "equal frames group");
+    assert_eq!(
+        got[1],
+        (1, 16 * MIB, 16 * MIB, "model.py:10 build < train.py:5 <module>".into()),
+        "older than the trace"
+    );
+    assert_eq!(got[2], (1, 4 * MIB, 4 * MIB, "kernel.cpp:77 launch".into()), "C++ frames naming a line");
+    assert!(got[3..].iter().all(|g| g.1 == 64 * KIB && g.3.starts_with("data.py:")), "{got:?}");
+    assert_eq!((live.stacks_folded, live.stacks_folded_bytes), (5, 5 * 64 * KIB));
+    assert_eq!(at(&live.request_frames), "train.py:31 main");
+    let text = vramhook_analyzer::render::text::render(&r);
+    for line in [
+        "     live at the OOM (PyTorch snapshot torch_snapshot_stacks.pickle, memory history): 17 allocation(s), 38.75 MiB; by stack, most bytes first:\n       16.00 MiB in 2 allocation(s) (largest 8.00 MiB)\n         step.py:20 in forward\n         train.py:30 in main\n",
+        "       10 more stack(s), 640.00 KiB\n       2.00 MiB in 1 allocation(s) without a stack (made before memory history was on)\n     the failed request of 32.00 MiB was made at:\n         train.py:31 in main\n",
+    ] {
+        assert!(text.contains(line), "{line:?} not in {text}");
+    }
+    // The same snapshot without history: no stacks, nothing said about them.
+    let r = analyze(&[&format!("{dir}/torch_snapshot_nohistory.pickle")], &Options::default()).expect("analyze");
+    assert_eq!(r.ooms.len(), 1);
+    assert!(r.ooms[0].live_at_oom.is_none());
+    assert!(!vramhook_analyzer::render::text::render(&r).contains("live at the OOM"));
 }

@@ -190,6 +190,12 @@ fn wait_status_code(status: libc::c_int) -> i32 {
     }
 }
 
+/// The directory of `file`, absolute (the traced program may change its directory).
+fn dir_of(file: &Path) -> Option<PathBuf> {
+    let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::path::absolute(parent).ok()
+}
+
 /// Everything `run` and `demo` share: spawn traced, drain, record, summarise.
 pub struct TracedRun<'a> {
     pub program: &'a [OsString],
@@ -254,6 +260,13 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     if run.lens {
         if let Some(dir) = find_lens_dir() {
             cmd.env("PYTHONPATH", python_path_with(&dir));
+        }
+        // With VRAMHOOK_LENS_STACKS=1 the lens dumps PyTorch's snapshot at an OOM: beside the
+        // capture, unless the user chose a directory.
+        if std::env::var_os("VRAMHOOK_LENS_STACKS_DIR").is_none() {
+            if let Some(dir) = run.record.and_then(dir_of) {
+                cmd.env("VRAMHOOK_LENS_STACKS_DIR", dir);
+            }
         }
     }
     for (k, v) in &run.envs {

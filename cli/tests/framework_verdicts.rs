@@ -240,6 +240,7 @@ fn the_python_lens_sees_the_cache_of_a_python_program() {
     assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
     assert!(!stderr.contains("vramhook lens:"), "the lens complained: {stderr}");
     assert_eq!(std::fs::read_to_string(&marker).ok().as_deref(), Some("yes"), "the site's sitecustomize ran");
+    assert!(stack_snapshots(dir.path()).is_empty(), "stacks are off by default");
     let r = report(&cap);
     let o = &r["ooms"][0];
     assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
@@ -303,6 +304,97 @@ fn the_lens_never_fails_a_program_whose_allocator_refuses_an_oom_observer() {
         !dump_kind(&dir.path().join("lens.vhc"), "framework_sample").is_empty(),
         "the lens still sampled without an OOM observer"
     );
+
+/// The snapshots with stacks the lens dumped in `dir`.
+fn stack_snapshots(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("vramhook-stacks-")))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The line of `script` that contains `text` (1-based).
+fn line_of(script: &Path, text: &str) -> u64 {
+    let src = std::fs::read_to_string(script).expect("script");
+    src.lines().position(|l| l.contains(text)).expect("line") as u64 + 1
+}
+
+/// VRAMHOOK_LENS_STACKS=1: the lens records PyTorch's memory history and dumps its snapshot
+/// at the OOM beside the capture; `vramhook analyze capture snapshot` lists, under the
+/// incident, the allocations live at the OOM with the program's file and line.
+#[test]
+fn with_stacks_on_the_lens_dumps_the_snapshot_and_analyze_names_the_lines_that_hold_the_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_torch");
+    let script = fake.join("fragment.py");
+    let path = fake.to_string_lossy().into_owned();
+    let s = script.to_string_lossy().into_owned();
+    let envs = [("VRAMHOOK_SIM_VRAM_BYTES", "1073741824"), ("PYTHONPATH", &path), ("VRAMHOOK_LENS_STACKS", "1")];
+    let (cap, out) = run(dir.path(), "stacks", &["python3", &s], &envs);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the program raised OutOfMemoryError as without stacks: {stderr}");
+    let snaps = stack_snapshots(dir.path());
+    assert_eq!(snaps.len(), 1, "one OOM, one snapshot beside the capture: {stderr}");
+    let line = format!("vramhook lens: PyTorch memory snapshot with stacks at this OOM: {}\n", snaps[0].display());
+    assert_eq!(stderr.matches("vramhook lens:").count(), 1, "{stderr}");
+    assert!(stderr.contains(&line), "{line:?} not in {stderr}");
+
+    let out = Command::new(vramhook()).arg("analyze").arg("--json").arg(&cap).arg(&snaps[0]).output().expect("analyze");
+    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let snap_input = r["inputs"].as_array().unwrap().iter().find(|i| i["kind"] == "pytorch_snapshot").expect("input");
+    assert_eq!(snap_input["pytorch"]["join"]["joined"], true, "{}", snap_input["pytorch"]["join"]);
+    // The capture's incident (the lens's verdict) carries the snapshot's stacks.
+    let o =
+        r["ooms"].as_array().unwrap().iter().find(|o| o["from_snapshot"].is_null()).expect("the capture's incident");
+    assert_eq!(o["verdict_name"], "framework_fragmentation");
+    let live = &o["live_at_oom"];
+    assert_eq!((live["allocations"].as_u64(), live["bytes"].as_u64()), (Some(10), Some(600 * MIB)), "{live}");
+    assert_eq!(live["without_stack"], 0);
+    let top = &live["stacks"][0];
+    assert_eq!((top["allocations"].as_u64(), top["largest_bytes"].as_u64()), (Some(10), Some(60 * MIB)));
+    let kept = line_of(&script, "kept = [");
+    let f = &top["frames"][0];
+    assert_eq!((f["file"].as_str(), f["line"].as_u64()), (Some(&*s), Some(kept)), "{top}");
+    let last = line_of(&script, "torch.cuda.empty(300 * MiB)");
+    let rf = &live["request_frames"][0];
+    assert_eq!(
+        (rf["file"].as_str(), rf["line"].as_u64(), rf["function"].as_str()),
+        (Some(&*s), Some(last), Some("<module>"))
+    );
+    // The text, as a user reads it.
+    let out = Command::new(vramhook()).arg("analyze").arg(&cap).arg(&snaps[0]).output().expect("analyze");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "600.00 MiB in 10 allocation(s) (largest 60.00 MiB)".to_string(),
+        format!("{s}:{kept} in "),
+        format!("the failed request of 300.00 MiB was made at:\n         {s}:{last} in <module>"),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in {text}");
+    }
+
+    // VRAMHOOK_LENS_STACKS_MAX=0: history, but no snapshot; a chosen directory is kept.
+    let other = dir.path().join("chosen");
+    std::fs::create_dir(&other).expect("dir");
+    let o = other.to_string_lossy().into_owned();
+    let envs2 = [envs[0], envs[1], envs[2], ("VRAMHOOK_LENS_STACKS_MAX", "0"), ("VRAMHOOK_LENS_STACKS_DIR", &o)];
+    let (_, out) = run(dir.path(), "stacks-max0", &["python3", &s], &envs2);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stack_snapshots(&other).is_empty() && stack_snapshots(dir.path()).len() == 1);
+    let envs3 = [envs[0], envs[1], envs[2], ("VRAMHOOK_LENS_STACKS_DIR", &o)];
+    let (_, out) = run(dir.path(), "stacks-chosen", &["python3", &s], &envs3);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stack_snapshots(&other).len(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    // An unwritable directory: one line on stderr, the program's own outcome unchanged.
+    let envs4 = [envs[0], envs[1], envs[2], ("VRAMHOOK_LENS_STACKS_DIR", "/nonexistent/vramhook")];
+    let (_, out) = run(dir.path(), "stacks-nodir", &["python3", &s], &envs4);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("torch.OutOfMemoryError"), "{stderr}");
+    assert!(stderr.contains("vramhook lens: no snapshot with stacks at this OOM (/nonexistent/vramhook/"), "{stderr}");
 }
 
 #[test]

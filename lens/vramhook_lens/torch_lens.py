@@ -8,11 +8,21 @@
   segment count (every VRAMHOOK_LENS_INTERVAL_S, default 1 s: about 175 µs a call on an
   H200), and the largest free block from a snapshot at a slower interval
   (VRAMHOOK_LENS_SNAPSHOT_S, default 30 s: about 20 ms for 20,000 blocks).
+- On request (VRAMHOOK_LENS_STACKS=1; off by default: PyTorch then captures the Python stack
+  of every allocation and free), PyTorch's memory history
+  (`torch.cuda.memory._record_memory_history(stacks="python", max_entries=N)`, N from
+  VRAMHOOK_LENS_STACKS_ENTRIES, default 20,000) from the moment the lens attaches, and at
+  each of the first VRAMHOOK_LENS_STACKS_MAX (default 3) OOMs of the process, PyTorch's
+  snapshot (what `_dump_snapshot` writes) in a new file of VRAMHOOK_LENS_STACKS_DIR (default:
+  the current directory; `vramhook run --record` sets the capture's), named
+  `vramhook-stacks-PID-UTCTIME-N.pickle`, never over an existing file; one line on stderr
+  names it. `vramhook analyze` lists the stacks of the allocations live at each OOM.
 With `backend:cudaMallocAsync` the allocator keeps no segments: the lens gives reserved and
 allocated bytes only. Every call is guarded: the lens never raises into the program.
 """
 
 import os
+import pickle
 import sys
 import threading
 import time
@@ -20,6 +30,9 @@ import time
 from . import ring
 
 _attached = False
+# Snapshots still to dump at an OOM (0: stacks off, or the limit reached).
+_stacks_left = 0
+_stacks_dumped = 0
 
 
 def _float_env(name, default):
@@ -27,6 +40,58 @@ def _float_env(name, default):
         return max(float(os.environ.get(name, default)), 0.0)
     except ValueError:
         return default
+
+
+def _int_env(name, default):
+    try:
+        return max(int(os.environ.get(name, default)), 0)
+    except ValueError:
+        return default
+
+
+def _start_stacks(torch):
+    """PyTorch's memory history, when asked for (VRAMHOOK_LENS_STACKS=1)."""
+    global _stacks_left
+    if os.environ.get("VRAMHOOK_LENS_STACKS", "0") in ("", "0"):
+        return
+    entries = _int_env("VRAMHOOK_LENS_STACKS_ENTRIES", 20000)
+    try:
+        record = torch.cuda.memory._record_memory_history
+        try:
+            record(enabled="all", context="all", stacks="python", max_entries=entries)
+        except TypeError:  # PyTorch 2.0: (enabled, record_context, trace_alloc_max_entries)
+            record(True, trace_alloc_max_entries=entries)
+    except Exception as e:
+        sys.stderr.write("vramhook lens: PyTorch's memory history could not be started: %r\n" % (e,))
+        return
+    _stacks_left = _int_env("VRAMHOOK_LENS_STACKS_MAX", 3)
+
+
+def _dump_stacks(torch):
+    """PyTorch's snapshot (with the history's stacks) into a new file: what
+    `_dump_snapshot(path)` writes, but never over an existing file."""
+    global _stacks_left, _stacks_dumped
+    if _stacks_left <= 0:
+        return
+    _stacks_left -= 1
+    _stacks_dumped += 1
+    path = None
+    try:
+        snap = torch.cuda.memory._snapshot()
+        directory = os.environ.get("VRAMHOOK_LENS_STACKS_DIR") or os.curdir
+        name = "vramhook-stacks-%d-%s-%d.pickle" % (
+            os.getpid(), time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), _stacks_dumped)
+        path = os.path.join(directory, name)
+        with open(path, "xb") as f:
+            try:
+                pickle.dump(snap, f)
+            except Exception:
+                f.close()
+                os.unlink(path)
+                raise
+        sys.stderr.write("vramhook lens: PyTorch memory snapshot with stacks at this OOM: %s\n" % (path,))
+    except Exception as e:
+        sys.stderr.write("vramhook lens: no snapshot with stacks at this OOM (%s): %r\n" % (path, e))
 
 
 def _segments(torch, device):
@@ -64,6 +129,7 @@ def _on_oom(torch, device, alloc, device_allocated, device_free):
             ring.emit(ring.SEGMENT, ring.PYTORCH, device, addr, size, used, big, pieces)
     except Exception as e:
         sys.stderr.write("vramhook lens: at PyTorch's OOM: %r\n" % (e,))
+    _dump_stacks(torch)
 
 
 def _sampler(torch, interval, snapshot_every):
@@ -111,6 +177,7 @@ def _attach_guarded(torch):
         # `backend:cudaMallocAsync` has no OOM observer (PyTorch 2.11 raises "cudaMallocAsync
         # does not yet support attachOutOfMemoryObserver"): the samples below still run.
         pass
+    _start_stacks(torch)
     interval = _float_env("VRAMHOOK_LENS_INTERVAL_S", 1.0)
     if interval > 0:
         t = threading.Thread(

@@ -11,6 +11,10 @@
 //!   that was idle then), and from the final `segments` list at the end;
 //! - an `oom` entry becomes a failed allocation followed by the device sample it carries.
 //!
+//! - with memory history (`torch.cuda.memory._record_memory_history`), blocks and trace entries
+//!   carry `frames`: at each `oom` entry the allocations live then are grouped by stack
+//!   ([`LiveAtOom`]), for the report to list under the incident.
+//!
 //! The process is synthetic (pid [`SNAPSHOT_PID_BASE`] + n, above Linux's pid range). Analysed
 //! with captures, a snapshot whose segments are one capture process's allocations joins that
 //! process (see `crate::replay::join`): its allocations and frees are then not replayed again
@@ -19,9 +23,13 @@
 
 use crate::input::pickle::{self, Value};
 use crate::replay::SegmentKey;
-use crate::report::{InputKind, InputReport, InputStatus, PytorchTotals, SnapshotJoin};
+use crate::report::{
+    InputKind, InputReport, InputStatus, LiveAtOom, LiveStack, PytorchTotals, SnapshotJoin, StackFrame,
+    MAX_LIVE_STACKS, MAX_STACK_FRAMES,
+};
 use crate::{AnalyzeError, Replayer};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
 use vramhook_model::Block;
 use vramhook_protocol::capture::ProcessInfo;
 use vramhook_protocol::kinds::UNKNOWN_BYTES;
@@ -36,6 +44,100 @@ const MAX_TRACE: usize = 10_000_000;
 /// List elements visited in all (memo references can make a small file name one big list
 /// many times: the work is bounded, not just the input).
 const MAX_WORK: usize = 20_000_000;
+/// `oom` entries per snapshot whose live allocations are grouped by stack.
+const MAX_OOM_STACKS: usize = 64;
+/// Frames of one stack looked at (PyTorch's C++ frames come first; the Python ones follow).
+const MAX_FRAME_SCAN: usize = 256;
+
+/// The allocations live at one of a snapshot's `oom` entries, by stack: for the report to put
+/// under the model's incident of that failure (`crate::build`).
+#[derive(Clone, Debug)]
+pub(crate) struct OomStacks {
+    /// The snapshot's synthetic process, the device, the time and the request of the entry.
+    pub pid: u32,
+    pub device: i16,
+    pub ts: u64,
+    pub size: u64,
+    pub live: LiveAtOom,
+}
+
+/// Stacks read from a snapshot, each distinct `frames` list converted once.
+#[derive(Default)]
+struct Stacks {
+    /// By the address of the pickle's list (the parsed pickle keeps every list alive while
+    /// it is imported): its stack's id, `None` for an empty stack.
+    by_list: HashMap<usize, Option<u32>>,
+    ids: HashMap<Vec<StackFrame>, u32>,
+    list: Vec<Vec<StackFrame>>,
+}
+
+impl Stacks {
+    fn id(&mut self, frames: Option<&Value>) -> Option<u32> {
+        let v = frames?;
+        let key = match v {
+            Value::List(l) => Some(Rc::as_ptr(l) as *const () as usize),
+            _ => None,
+        };
+        if let Some(id) = key.and_then(|k| self.by_list.get(&k)) {
+            return *id;
+        }
+        let stack = stack_frames(v);
+        let id = if stack.is_empty() {
+            None
+        } else {
+            let next = self.list.len() as u32;
+            let list = &mut self.list;
+            Some(*self.ids.entry(stack).or_insert_with_key(|s| {
+                list.push(s.clone());
+                next
+            }))
+        };
+        if let Some(k) = key {
+            self.by_list.insert(k, id);
+        }
+        id
+    }
+}
+
+/// Whether a frame's file is Python's (a `.py` file, or `<stdin>`, `<string>`, `<frozen …>`).
+fn python_file(f: &str) -> bool {
+    f.ends_with(".py") || (f.starts_with('<') && f.ends_with('>'))
+}
+
+/// A `frames` list as the report gives it: the Python frames where there are any (PyTorch
+/// records its C++ frames too with `stacks="all"`), else the C++ frames that name a file and
+/// line; innermost first, at most [`MAX_STACK_FRAMES`].
+fn stack_frames(v: &Value) -> Vec<StackFrame> {
+    let mut python = Vec::new();
+    let mut other = Vec::new();
+    let mut scan = |f: &Value| {
+        let file = f.get("filename").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
+        let line = f.get("line").and_then(|x| x.as_u64()).unwrap_or(0);
+        let function = f.get("name").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
+        let frame = || StackFrame { file: file.to_string(), line, function: function.to_string() };
+        if python_file(&file) {
+            if python.len() < MAX_STACK_FRAMES {
+                python.push(frame());
+            }
+        } else if other.len() < MAX_STACK_FRAMES && line > 0 && !file.is_empty() && &*file != "??" {
+            other.push(frame());
+        }
+    };
+    match v {
+        Value::List(l) => {
+            if let Ok(l) = l.try_borrow() {
+                l.0.iter().take(MAX_FRAME_SCAN).for_each(&mut scan);
+            }
+        }
+        Value::Tuple(t) => t.0.iter().take(MAX_FRAME_SCAN).for_each(&mut scan),
+        _ => {}
+    }
+    if python.is_empty() {
+        other
+    } else {
+        python
+    }
+}
 
 struct Budget(usize);
 
@@ -82,6 +184,12 @@ struct Importer<'r> {
     view_pid: u32,
     /// Joined a capture's process: its segments' allocations and frees are the capture's.
     joined: bool,
+    /// The `frames` of each allocated block the trace allocated (by address).
+    block_frames: HashMap<u64, Value>,
+    /// Allocated blocks of the final segments that no trace entry allocates or frees: live
+    /// through the whole trace (device, size, frames).
+    always_live: Vec<(i16, u64, Option<Value>)>,
+    stacks: Stacks,
 }
 
 impl Importer<'_> {
@@ -176,6 +284,59 @@ impl Importer<'_> {
             self.r.framework_segment(self.pid, device, base, size, &blocks, ts);
         }
     }
+
+    /// The allocations live on device `d` at an `oom` entry, by stack (`None` when none of
+    /// them, nor the request, has a stack: the snapshot was taken without history).
+    fn live_at_oom(&mut self, d: i16, request: Option<&Value>, snapshot: &str) -> Option<LiveAtOom> {
+        // (allocations, bytes, largest) per stack; `None`: no stack.
+        let mut groups: HashMap<Option<u32>, (u64, u64, u64)> = HashMap::new();
+        let mut add = |id: Option<u32>, size: u64| {
+            let g = groups.entry(id).or_default();
+            g.0 += 1;
+            g.1 = g.1.saturating_add(size);
+            g.2 = g.2.max(size);
+        };
+        for seg in self.live.values().filter(|s| s.device == d) {
+            for (addr, size) in &seg.blocks {
+                add(self.stacks.id(self.block_frames.get(addr)), *size);
+            }
+        }
+        for (dev, size, frames) in &self.always_live {
+            if *dev == d {
+                add(self.stacks.id(frames.as_ref()), *size);
+            }
+        }
+        let request_frames =
+            self.stacks.id(request).map(|id| self.stacks.list[id as usize].clone()).unwrap_or_default();
+        if request_frames.is_empty() && groups.keys().all(|k| k.is_none()) {
+            return None;
+        }
+        let (allocations, bytes) = groups.values().fold((0u64, 0u64), |a, g| (a.0 + g.0, a.1.saturating_add(g.1)));
+        let (without_stack, without_stack_bytes) = groups.remove(&None).map_or((0, 0), |g| (g.0, g.1));
+        let mut by: Vec<(u32, (u64, u64, u64))> = groups.into_iter().filter_map(|(k, g)| Some((k?, g))).collect();
+        // The most bytes first; ties in a fixed order.
+        by.sort_unstable_by(|a, b| b.1 .1.cmp(&a.1 .1).then(b.1 .0.cmp(&a.1 .0)).then(a.0.cmp(&b.0)));
+        let rest = by.split_off(by.len().min(MAX_LIVE_STACKS));
+        Some(LiveAtOom {
+            snapshot: snapshot.to_string(),
+            allocations,
+            bytes,
+            without_stack,
+            without_stack_bytes,
+            request_frames,
+            stacks: by
+                .into_iter()
+                .map(|(id, (n, b, l))| LiveStack {
+                    allocations: n,
+                    bytes: b,
+                    largest_bytes: l,
+                    frames: self.stacks.list[id as usize].clone(),
+                })
+                .collect(),
+            stacks_folded: rest.len() as u64,
+            stacks_folded_bytes: rest.iter().fold(0u64, |a, g| a.saturating_add(g.1 .1)),
+        })
+    }
 }
 
 fn bad(path: &str, m: impl Into<String>) -> AnalyzeError {
@@ -258,6 +419,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         folded: BTreeSet::new(),
         view_pid: joined.unwrap_or(pid),
         joined: joined.is_some(),
+        block_frames: HashMap::new(),
+        always_live: Vec::new(),
+        stacks: Stacks::default(),
     };
     // A snapshot is PyTorch's caching allocator by definition.
     imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
@@ -307,6 +471,33 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         }
     }
     imp.push_segments(t_start);
+    // Blocks live through the whole trace: in the final segments, allocated, and never named
+    // by an `alloc` or `free_completed` entry. Their stacks come from the final blocks.
+    let action_is = |e: &Value, a: &str| e.get("action").and_then(|x| x.as_str()).as_deref() == Some(a);
+    let oom_entries = trace.iter().filter(|(_, _, e)| action_is(e, "oom")).count();
+    if oom_entries > 0 {
+        let mut touched = allocated_seen;
+        touched.extend(trace.iter().filter(|(_, _, e)| action_is(e, "free_completed")).map(|(_, _, e)| u(e, "addr")));
+        for s in &segments {
+            let d = dev(s);
+            let blist = match s.get("blocks") {
+                Some(b) => budget.items(&b, path)?,
+                None => Vec::new(),
+            };
+            for b in blist {
+                let active = b.get("state").and_then(|x| x.as_str()).is_some_and(|st| st.starts_with("active"));
+                if active && !touched.contains(&u(&b, "address")) {
+                    imp.always_live.push((d, u(&b, "size"), b.get("frames")));
+                }
+            }
+        }
+    }
+    if oom_entries > MAX_OOM_STACKS {
+        imp.r.notes.push(format!(
+            "{path}: {oom_entries} OOM entries; the allocations live at the first {MAX_OOM_STACKS} only are grouped by stack"
+        ));
+    }
+    let mut oom_stacks_left = MAX_OOM_STACKS;
 
     let mut entries = 0u64;
     for (ts, d, e) in &trace {
@@ -331,10 +522,15 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             }
             "alloc" => {
                 imp.add_block(addr, size);
+                match e.get("frames") {
+                    Some(f) => imp.block_frames.insert(addr, f),
+                    None => imp.block_frames.remove(&addr),
+                };
                 imp.point(*d, ts, None);
             }
             "free_completed" => {
                 imp.remove_block(addr);
+                imp.block_frames.remove(&addr);
                 imp.point(*d, ts, None);
             }
             "oom" => {
@@ -355,6 +551,12 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.point(*d, ts, None);
                 let view = imp.view_pid;
                 imp.r.framework_oom_mark(view, *d, FrameworkId::PyTorch as u8, "snapshot", ts, size);
+                if oom_stacks_left > 0 {
+                    oom_stacks_left -= 1;
+                    if let Some(live) = imp.live_at_oom(*d, e.get("frames").as_ref(), path) {
+                        imp.r.snapshot_stacks.push(OomStacks { pid, device: *d, ts, size, live });
+                    }
+                }
             }
             _ => {}
         }

@@ -228,6 +228,15 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.retries,
             fmt_bytes(o.freed_bytes_between)
         ));
+        let live = crate::render::text::live_at_oom_lines(r, o);
+        if !live.is_empty() {
+            h.push_str(&format!("<details class=live-stacks open><summary>{}</summary><pre>", esc(&live[0])));
+            for line in &live[1..] {
+                h.push_str(&esc(line));
+                h.push('\n');
+            }
+            h.push_str("</pre></details>");
+        }
         if !o.lead_up.is_empty() {
             h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>size<th>address<th>result</tr>\n");
             for e in &o.lead_up {

@@ -228,6 +228,9 @@ pub fn render(r: &Report) -> String {
             fmt_bytes(i.own_idle_bytes),
             fmt_bytes(i.other_idle_bytes)
         );
+        for line in live_at_oom_lines(r, i) {
+            let _ = writeln!(o, "     {line}");
+        }
         if !i.lead_up.is_empty() {
             let _ = writeln!(o, "     lead-up (last {} events of the process):", i.lead_up.len());
             for e in &i.lead_up {
@@ -393,4 +396,65 @@ pub fn snapshot_origin(r: &Report, i: &OomReport) -> Option<String> {
         let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict_name);
     }
     Some(line)
+}
+
+/// Stacks listed per incident in the text and the page (the JSON has up to
+/// [`MAX_LIVE_STACKS`]), and frames per stack.
+const SHOWN_STACKS: usize = 5;
+const SHOWN_FRAMES: usize = 6;
+
+fn frame_line(f: &StackFrame) -> String {
+    format!("{}:{} in {}", f.file, f.line, f.function)
+}
+
+/// The allocations live at the OOM by Python stack, and the failed request's stack, from a
+/// PyTorch snapshot with memory history: the lines the text (and the page) give under the
+/// incident. A snapshot's incident whose capture incident lists the same says so in a line.
+pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
+    let Some(l) = &i.live_at_oom else { return Vec::new() };
+    if i.from_snapshot.is_some() {
+        let same = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.id == id));
+        if let Some(k) = same.filter(|k| r.ooms[*k].live_at_oom.is_some()) {
+            return vec![format!("live allocations and stacks at this OOM: under #{} above", k + 1)];
+        }
+    }
+    let name = l.snapshot.rsplit('/').next().unwrap_or(&l.snapshot);
+    let mut out = vec![format!(
+        "live at the OOM (PyTorch snapshot {name}, memory history): {} allocation(s), {}; by stack, most bytes first:",
+        l.allocations,
+        fmt_bytes(l.bytes)
+    )];
+    for s in l.stacks.iter().take(SHOWN_STACKS) {
+        out.push(format!(
+            "  {} in {} allocation(s) (largest {})",
+            fmt_bytes(s.bytes),
+            s.allocations,
+            fmt_bytes(s.largest_bytes)
+        ));
+        for f in s.frames.iter().take(SHOWN_FRAMES) {
+            out.push(format!("    {}", frame_line(f)));
+        }
+        if s.frames.len() > SHOWN_FRAMES {
+            out.push(format!("    … {} outer frame(s) in --json", s.frames.len() - SHOWN_FRAMES));
+        }
+    }
+    let more = l.stacks.len().saturating_sub(SHOWN_STACKS) as u64 + l.stacks_folded;
+    if more > 0 {
+        let bytes = l.stacks.iter().skip(SHOWN_STACKS).fold(l.stacks_folded_bytes, |a, s| a.saturating_add(s.bytes));
+        out.push(format!("  {more} more stack(s), {}", fmt_bytes(bytes)));
+    }
+    if l.without_stack > 0 {
+        out.push(format!(
+            "  {} in {} allocation(s) without a stack (made before memory history was on)",
+            fmt_bytes(l.without_stack_bytes),
+            l.without_stack
+        ));
+    }
+    if !l.request_frames.is_empty() {
+        out.push(format!("the failed request of {} was made at:", fmt_bytes(i.requested_bytes)));
+        for f in l.request_frames.iter().take(SHOWN_FRAMES) {
+            out.push(format!("    {}", frame_line(f)));
+        }
+    }
+    out
 }

@@ -152,6 +152,8 @@ pub struct Replayer {
     pub(crate) join: join::JoinIndex,
     /// Each snapshot's synthetic process: its input, and the capture's process it joined.
     pub(crate) snapshot_pids: BTreeMap<u32, (String, Option<u32>)>,
+    /// The allocations live at each snapshot `oom` entry, by stack (snapshots with history).
+    pub(crate) snapshot_stacks: Vec<crate::input::torch::OomStacks>,
     /// Keyed by the model's process index (its position in `snapshot().processes`).
     pub(crate) exits: FastMap<usize, ExitInfo>,
     pub(crate) layout: Option<LayoutReport>,
@@ -206,6 +208,7 @@ impl Replayer {
             frameworks_untracked: 0,
             join: join::JoinIndex::default(),
             snapshot_pids: BTreeMap::new(),
+            snapshot_stacks: Vec::new(),
             exits: FastMap::default(),
             layout: None,
             layout_fixed: false,
