@@ -4,7 +4,7 @@
 # then `vramhook analyze capture snapshot`: the fatal incident must list the live allocations'
 # stack at stacks_oom.py's KEEP line and the request's at its ASK line. Then the cost of
 # PyTorch's memory history per allocation (off / on, python stacks).
-#   bash scripts/gpu/lens/stacks.sh OUTDIR      (release build in .gpu/: scripts/gpu/prepare.sh)
+#   bash scripts/gpu/lens/stacks.sh OUTDIR [--check-only]   (release build in .gpu/: scripts/gpu/prepare.sh)
 # Writes OUTDIR/stacks-report.txt (PASS/FAIL per check) and the run's files.
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-stacks}}"
@@ -14,21 +14,26 @@ export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so" VRAMHOOK_LENS_DIR="$PWD/lens"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
 S=scripts/gpu/lens
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-rm -f "$OUT"/run/vramhook-stacks-*.pickle
-t0=$SECONDS
-VRAMHOOK_LENS_STACKS=1 timeout 300 "$BIN" run --record "$OUT/run/stacks.vhc" \
-    -- python3 "$PWD/$S/stacks_oom.py" > "$OUT/stacks.out" 2> "$OUT/stacks.log"
-echo "stacks_oom: exit $? in $((SECONDS - t0)) s"
-SNAP=$(ls "$OUT"/run/vramhook-stacks-*.pickle 2>/dev/null | head -1)
+# --check-only: judge a run made before (the GPU part done, the analysis and checks again).
+if [ "${2:-}" != --check-only ]; then
+    { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+      python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1
+    cat "$OUT/env.txt"
+    rm -f "$OUT"/run/vramhook-stacks-*.pickle
+    t0=$SECONDS
+    VRAMHOOK_LENS_STACKS=1 timeout 300 "$BIN" run --record "$OUT/run/stacks.vhc" \
+        -- python3 "$PWD/$S/stacks_oom.py" > "$OUT/stacks.out" 2> "$OUT/stacks.log"
+    echo "stacks_oom: exit $? in $((SECONDS - t0)) s"
+    python3 $S/stacks_oom.py bench > "$OUT/stacks_bench.json" 2> "$OUT/stacks_bench.err"
+fi
+# The program's fill ends in an OOM of its own (caught), so the lens dumps a snapshot there
+# too: the fatal request's is the last one.
+SNAP=$(ls "$OUT"/run/vramhook-stacks-*.pickle 2>/dev/null | sort -V | tail -1)
 if [ -n "$SNAP" ]; then
     "$BIN" analyze "$OUT/run/stacks.vhc" "$SNAP" > "$OUT/stacks.report.txt" 2>&1
     "$BIN" analyze --json "$OUT/run/stacks.vhc" "$SNAP" > "$OUT/stacks.report.json" 2> "$OUT/stacks.analyze.err"
     "$BIN" analyze --html "$OUT/stacks.report.html" "$OUT/run/stacks.vhc" "$SNAP" > /dev/null 2>&1
 fi
-python3 $S/stacks_oom.py bench > "$OUT/stacks_bench.json" 2> "$OUT/stacks_bench.err"
 python3 - "$OUT" "$SNAP" <<'PY' | tee "$OUT/stacks-report.txt"
 import json, os, sys
 out, snap = sys.argv[1], sys.argv[2]
@@ -42,7 +47,8 @@ filled = next((l for l in lines if l.get("phase") == "filled"), {})
 log = open(os.path.join(out, "stacks.log")).read()
 check("the program failed with PyTorch's OutOfMemoryError", "OutOfMemoryError" in log)
 check("the lens named the snapshot on stderr", bool(snap) and ("with stacks at this OOM: " + snap) in log, snap)
-check("no other lens complaint", log.count("vramhook lens:") == 1)
+named = log.count("vramhook lens: PyTorch memory snapshot with stacks at this OOM: ")
+check("no other lens complaint", log.count("vramhook lens:") == named, "%d snapshot line(s)" % named)
 if not snap or not filled:
     print("RESULT: FAIL (no snapshot or no filled line)"); sys.exit(1)
 r = json.load(open(os.path.join(out, "stacks.report.json")))
