@@ -304,6 +304,7 @@ fn the_lens_never_fails_a_program_whose_allocator_refuses_an_oom_observer() {
         !dump_kind(&dir.path().join("lens.vhc"), "framework_sample").is_empty(),
         "the lens still sampled without an OOM observer"
     );
+}
 
 /// The snapshots with stacks the lens dumped in `dir`.
 fn stack_snapshots(dir: &Path) -> Vec<PathBuf> {
