@@ -56,7 +56,10 @@ macro_rules! real_or_not_initialized {
 
 /// Defines an exported wrapper: resolves the real function, passes straight through when
 /// disabled or re-entered, otherwise calls it and runs `$record` (never letting a panic
-/// out) with the result bound to `$r`.
+/// out) with the result bound to `$r`. Events are stamped when they are recorded, after
+/// the driver returned: the ring's reader takes a lane's unpublished events to be stamped
+/// later than its poll began (its causal watermark), which a stamp taken on entry, a whole
+/// driver call before publication, would break.
 macro_rules! hook {
     ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
         #[unsafe(no_mangle)]

@@ -196,11 +196,6 @@ mod thread {
 /// Leaves the hook when dropped.
 pub struct Hook {
     state: *mut ThreadState,
-    /// When the hook was entered: a driver call's events carry its start. The clock is
-    /// read before the driver runs, so that the TSC read (16 ns on the H200) overlaps the
-    /// driver's work instead of adding to it; a free stamped at its start also sorts
-    /// before an allocation on another thread that got the freed address back.
-    ts: u64,
 }
 
 impl Hook {
@@ -217,7 +212,7 @@ impl Hook {
                 refresh(&mut *state);
             }
         }
-        let hook = Hook { state, ts: now() };
+        let hook = Hook { state };
         if config::bench_skips(config::PREFETCH_BEFORE) {
             hook.prefetch_slot();
         }
@@ -290,7 +285,7 @@ impl Hook {
         if s.lane_mode == LANE_NONE {
             claim_lane(s, w);
         }
-        let raw = stamp_at(ev, s.tid, self.ts);
+        let raw = stamp(ev, s.tid);
         if s.lane_mode == LANE_OWNED {
             // Inlined, so that the record goes from registers into its slot.
             // SAFETY: the lane is this thread's alone (claim_lane), and this thread is in
@@ -874,12 +869,7 @@ extern "C" fn after_fork_in_child() {
 /// The record of `ev` made by thread `tid` of this process, stamped now.
 #[inline(always)]
 fn stamp(ev: Event, tid: u32) -> RawRecord {
-    stamp_at(ev, tid, now())
-}
-
-#[inline(always)]
-fn stamp_at(ev: Event, tid: u32, ts: u64) -> RawRecord {
-    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(ts).to_raw()
+    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(now()).to_raw()
 }
 
 /// Counts an entry point we could not wrap and records its name (init time only).
