@@ -116,7 +116,6 @@ pub fn load_from_env() {
     if let Some(v) = env(c"VRAMHOOK_CLOCK") {
         FORCE_MONOTONIC.store(v == b"monotonic", Ordering::Relaxed);
     }
-    crate::sink::choose_clock(FORCE_MONOTONIC.load(Ordering::Relaxed));
     #[cfg(feature = "bench-parts")]
     if let Some(n) = env(c"VRAMHOOK_BENCH_SKIP").and_then(parse_u64) {
         BENCH_SKIP.store(n, Ordering::Relaxed);

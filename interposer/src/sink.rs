@@ -72,13 +72,6 @@ pub fn set_disabled(on: bool) {
     RING.disabled.store(on, Ordering::Relaxed);
 }
 
-/// Chooses the events' clock (constructor): the TSC where it is invariant, unless
-/// `VRAMHOOK_CLOCK=monotonic`. Chosen before the first hook, because hooks read the clock
-/// before the ring (which records the choice) exists.
-pub fn choose_clock(force_monotonic: bool) {
-    RING.tsc.store(!force_monotonic && clock::tsc_is_invariant(), Ordering::Relaxed);
-}
-
 /// A thread made a context current (or popped one): its next allocation asks the driver.
 #[inline]
 pub fn context_changed_on_this_thread() {
@@ -767,7 +760,7 @@ fn create_ring() -> bool {
     let cmd_len = read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
     let mut meta = [0u8; META_CAPACITY];
     let meta_len = encode_meta(exe, &cmdline[..cmd_len], &mut meta);
-    let use_tsc = RING.tsc.load(Ordering::Relaxed);
+    let use_tsc = !config::FORCE_MONOTONIC.load(Ordering::Relaxed) && clock::tsc_is_invariant();
     let init = RingInit {
         capacity,
         pid,
@@ -809,6 +802,7 @@ fn create_ring() -> bool {
     RING.map.store(map as usize, Ordering::Relaxed);
     RING.map_len.store(len, Ordering::Relaxed);
     RING.pid.store(pid, Ordering::Relaxed);
+    RING.tsc.store(use_tsc, Ordering::Relaxed);
     if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registering a plain function.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
