@@ -28,18 +28,12 @@ import threading
 import time
 
 from . import ring
+from .sampling import float_env as _float_env
 
 _attached = False
 # Snapshots still to dump at an OOM (0: stacks off, or the limit reached).
 _stacks_left = 0
 _stacks_dumped = 0
-
-
-def _float_env(name, default):
-    try:
-        return max(float(os.environ.get(name, default)), 0.0)
-    except ValueError:
-        return default
 
 
 def _int_env(name, default):

@@ -271,7 +271,7 @@ impl Importer<'_> {
         let reserved = self.reserved.get(&d).copied().unwrap_or(0);
         let allocated = self.allocated.get(&d).copied().unwrap_or(0).min(reserved);
         let code = FrameworkId::PyTorch as u8;
-        self.r.framework_point(self.view_pid, d, code, "snapshot", ts, reserved, allocated, largest);
+        self.r.framework_point((self.view_pid, d, code, "snapshot"), ts, reserved, allocated, largest);
     }
 
     /// Hands the segments that changed since the last call to the model.
@@ -550,7 +550,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.emit(gave_up, *d, ts);
                 imp.point(*d, ts, None);
                 let view = imp.view_pid;
-                imp.r.framework_oom_mark(view, *d, FrameworkId::PyTorch as u8, "snapshot", ts, size);
+                imp.r.framework_oom_mark((view, *d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
                 if oom_stacks_left > 0 {
                     oom_stacks_left -= 1;
                     if let Some(live) = imp.live_at_oom(*d, e.get("frames").as_ref(), path) {
@@ -622,7 +622,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     let (view, code) = (imp.view_pid, FrameworkId::PyTorch as u8);
     for (d, (reserved, allocated, largest)) in at_end {
         let allocated = allocated.min(reserved);
-        imp.r.framework_point(view, d, code, "snapshot", t_snap, reserved, allocated, Some(largest));
+        imp.r.framework_point((view, d, code, "snapshot"), t_snap, reserved, allocated, Some(largest));
     }
     drop(imp);
     let snap = r.model.snapshot();

@@ -101,6 +101,10 @@ pub(crate) struct ExitInfo {
     pub top: Vec<LayoutEntry>,
 }
 
+/// A framework's cache in the report: (process as shown, device, `FrameworkId` code, where
+/// its numbers came from: "lens" or "snapshot").
+pub(crate) type CacheKey = (u32, i16, u8, &'static str);
+
 pub struct Replayer {
     pub(crate) model: Model,
     pub(crate) opts: Options,
@@ -145,7 +149,7 @@ pub struct Replayer {
     arenas: BTreeMap<(u32, i16, ArenaKind, u64), ArenaTrack>,
     /// Keyed by (pid, device, framework code, source): a lens's readings and a snapshot's of
     /// the same cache are drawn apart.
-    pub(crate) frameworks: BTreeMap<(u32, i16, u8, &'static str), FrameworkTrack>,
+    pub(crate) frameworks: BTreeMap<CacheKey, FrameworkTrack>,
     /// Caches past [`MAX_TRACKED_FRAMEWORKS`] (counted, no timeline).
     pub(crate) frameworks_untracked: u64,
     /// The snapshots' segments, looked up in the captures' allocations.
@@ -389,25 +393,20 @@ impl Replayer {
             let code = ev.framework() as u8;
             if ev.kind == EventKind::FrameworkSample as u8 {
                 let largest = ev.largest_free_block();
-                self.framework_point(ev.pid, ev.device, code, "lens", ev.ts_ns, reserved, allocated, largest);
+                self.framework_point((ev.pid, ev.device, code, "lens"), ev.ts_ns, reserved, allocated, largest);
             } else if ev.kind == EventKind::FrameworkOom as u8 {
                 let largest = ev.largest_free_block();
-                self.framework_point(ev.pid, ev.device, code, "lens", ev.ts_ns, reserved, allocated, largest);
-                self.framework_oom_mark(ev.pid, ev.device, code, "lens", ev.ts_ns, ev.framework_request());
+                let key = (ev.pid, ev.device, code, "lens");
+                self.framework_point(key, ev.ts_ns, reserved, allocated, largest);
+                self.framework_oom_mark(key, ev.ts_ns, ev.framework_request());
             }
         }
         true
     }
 
     /// The track of a framework's cache, created on first use (`None` past the limit).
-    fn framework_track(
-        &mut self,
-        pid: u32,
-        device: i16,
-        framework: u8,
-        source: &'static str,
-    ) -> Option<&mut FrameworkTrack> {
-        let key = (pid, device, framework, source);
+    fn framework_track(&mut self, key: CacheKey) -> Option<&mut FrameworkTrack> {
+        let source = key.3;
         if !self.frameworks.contains_key(&key) {
             if self.frameworks.len() >= MAX_TRACKED_FRAMEWORKS {
                 self.frameworks_untracked += 1;
@@ -430,19 +429,15 @@ impl Replayer {
 
     /// One reading of a framework's cache: reserved and allocated bytes, and the largest free
     /// block where it was measured (fragmentation is only known then).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn framework_point(
         &mut self,
-        pid: u32,
-        device: i16,
-        framework: u8,
-        source: &'static str,
+        key: CacheKey,
         ts: u64,
         reserved: u64,
         allocated: u64,
         largest: Option<u64>,
     ) {
-        let Some(t) = self.framework_track(pid, device, framework, source) else { return };
+        let Some(t) = self.framework_track(key) else { return };
         t.samples += 1;
         t.reserved.push(ts, reserved as f64);
         t.allocated.push(ts, allocated as f64);
@@ -454,16 +449,8 @@ impl Replayer {
     }
 
     /// The framework gave up on a request of `requested` bytes.
-    pub(crate) fn framework_oom_mark(
-        &mut self,
-        pid: u32,
-        device: i16,
-        framework: u8,
-        source: &'static str,
-        ts: u64,
-        requested: u64,
-    ) {
-        let Some(t) = self.framework_track(pid, device, framework, source) else { return };
+    pub(crate) fn framework_oom_mark(&mut self, key: CacheKey, ts: u64, requested: u64) {
+        let Some(t) = self.framework_track(key) else { return };
         if t.ooms.len() < MAX_FRAMEWORK_OOMS {
             t.ooms.push(FrameworkOomMark { ts_ns: ts, requested_bytes: requested });
         }
