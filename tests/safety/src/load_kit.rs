@@ -40,6 +40,9 @@ pub struct Captured {
     pub markers: Vec<(u64, u64)>,
     /// Process start and exit records delivered.
     pub frames: u64,
+    /// The interposer's own samples delivered (pool reserves: no call of the program's, and
+    /// not in the driver's log).
+    pub samples: u64,
 }
 
 /// Per pid, what the capture files hold (in file name order; a file cut short by a killed
@@ -62,6 +65,12 @@ pub fn captured(files: &[std::path::PathBuf]) -> BTreeMap<u32, Captured> {
                     }
                     Some(EventKind::ProcessStart | EventKind::ProcessExit) => {
                         c.frames += 1;
+                        if !seen.insert((e.pid, e.seq)) {
+                            c.duplicates += 1;
+                        }
+                    }
+                    Some(EventKind::PoolSample | EventKind::Frameworks) => {
+                        c.samples += 1;
                         if !seen.insert((e.pid, e.seq)) {
                             c.duplicates += 1;
                         }
@@ -96,11 +105,16 @@ pub fn assert_exact(truth: &BTreeMap<u32, u64>, got: &BTreeMap<u32, Captured>, w
         let c = got.get(pid).cloned().unwrap_or_default();
         // A dropped slot may hold the process's start or exit record as well as a call
         // (an agent killed with the first batch in hand loses the start record with it):
-        // every slot is accounted for, calls and the two records alike.
-        if c.calls + c.frames + c.dropped != issued + 2 || c.frames > 2 || c.duplicates != 0 {
+        // every slot is accounted for, calls and the two records alike. It may also have
+        // held one of the interposer's own samples (a pool's reserve when it changed, at
+        // most one a sampling interval: a few in a run), which the driver's log does not
+        // list: exact without drops, and never more than a few over with them.
+        let excess = (c.calls + c.frames + c.dropped).checked_sub(issued + 2);
+        let exact = excess == Some(0) || (c.dropped > 0 && excess.is_some_and(|x| x <= c.dropped.min(4)));
+        if !exact || c.frames > 2 || c.duplicates != 0 {
             wrong.push(format!(
-                "pid {pid}: issued {issued}, delivered {}, dropped {}, twice {} (start/exit records {}, Dropped records (size, slots) {:?})",
-                c.calls, c.dropped, c.duplicates, c.frames, c.markers
+                "pid {pid}: issued {issued}, delivered {}, dropped {}, twice {} (start/exit records {}, own samples {}, Dropped records (size, slots) {:?})",
+                c.calls, c.dropped, c.duplicates, c.frames, c.samples, c.markers
             ));
         }
         totals.0 += issued;
