@@ -679,6 +679,13 @@ fn pool_reserve_is_the_drivers_sample() {
     p.pool_sample(0xabc, 809_500_672, LIVE, true);
     let pv = proc_view(&run(&[&p]), 41);
     assert_eq!((pv.held_bytes, pv.idle_bytes), (809_500_672, 809_500_672 - LIVE));
+
+    // PyTorch's lens in this mode reports the pool's idle reserve as its own
+    // reserved-but-unallocated bytes (seen on the H200): the same bytes, counted once.
+    p.pool_sample(0xabc, RESERVED, LIVE, true);
+    p.push(Event::framework_sample(FrameworkId::PyTorch, RESERVED, LIVE, vramhook_protocol::kinds::UNKNOWN_BYTES, 0));
+    let pv = proc_view(&run(&[&p]), 41);
+    assert_eq!((pv.held_bytes, pv.idle_bytes), (RESERVED, RESERVED - LIVE), "not twice");
 }
 
 /// The driver's reserve of a pool no allocation named yet (allocations made before the

@@ -14,6 +14,7 @@ impl Model {
     /// where none of its framework segments is known (where they are, the segments' free
     /// bytes count instead).
     pub(super) fn lens_idle(&self, p: &Process, device: i16) -> u64 {
+        let g = self.config.granularity;
         p.lens
             .iter()
             .filter(|c| device < 0 || c.device == device)
@@ -21,7 +22,18 @@ impl Model {
                 let mut segs = self.segments.range((p.pid, 0)..=(p.pid, u64::MAX));
                 !segs.any(|(_, s)| s.device == c.device)
             })
-            .fold(0u64, |acc, c| acc.saturating_add(c.cached_free()))
+            .map(|c| {
+                // A framework whose cache is a stream-ordered pool (PyTorch's
+                // `backend:cudaMallocAsync`) reports the pool's idle reserve as its own
+                // reserved-but-unallocated bytes: counted once, with the pool's.
+                let pool_idle = self
+                    .pools
+                    .range((p.pid, false, 0)..=(p.pid, true, u64::MAX))
+                    .filter(|(_, pl)| pl.device == c.device)
+                    .fold(0u64, |acc, (_, pl)| acc.saturating_add(pl.idle(g)));
+                c.cached_free().saturating_sub(pool_idle)
+            })
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Keeps a lens's numbers for the process at `slot` (one entry per device and framework).
