@@ -13,30 +13,11 @@
 # BENCH_RING_DIR (default a fresh directory in /dev/shm, where rings live by default),
 # BENCH_JSONL (a file to append every run's JSON line to).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
-case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
-ITERS="${BENCH_ITERS:-20000}"
-THREADS="${BENCH_THREADS:-1 16}"
+BENCH_NAME=bench-calls
+# shellcheck source=scripts/bench-sim-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench-sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-${BENCH_REPEAT:-10}}"
-NCPU="$(nproc)"
-CPU="${BENCH_CPU:-$((NCPU - 1))}"
-
-if [ ! -f "$LIB" ]; then
-    echo "############################################################" >&2
-    echo "## bench-calls: interposer library NOT FOUND: $LIB" >&2
-    echo "## build it (cargo build --release) or set VRAMHOOK_LIB" >&2
-    echo "############################################################" >&2
-    exit 1
-fi
-
-# SIM_SKIP_BUILD=1 uses an existing build (the GPU machine has no make).
-[ "${SIM_SKIP_BUILD:-0}" = 1 ] || make -s -C "$ROOT/tests/simcuda" -j2 all
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
-# The simulated libcuda.so.1 before any other: on a GPU machine LD_LIBRARY_PATH names the
-# real driver's folder, which the loader searches before the benchmark's RUNPATH (the
-# "simulated" figures of earlier H200 runs were the real driver's for that reason).
-export LD_LIBRARY_PATH="$ROOT/tests/simcuda/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
 if [ -n "${BENCH_RING_DIR:-}" ]; then
     RINGS="$BENCH_RING_DIR/bench-calls.$$"

@@ -11,23 +11,11 @@
 # BENCH_THREADS ("1 16"), BENCH_ROUNDS, BENCH_CPU, BENCH_JSONL (keep the runs' lines there),
 # SIM_SKIP_BUILD=1 (use tests/simcuda/build as it is).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
-case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
-ITERS="${BENCH_ITERS:-20000}"
-THREADS="${BENCH_THREADS:-1 16}"
+BENCH_NAME=bench-pair
+# shellcheck source=scripts/bench-sim-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench-sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-10}"
-NCPU="$(nproc)"
-CPU="${BENCH_CPU:-$((NCPU - 1))}"
-if [ ! -f "$LIB" ]; then
-    echo "bench-pair: interposer library NOT FOUND: $LIB (cargo build --release, or set VRAMHOOK_LIB)" >&2
-    exit 1
-fi
-[ "${SIM_SKIP_BUILD:-0}" = 1 ] || make -s -C "$ROOT/tests/simcuda" -j2 all
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_pair"
-# The simulated libcuda.so.1 before any other: on a GPU machine LD_LIBRARY_PATH names the
-# real driver's folder, which the loader searches before the benchmark's RUNPATH.
-export LD_LIBRARY_PATH="$ROOT/tests/simcuda/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 RINGS="$(mktemp -d /dev/shm/vramhook-pair.XXXXXX 2>/dev/null || mktemp -d)"
 JSONL="${BENCH_JSONL:-$RINGS.jsonl}"
 trap 'rm -rf "$RINGS"; [ -n "${BENCH_JSONL:-}" ] || rm -f "$JSONL"' EXIT

@@ -514,6 +514,15 @@ impl Reference {
     /// else to an explicit pool of that handle; one for no known pool adds one when it holds
     /// bytes. While the same thread's OOM awaits its device sample, the incident's idle
     /// bytes and arenas are taken again.
+    /// The index of pool (`pid`, `default`, `id`), added empty when it is not known yet.
+    fn pool_or_new(&mut self, pid: u32, default: bool, id: u64, device: i16) -> usize {
+        if let Some(i) = self.pools.iter().position(|p| p.pid == pid && p.default == default && p.id == id) {
+            return i;
+        }
+        self.pools.push(Pl { pid, default, id, device, hwm: 0, destroyed: false, sampled: None });
+        self.pools.len() - 1
+    }
+
     fn pool_sample(&mut self, slot: usize, ev: &Event) {
         if ev.pool_reserved() > 1 << 50 {
             return self.anom(Some(slot), Anomaly::PoolSampleImplausible);
@@ -532,21 +541,7 @@ impl Reference {
         } else {
             let (default, id) =
                 if ev.pool_is_current() || ev.pool() == 0 { (true, dev_id) } else { (false, ev.pool()) };
-            match find(default, id) {
-                Some(i) => Some(i),
-                None => {
-                    self.pools.push(Pl {
-                        pid: ev.pid,
-                        default,
-                        id,
-                        device: ev.device,
-                        hwm: 0,
-                        destroyed: false,
-                        sampled: None,
-                    });
-                    Some(self.pools.len() - 1)
-                }
-            }
+            Some(self.pool_or_new(ev.pid, default, id, ev.device))
         };
         let Some(i) = i else { return };
         self.pools[i].sampled = Some(ev.pool_reserved());
@@ -672,17 +667,7 @@ impl Reference {
         let pool = ev.pool();
         if class == Class::Pool {
             let (default, id) = if pool == 0 { (true, ev.device as u16 as u64) } else { (false, pool) };
-            if !self.pools.iter().any(|p| p.pid == ev.pid && p.default == default && p.id == id) {
-                self.pools.push(Pl {
-                    pid: ev.pid,
-                    default,
-                    id,
-                    device: ev.device,
-                    hwm: 0,
-                    destroyed: false,
-                    sampled: None,
-                });
-            }
+            self.pool_or_new(ev.pid, default, id, ev.device);
         }
         self.allocs.push(A { pid: ev.pid, addr: ev.addr, size: ev.size, ts, pool, device: ev.device, class });
         self.procs[slot].allocations += 1;
