@@ -245,8 +245,7 @@ struct Slow {
 }
 
 impl Slow {
-    fn start(port: u16) -> Slow {
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind slow endpoint");
+    fn start(listener: TcpListener) -> Slow {
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -293,7 +292,7 @@ fn promql(port: u16, query: &str) -> Option<f64> {
 
 #[test]
 fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
-    let port = free_port();
+    let (down, port) = DownPort::bind();
     let rings = ring_dir("prom");
     let endpoint = format!("http://127.0.0.1:{port}/api/v1/otlp/v1/metrics");
     let agent = agent_on(
@@ -319,7 +318,7 @@ fn prometheus_gets_the_models_numbers_over_otlp_through_down_slow_and_back() {
 
     // 2. Slow: the endpoint accepts and never answers. Exports time out; a new process is
     //    still ingested and /metrics still answers at once.
-    let slow = Slow::start(port);
+    let slow = Slow::start(down.listen());
     let mut more = spawn_traced(&workload("leak"), &["--n", "4"], rings.path(), &[]);
     let more_pid = more.id();
     let _ = more.wait();

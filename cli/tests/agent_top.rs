@@ -106,7 +106,7 @@ fn top_reads_the_rings_directly_without_an_agent() {
     let bin = vramhook_bin();
     let mut leak = spawn_traced(&workload("leak"), &["--n", "4", "--hold", "10"], rings.path(), &[]);
     let pid = leak.id();
-    let port = free_port(); // nothing listens there
+    let (_down, port) = DownPort::bind(); // nothing listens there, nor will while the test runs
     let session = Session::start(&format!(
         "{} top --agent 127.0.0.1:{port} --ring-dir {} --interval 200",
         bin.display(),

@@ -123,6 +123,44 @@ pub fn prom_value(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// A loopback port held while nothing listens on it: a socket bound and not listening, so
+/// connections are refused (the endpoint is down), and no other test is handed the port in
+/// the meantime. (A port merely found free and left unbound for the down phase was once
+/// handed to the two-host test's Prometheus as well; whichever Prometheus went away second
+/// left the other test's queries refused.)
+pub struct DownPort(std::os::fd::OwnedFd);
+
+impl DownPort {
+    pub fn bind() -> (DownPort, u16) {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket calls on a descriptor of ours, with our own address buffers.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            addr.sin_family = libc::AF_INET as libc::sa_family_t;
+            addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+            assert_eq!(libc::bind(raw, (&raw const addr).cast(), len), 0, "bind: {}", std::io::Error::last_os_error());
+            let mut len = len;
+            assert_eq!(libc::getsockname(raw, (&raw mut addr).cast(), &mut len), 0, "getsockname");
+            (DownPort(fd), u16::from_be(addr.sin_port))
+        }
+    }
+
+    /// The same socket, now listening on the same port.
+    pub fn listen(self) -> std::net::TcpListener {
+        // SAFETY: our bound socket; the listener takes the descriptor over.
+        unsafe {
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(self.0);
+            assert_eq!(libc::listen(raw, 128), 0, "listen: {}", std::io::Error::last_os_error());
+            <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(raw)
+        }
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
