@@ -41,15 +41,15 @@ fn route(state: &HttpState, req: &Request<hyper::body::Incoming>) -> Response<Fu
     if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }
+    // Counters first, then the snapshot: it is at least as new as what they count.
+    let stats = state.stats.view();
     let snap = state.snapshots.borrow().clone();
     match req.uri().path() {
-        "/metrics" => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            render_prometheus(&snap, &state.stats.view()),
-        ),
+        "/metrics" => {
+            reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", render_prometheus(&snap, &stats))
+        }
         "/api/v1/state" => {
-            let doc = State { agent: state.stats.view(), ring_dir: state.ring_dir.clone(), snapshot: (*snap).clone() };
+            let doc = State { agent: stats, ring_dir: state.ring_dir.clone(), snapshot: (*snap).clone() };
             match serde_json::to_vec(&doc) {
                 Ok(body) => reply(StatusCode::OK, "application/json", body),
                 Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("{e}\n")),

@@ -430,8 +430,11 @@ fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
     }
 }
 
+/// The snapshot goes out before the counters that describe it move, and readers take the
+/// counters first: a reader that sees a count sees at least the snapshot it counts.
 fn publish(model: &Model, links: &IngestLinks, incidents: &mut crate::oom_counts::IncidentTracker) {
-    let snapshot = model.snapshot();
+    let snapshot = Arc::new(model.snapshot());
+    links.snapshots.send_replace(snapshot.clone());
     let fresh = incidents.new_incidents(&snapshot);
     if !fresh.is_empty() {
         if let Ok(mut totals) = links.stats.ooms.lock() {
@@ -446,5 +449,4 @@ fn publish(model: &Model, links: &IngestLinks, incidents: &mut crate::oom_counts
         }
     }
     add(&links.stats.snapshots, 1);
-    links.snapshots.send_replace(Arc::new(snapshot));
 }

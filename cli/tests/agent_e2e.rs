@@ -403,8 +403,14 @@ fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() 
     let pid = child.id();
     let _ = child.wait();
     // Seen (the ring is drained and closed), then forgotten with no retention.
-    agent.wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
-    agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| process(s, pid).is_none());
+    let closed = agent
+        .wait_state(Duration::from_secs(20), "the leak to be drained and closed", |s| s["agent"]["rings_closed"] == 1);
+    // The end is counted as it is drained and the snapshot that shows the process is
+    // published after it: only a later snapshot without it says it was forgotten.
+    let published = closed["agent"]["snapshots"].as_u64().expect("snapshot count");
+    agent.wait_state(Duration::from_secs(20), "the exited process to be forgotten", |s| {
+        s["agent"]["snapshots"].as_u64().is_some_and(|n| n > published) && process(s, pid).is_none()
+    });
 }
 
 /// The OOM counters outlive the process that failed: two processes OOM one after the
@@ -419,15 +425,20 @@ fn oom_counters_outlive_their_processes() {
         let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
         let pid = oom.id();
         let _ = oom.wait();
-        agent.wait_state(Duration::from_secs(30), "the OOM process to be drained and forgotten", |s| {
-            s["agent"]["rings_closed"] == round && process(s, pid).is_none()
+        let oom_total = |s: &Value| -> u64 {
+            s["agent"]["ooms"].as_array().map_or(0, |v| v.iter().filter_map(|t| t["count"].as_u64()).sum())
+        };
+        // The ring's end is counted as it is drained, the published snapshot follows: wait
+        // for the incident to be counted (it is, at the publish that shows the process), then
+        // for a later snapshot without the process and its incidents.
+        agent.wait_state(Duration::from_secs(30), "the OOM process to be drained and its incident counted", |s| {
+            s["agent"]["rings_closed"] == round && oom_total(s) >= round
         });
-        let s = agent.state();
-        assert!(s["snapshot"]["incidents"].as_array().is_some_and(|v| v.is_empty()), "forgotten with its incidents");
-        let ooms = s["agent"]["ooms"].as_array().expect("ooms in the agent's counters").clone();
-        let total: u64 = ooms.iter().filter_map(|t| t["count"].as_u64()).sum();
-        assert_eq!(total, round, "{ooms:?}");
-        verdicts = ooms;
+        let s = agent.wait_state(Duration::from_secs(30), "the OOM process to be forgotten with its incidents", |s| {
+            process(s, pid).is_none() && s["snapshot"]["incidents"].as_array().is_some_and(|v| v.is_empty())
+        });
+        assert_eq!(oom_total(&s), round, "{}", s["agent"]["ooms"]);
+        verdicts = s["agent"]["ooms"].as_array().expect("ooms in the agent's counters").clone();
     }
     let metrics = agent.get("/metrics");
     let mut device_total = 0.0;
@@ -676,7 +687,10 @@ fn the_dropped_parts_add_up_to_the_total_across_a_clean_restart() {
     };
 
     let mut first = Agent::start(&bin, &args, &[]);
-    let s = first.wait_state(Duration::from_secs(30), "the ring drained", |s| s["agent"]["rings_closed"] == 1);
+    // The end is counted as it is drained; the snapshot that shows it is published after.
+    let s = first.wait_state(Duration::from_secs(30), "the ring drained", |s| {
+        s["agent"]["rings_closed"] == 1 && process(s, pid).is_some_and(|p| p["alive"] == false)
+    });
     let dropped = per_process(&s);
     assert!(dropped > 1000, "a 64-slot ring of a finished process dropped most of ~8000 calls: {dropped}");
     assert_eq!(parts(&s).iter().sum::<u64>(), dropped, "first agent: parts add up: {}", s["agent"]);

@@ -50,7 +50,9 @@ fn slots_reserved_by_a_writer_that_died_are_counted_as_lost() {
     let _ = holder.kill();
     let _ = holder.wait();
     let s = agent.wait_state(Duration::from_secs(20), "the dead writer's ring to close", |s| {
-        s["agent"]["rings_open"] == 0 && s["agent"]["rings_closed"] == 1
+        s["agent"]["rings_open"] == 0
+            && s["agent"]["rings_closed"] == 1
+            && process(s, pid).is_some_and(|p| p["alive"] == false)
     });
     assert_eq!(s["agent"]["writer_dropped"], 2, "the two unpublished slots are counted: {}", s["agent"]);
     let p = process(&s, pid).expect("process");
