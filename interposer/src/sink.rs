@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use vramhook_protocol::clock::{self, ClockSource};
 use vramhook_protocol::record::{Event, RawRecord};
 use vramhook_protocol::ring::{
-    encode_meta, lanes_for_cpus, ring_file_size_lanes, OwnedLane, RingInit, RingWriter, MAX_LANES, META_CAPACITY,
-    MIN_CAPACITY,
+    encode_meta, lanes_for_cpus, ring_file_size_lanes, OwnedLane, ReservedSlot, RingInit, RingWriter, MAX_LANES,
+    META_CAPACITY, MIN_CAPACITY,
 };
 use vramhook_protocol::ringdir;
 
@@ -278,9 +278,11 @@ impl Hook {
         if s.lane_mode == LANE_NONE {
             claim_lane(s, w);
         }
-        let raw = stamp(ev, s.tid);
+        // Either way the record is built where it is written, from registers: one built
+        // before the branch for an out-of-line shared push was laid on the stack on every
+        // call, the owned lane's included.
         if s.lane_mode == LANE_OWNED {
-            // Inlined, so that the record goes from registers into its slot.
+            let raw = stamp(ev, s.tid);
             // SAFETY: the lane is this thread's alone (claim_lane), and this thread is in
             // a hook, so no handler of a signal that interrupted it pushes here too.
             unsafe {
@@ -290,8 +292,9 @@ impl Hook {
                     w.push_exclusive(&mut s.owned, &raw);
                 }
             }
-        } else {
-            push_shared(w, &raw);
+        } else if let Some(slot) = reserve_shared(w) {
+            // SAFETY: reserved just now, by this thread.
+            unsafe { w.publish_reserved(slot, &stamp(ev, s.tid)) };
         }
     }
 
@@ -383,10 +386,10 @@ fn thread_alive(tid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// A thread without a lane of its own: the shared lane 0 (compare-and-swap).
+/// A thread without a lane of its own: a slot of the shared lane 0 (compare-and-swap).
 #[inline(never)]
-fn push_shared(w: &RingWriter, raw: &RawRecord) {
-    w.push_to_lane(0, raw);
+fn reserve_shared(w: &RingWriter) -> Option<ReservedSlot> {
+    w.reserve_in_lane(0)
 }
 
 /// Records `ev` from a path outside the wrappers (a hook miss, process exit): in this

@@ -98,6 +98,22 @@ impl RingWriter {
     /// the slot is reserved with a compare-and-swap on the lane's cursor.
     #[inline(always)]
     pub fn push_to_lane(&self, lane: u32, record: &RawRecord) -> bool {
+        match self.reserve_in_lane(lane) {
+            Some(slot) => {
+                // SAFETY: reserved just now, by this thread.
+                unsafe { self.publish_reserved(slot, record) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The reserving half of [`Self::push_to_lane`]: a slot of `lane` this thread owns
+    /// until it publishes it with [`Self::publish_reserved`], or `None` when the lane was
+    /// full and the event was dropped (and counted). Split so that a caller can reserve
+    /// out of line and still build the record in registers, where it is published.
+    #[inline(always)]
+    pub fn reserve_in_lane(&self, lane: u32) -> Option<ReservedSlot> {
         let header = self.header();
         let lane = lane & (self.lanes - 1);
         // SAFETY: lane < lanes <= MAX_LANES.
@@ -108,25 +124,32 @@ impl RingWriter {
             attempts += 1;
             if attempts > MAX_PUSH_ATTEMPTS {
                 header.dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return None;
             }
             let lap = pos >> self.shift;
             let stamp = self.stamp(lane, pos & (self.capacity - 1)).load(Ordering::Acquire);
             if stamp == lap.wrapping_mul(2) {
                 match write_pos.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => break,
+                    Ok(_) => return Some(ReservedSlot { lane, pos }),
                     Err(current) => pos = current,
                 }
             } else if stamp < lap.wrapping_mul(2) {
                 // Still holds last lap's unread event: full.
                 header.dropped.fetch_add(1, Ordering::Relaxed);
-                return false;
+                return None;
             } else {
                 pos = write_pos.load(Ordering::Relaxed);
             }
         }
-        self.fill_and_publish(lane, pos, record);
-        true
+    }
+
+    /// Writes `record` into a slot [`Self::reserve_in_lane`] gave, and publishes it.
+    ///
+    /// # Safety
+    /// `slot` came from `reserve_in_lane` of this writer and is published once.
+    #[inline(always)]
+    pub unsafe fn publish_reserved(&self, slot: ReservedSlot, record: &RawRecord) {
+        self.fill_and_publish(slot.lane, slot.pos, record);
     }
 
     /// Takes `lane` over for one writer: what `push_exclusive` needs of it, with the
@@ -249,6 +272,14 @@ impl RingWriter {
     pub fn mark_exited(&self) {
         self.header().state.store(STATE_EXITED, Ordering::Release);
     }
+}
+
+/// A slot of a shared lane, reserved and not yet published (see
+/// [`RingWriter::reserve_in_lane`]).
+#[derive(Debug)]
+pub struct ReservedSlot {
+    lane: u32,
+    pos: u64,
 }
 
 /// A lane one thread writes alone: where its slots start, its cursor in the header, and
