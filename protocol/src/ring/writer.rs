@@ -186,27 +186,33 @@ impl RingWriter {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn push_exclusive_checked<const CHECK: bool>(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
-        let mut pos = lane.next;
+        let (mut pos, slots) = (lane.next, lane.slots);
+        // Computed once, before the stamp's acquire load (after it, whatever the address
+        // is made of would be loaded again).
+        let mut slot = lane.slot(pos, self.capacity);
         // SAFETY: a slot's stamp is its first 8 bytes, 8-aligned, inside the lane.
         let free = !CHECK
-            || unsafe { &*(lane.slot(pos, self.capacity) as *const AtomicU64) }.load(Ordering::Acquire)
-                == (pos >> self.shift).wrapping_mul(2);
+            || unsafe { &*(slot as *const AtomicU64) }.load(Ordering::Acquire) == (pos >> self.shift).wrapping_mul(2);
         if !free {
             // SAFETY: as this function's.
             match unsafe { self.next_free_slot(lane) } {
-                Some(p) => pos = p,
+                Some(p) => {
+                    pos = p;
+                    slot = lane.slot(pos, self.capacity);
+                }
                 None => return false,
             }
         }
         // One place takes the record, after the slow path has joined again: the record
         // then goes from registers into the slot.
         // SAFETY: the slot is free and the lane ours.
-        unsafe { fill_and_publish(lane.slot(pos, self.capacity), (pos >> self.shift).wrapping_mul(2) + 1, record) };
-        lane.next = pos.wrapping_add(1);
+        unsafe { fill_and_publish(slot, (pos >> self.shift).wrapping_mul(2) + 1, record) };
+        let next = pos.wrapping_add(1);
+        lane.next = next;
         // SAFETY: the lane's cursor, a word of the mapped header.
-        unsafe { &*lane.write_pos }.store(lane.next, Ordering::Release);
+        unsafe { &*lane.write_pos }.store(next, Ordering::Release);
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(lane.slots, lane.next, self.capacity - 1) };
+        unsafe { prefetch_ahead(slots, next, self.capacity - 1) };
         true
     }
 
@@ -305,12 +311,13 @@ impl OwnedLane {
     pub const UNSET: OwnedLane = OwnedLane { slots: core::ptr::null_mut(), write_pos: core::ptr::null(), next: 0 };
 }
 
-/// Prefetches what the lane's next pushes will write: the next slot's line, and the slot a
-/// page (64 slots) further, whose page-table walk then happens here, in the background. A
-/// lane moves to a new 4 KiB page every 64 events, and a write to a page not in the TLB
-/// waited for that walk: 400 ns and more in a VM (two-level page tables), one call in 64,
-/// measured on the development VM, where it made the hooked calls' p99 (see README,
-/// Benchmarks).
+/// Prefetches what the lane's next pushes will write: the next slot's line, and, when that
+/// slot begins a page, the slot a page (64 slots) further, whose page-table walk then
+/// happens here, in the background, 64 events before it is needed. A lane moves to a new
+/// 4 KiB page every 64 events, and a write to a page not in the TLB waited for that walk:
+/// 400 ns and more in a VM (two-level page tables), one call in 64, measured on the
+/// development VM, where it made the hooked calls' p99 (see README, Benchmarks). Once per
+/// page is enough for the walk; every call asked before.
 ///
 /// # Safety
 /// `slots` is the first slot of a lane of `mask + 1` slots.
@@ -324,11 +331,16 @@ unsafe fn prefetch_ahead(slots: *mut u8, next: u64, mask: u64) {
     unsafe {
         core::arch::asm!(
             "prefetchw [{a}]",
-            "prefetchw [{b}]",
             a = in(reg) slots.add((next & mask) as usize * RECORD_SIZE),
-            b = in(reg) slots.add((next.wrapping_add(64) & mask) as usize * RECORD_SIZE),
             options(nostack, preserves_flags, readonly),
         );
+        if next.is_multiple_of(64) {
+            core::arch::asm!(
+                "prefetchw [{b}]",
+                b = in(reg) slots.add((next.wrapping_add(64) & mask) as usize * RECORD_SIZE),
+                options(nostack, preserves_flags, readonly),
+            );
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (slots, next, mask);
