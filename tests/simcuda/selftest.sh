@@ -207,5 +207,29 @@ used=$(python3 -c "import struct,sys; print(struct.unpack('<Q', open(sys.argv[1]
 [ "$used" = 0 ] && ok "shared mode: memory returned at process exit" || bad "shared mode: counter is $used after exit"
 rm -f "$SHM"
 
+# ---- 5. the GPU machine's pool-overhead probe (scripts/gpu/pools) reads the simulated driver ----
+# The simulated driver keeps no bytes of its own: every byte the probe sees used is a pool's
+# reserve or its own cuMemAlloc, so the summary's "outside" column is 0 at every step.
+PROBE="$HERE/build/overhead_probe"
+POOLS="$HERE/../../scripts/gpu/pools"
+if gcc -O2 -Wall -Werror -o "$PROBE" "$POOLS/overhead_probe.c" -ldl; then
+    ov="$HERE/build/overhead.jsonl"
+    : > "$ov"
+    for s in malloc async async-threshold pool malloc-then-async; do
+        LD_LIBRARY_PATH="$HERE/build" "$PROBE" "$s" >> "$ov" || bad "overhead_probe $s failed"
+    done
+    summary=$(python3 "$POOLS/overhead_summary.py" "$ov")
+    rows=$(echo "$summary" | grep '^  [a-z]' | grep -v '^  step ')
+    steps=$(echo "$rows" | wc -l)
+    outside=$(echo "$rows" | awk '{print $NF}' | sort -u | tr '\n' ' ')
+    reserve64=$(echo "$summary" | grep -c '^  async 64 MiB  .* 64.0 ' || true)
+    [ "$steps" = 38 ] && [ "$outside" = "0.0 " ] && [ "$reserve64" = 4 ] \
+        && ok "overhead probe: $steps steps, nothing outside the pools and its own allocations" \
+        || bad "overhead probe summary (steps $steps, outside '$outside', 64 MiB reserves $reserve64):
+$summary"
+else
+    bad "overhead_probe.c does not build"
+fi
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

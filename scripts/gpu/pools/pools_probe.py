@@ -6,6 +6,10 @@ samples the device and the pools; there the program reads memory_reserved() and 
 per-process used bytes, prints them as one JSON line, and leaves at once (os._exit: nothing
 happens after the point, so vramhook's numbers at the end are its numbers at the point).
 
+With POOLS_PROBE_STEPS=1 it also prints a "step" line (the device's free bytes, NVML's bytes
+for this process, memory_reserved()) after CUDA is initialised, after the first 2 MiB tensor
+and after the twenty: where, in each mode, the bytes beyond the allocator's reserve appear.
+
 usage: pools_probe.py MODE [WAIT_S]"""
 import ctypes
 import json
@@ -51,12 +55,38 @@ def nvml_processes():
     raise RuntimeError("nvmlDeviceGetComputeRunningProcesses failed")
 
 
+def my_nvml_bytes():
+    source, procs = nvml_processes()
+    mine = [used for pid, used in procs if pid == os.getpid()]
+    if not mine and len(procs) == 1:
+        mine = [procs[0][1]]
+    return mine[0] if mine else None
+
+
+STEPS = os.environ.get("POOLS_PROBE_STEPS") == "1"
+
+
+def step(name):
+    if not STEPS:
+        return
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    print(json.dumps({"phase": "step", "step": name, "mode": mode, "device_free": free, "device_total": total,
+                      "nvml_used": my_nvml_bytes(), "reserved": torch.cuda.memory_reserved()}), flush=True)
+
+
+torch.cuda.init()
+step("initialised")
+# Only with the steps: the program under vramhook stays the one measured before.
+first = torch.empty(2 << 20, dtype=torch.uint8, device="cuda") if STEPS else None
+step("first 2 MiB tensor")
 tensors = []
 for i in range(20):
     tensors.append(torch.empty((7 * (i + 1)) << 20, dtype=torch.uint8, device="cuda"))
 for i in range(0, 20, 2):
     tensors[i] = None
 torch.cuda.synchronize()
+step("twenty tensors, every other one freed")
 # The point: quiet, then one cuMemGetInfo (the interposer samples the device and pools there).
 time.sleep(wait_s)
 free, total = torch.cuda.mem_get_info()
