@@ -28,12 +28,10 @@ for v in static shared; do
     "$BIN" dump "$R/probe_$v.vhc" > "$R/probe_$v.jsonl"
 done
 
+# shellcheck source=scripts/gpu/torch_modes.sh
+source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
-    case $mode in
-        default) conf="" ;;
-        expandable) conf="expandable_segments:True" ;;
-        async) conf="backend:cudaMallocAsync" ;;
-    esac
+    conf=$(torch_alloc_conf $mode)
     snap=""
     [ "$mode" = default ] && snap="$OUT/torch_snapshot_h200.pickle"
     PYTORCH_CUDA_ALLOC_CONF="$conf" "$BIN" run --record "$R/torch_$mode.vhc" --summary-json "$R/torch_$mode.summary.json" \

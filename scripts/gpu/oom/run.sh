@@ -24,8 +24,10 @@ traced() { # name conf -- command...
     echo "$name: exit $? in $((SECONDS - t0)) s"; tail -3 "$OUT/$name.log"
 }
 
+# shellcheck source=scripts/gpu/torch_modes.sh
+source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
-    case $mode in default) conf="" ;; expandable) conf="expandable_segments:True" ;; async) conf="backend:cudaMallocAsync" ;; esac
+    conf=$(torch_alloc_conf $mode)
     traced "torch_${mode}_fragmented" "$conf" -- python3 $S/torch_oom.py fragmented "$OUT"
     traced "torch_${mode}_capacity" "$conf" -- python3 $S/torch_oom.py capacity "$OUT"
 done

@@ -18,13 +18,10 @@ for scenario in malloc async async-threshold pool malloc-then-async; do
     "$OUT/overhead_probe" $scenario >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" \
         || echo "FAIL overhead_probe $scenario: exit $?" | tee -a "$OUT/overhead.err"
 done
+# shellcheck source=scripts/gpu/torch_modes.sh
+source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
-    case $mode in
-        default) conf="" ;;
-        expandable) conf="expandable_segments:True" ;;
-        async) conf="backend:cudaMallocAsync" ;;
-    esac
-    PYTORCH_CUDA_ALLOC_CONF="$conf" POOLS_PROBE_STEPS=1 timeout 120 python3 $S/pools_probe.py $mode 0 \
+    PYTORCH_CUDA_ALLOC_CONF="$(torch_alloc_conf $mode)" POOLS_PROBE_STEPS=1 timeout 120 python3 $S/pools_probe.py $mode 0 \
         >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" || echo "FAIL pools_probe $mode: exit $?" | tee -a "$OUT/overhead.err"
 done
 python3 $S/overhead_summary.py "$OUT/overhead.jsonl" | tee "$OUT/overhead-report.txt"

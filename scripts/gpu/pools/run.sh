@@ -22,12 +22,10 @@ S=scripts/gpu/pools
     > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 python3 $S/pools_check_selftest.py | tee "$OUT/pools-report.txt"
+# shellcheck source=scripts/gpu/torch_modes.sh
+source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
-    case $mode in
-        default) conf="" ;;
-        expandable) conf="expandable_segments:True" ;;
-        async) conf="backend:cudaMallocAsync" ;;
-    esac
+    conf=$(torch_alloc_conf $mode)
     t0=$SECONDS
     PYTORCH_CUDA_ALLOC_CONF="$conf" timeout 300 "$BIN" run --record "$OUT/$mode.vhc" \
         --summary-json "$OUT/$mode.summary.json" \
