@@ -281,8 +281,9 @@ impl RingWriter {
 }
 
 /// A slot of a shared lane, reserved and not yet published (see
-/// [`RingWriter::reserve_in_lane`]).
+/// [`RingWriter::reserve_in_lane`]). One never published holds its lane's reader back.
 #[derive(Debug)]
+#[must_use = "a reserved slot must be published"]
 pub struct ReservedSlot {
     lane: u32,
     pos: u64,
