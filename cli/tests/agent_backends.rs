@@ -185,9 +185,8 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let pid = oom.id();
     let _ = oom.wait();
-    // Exported, and in the published state: the agent hands a new incident to the exporter
-    // just before it publishes the snapshot holding it, so under load the exporter can count
-    // it before the state shows it.
+    // Exported, and in the published state (the agent publishes the snapshot that holds a
+    // new incident, then hands the incident to the exporter).
     let of_pid =
         |s: &Value| s["snapshot"]["incidents"].as_array().and_then(|v| v.iter().find(|i| i["pid"] == pid)).cloned();
     let state = agent.wait_state(Duration::from_secs(30), "the OOM incident to be exported and in the state", |s| {
