@@ -186,6 +186,26 @@ fn fork_and_exec_give_each_process_and_image_its_own_ring() {
     assert!(procs.iter().any(|p| p["cmdline"][0].as_str().is_some_and(|c| c.ends_with("leak"))));
 }
 
+/// A signal handler forks while its thread is inside a driver call, so inside our hook,
+/// and the child goes on from there. The call is the parent's: the child's ring holds only
+/// the child's own calls, call for call against the driver's log, with nothing lost (the
+/// resumed hook once wrote at the parent's lane cursor into the child's new ring), and both
+/// processes exit 0.
+#[test]
+fn a_fork_inside_a_hook_leaves_the_call_to_the_parent_and_the_child_whole() {
+    let t = check_workload("fork_in_handler", &[], &[("VRAMHOOK_SIM_RAISE_AT_BYTES", "8388608")]);
+    let procs = t.summary["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 2, "parent and child: {procs:?}");
+    let parent = procs.iter().find(|p| p["exit_status"] == 0).expect("the parent, exit 0");
+    let child = procs.iter().find(|p| p["ppid"] == parent["pid"]).expect("the child");
+    assert_eq!(parent["final_live_bytes"], 12u64 << 20, "{parent}");
+    assert_eq!(child["final_live_bytes"], 0, "{child}");
+    for p in [parent, child] {
+        assert_eq!(p["lost_in_flight"], 0, "{p}");
+        assert_eq!(p["dropped_events"], 0, "{p}");
+    }
+}
+
 /// ollama's process shape (issue #12, as measured on the H200): a server that never touches
 /// CUDA, a GPU-discovery child that only counts devices, and model runners that dlopen a
 /// backend using the shared cudart and libcuda's VMM calls directly; one runner runs out of

@@ -98,6 +98,10 @@ const LANE_NONE: u8 = 0;
 const LANE_OWNED: u8 = 1;
 /// Lane 0, shared by every thread without a lane of its own (compare-and-swap).
 const LANE_SHARED: u8 = 2;
+/// The process forked while this thread was inside a hook (a signal handler forked): the
+/// call belongs to the parent, which records it; the child records nothing more of it.
+/// The next hook brings the state up to date (`refresh`).
+const LANE_FORKED: u8 = 3;
 
 /// Everything a hook needs of its thread, in one cache line, zero when the thread starts.
 #[repr(C, align(64))]
@@ -292,9 +296,11 @@ impl Hook {
                     w.push_exclusive(&mut s.owned, &raw);
                 }
             }
-        } else if let Some(slot) = reserve_shared(w) {
-            // SAFETY: reserved just now, by this thread.
-            unsafe { w.publish_reserved(slot, &stamp(ev, s.tid)) };
+        } else if s.lane_mode == LANE_SHARED {
+            if let Some(slot) = reserve_shared(w) {
+                // SAFETY: reserved just now, by this thread.
+                unsafe { w.publish_reserved(slot, &stamp(ev, s.tid)) };
+            }
         }
     }
 
@@ -846,16 +852,36 @@ fn prefault_for_writing(map: *mut u8, len: usize) {
 
 /// In the child after fork: forget the parent's ring (never write into it); the child
 /// makes its own at its first CUDA call.
+///
+/// A fork can also happen inside a hook: a signal handler that forks while its thread is in
+/// a driver call, and the child goes on from there. The call is the parent's (it records
+/// it), so the hook the child returns to records nothing more (`LANE_FORKED`; before, it
+/// wrote at the parent's lane cursor into the child's new ring, which then read as lost
+/// events). The parent's mapping stays in that child: a push the signal interrupted may
+/// still hold its addresses, and its stores repeat the parent's own.
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
     for owner in &LANE_OWNERS {
         owner.store(0, Ordering::Relaxed);
     }
     RING.epoch.fetch_add(1, Ordering::Relaxed);
+    let state = thread::state();
+    // SAFETY: the child's only thread, its own state; a hook it interrupted reads the
+    // lane mode again after this handler returns.
+    let forked_inside_a_hook = unsafe {
+        let s = &mut *state;
+        if s.in_hook {
+            s.lane_mode = LANE_FORKED;
+            // Stale on purpose: the next hook's `refresh` takes the tid and a lane anew.
+            s.epoch = 0;
+            s.generation = 0;
+        }
+        s.in_hook
+    };
     if RING.state.load(Ordering::Acquire) == READY {
         let map = RING.map.swap(0, Ordering::Relaxed);
         let len = RING.map_len.load(Ordering::Relaxed);
-        if map != 0 {
+        if map != 0 && !forked_inside_a_hook {
             // SAFETY: unmapping the inherited mapping of the parent's ring in the child.
             unsafe { libc::munmap(map as *mut libc::c_void, len) };
         }

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -261,6 +262,8 @@ static void atfork_child(void) {
     reset_process_state();
 }
 
+static _Atomic u64 g_raise_at_bytes;
+
 __attribute__((constructor)) static void sim_init(void) {
     int n = (int)parse_u64(getenv("VRAMHOOK_SIM_DEVICES"), 1);
     if (n < 1) n = 1;
@@ -269,6 +272,7 @@ __attribute__((constructor)) static void sim_init(void) {
     g_cap = parse_u64(getenv("VRAMHOOK_SIM_VRAM_BYTES"), DEFAULT_CAP);
     g_pool_chunk = round_up(parse_u64(getenv("VRAMHOOK_SIM_POOL_CHUNK_BYTES"), GRAN), GRAN);
     if (!g_pool_chunk) g_pool_chunk = GRAN;
+    atomic_store(&g_raise_at_bytes, parse_u64(getenv("VRAMHOOK_SIM_RAISE_AT_BYTES"), 0));
     const char *f = getenv("VRAMHOOK_SIM_FAST");
     g_fast = f && *f && strcmp(f, "0") != 0;
     const char *ld = getenv("VRAMHOOK_SIM_LOG_DIR");
@@ -614,6 +618,15 @@ static CUresult alloc_common(const char *fn, CUdeviceptr *dptr, u64 size, u64 au
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    /* VRAMHOOK_SIM_RAISE_AT_BYTES=N: a signal that lands inside a driver call. The first
+     * cuMemAlloc_v2 of N bytes raises SIGUSR1 after its work, before it returns (so into
+     * whatever called the driver). A plain load first: other calls pay nothing locked. */
+    u64 at = atomic_load_explicit(&g_raise_at_bytes, memory_order_relaxed);
+    if (at && at == bytesize && atomic_exchange(&g_raise_at_bytes, 0) == at) {
+        CUresult r = alloc_common("cuMemAlloc_v2", dptr, bytesize, 0, K_PLAIN);
+        raise(SIGUSR1);
+        return r;
+    }
     if (g_fast) {
         if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
         if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
