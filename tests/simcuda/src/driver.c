@@ -264,6 +264,24 @@ static void atfork_child(void) {
 
 static _Atomic u64 g_raise_at_bytes;
 
+/* VRAMHOOK_SIM_TOUCH_BYTES=N (with VRAMHOOK_SIM_FAST): each fast cuMemAlloc_v2/cuMemFree_v2
+ * reads N bytes of a buffer of the thread's own, a line at a time, as a real driver's call
+ * walks its own structures: a hook's lines are then no longer in the nearest caches when
+ * the call returns (the H200's real calls cost the hook more than the simulated ones). */
+static u64 g_touch_bytes;
+static __thread unsigned char *tl_touch;
+
+static void touch_like_a_driver(void) {
+    if (!tl_touch) {
+        tl_touch = malloc(g_touch_bytes);
+        if (!tl_touch) return;
+        memset(tl_touch, 1, g_touch_bytes);
+    }
+    u64 sum = 0;
+    for (u64 i = 0; i < g_touch_bytes; i += 64) sum += tl_touch[i];
+    __asm__ volatile("" : : "r"(sum));
+}
+
 __attribute__((constructor)) static void sim_init(void) {
     int n = (int)parse_u64(getenv("VRAMHOOK_SIM_DEVICES"), 1);
     if (n < 1) n = 1;
@@ -273,6 +291,7 @@ __attribute__((constructor)) static void sim_init(void) {
     g_pool_chunk = round_up(parse_u64(getenv("VRAMHOOK_SIM_POOL_CHUNK_BYTES"), GRAN), GRAN);
     if (!g_pool_chunk) g_pool_chunk = GRAN;
     atomic_store(&g_raise_at_bytes, parse_u64(getenv("VRAMHOOK_SIM_RAISE_AT_BYTES"), 0));
+    g_touch_bytes = parse_u64(getenv("VRAMHOOK_SIM_TOUCH_BYTES"), 0);
     const char *f = getenv("VRAMHOOK_SIM_FAST");
     g_fast = f && *f && strcmp(f, "0") != 0;
     const char *ld = getenv("VRAMHOOK_SIM_LOG_DIR");
@@ -630,6 +649,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     if (g_fast) {
         if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
         if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+        if (g_touch_bytes) touch_like_a_driver();
         /* per-thread bump inside 1 GiB chunks taken from a shared atomic: no lock, no sharing */
         static __thread u64 next, end;
         u64 sz = round_up(bytesize, 512);
@@ -707,6 +727,7 @@ static CUresult free_common(const char *fn, CUdeviceptr dptr, int async, CUstrea
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (g_fast) {
         if (!tl_ctx) return g_inited ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NOT_INITIALIZED;
+        if (g_touch_bytes) touch_like_a_driver();
         return dptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     }
     return free_common("cuMemFree_v2", dptr, 0, NULL);
