@@ -215,7 +215,7 @@ POOLS="$HERE/../../scripts/gpu/pools"
 if gcc -O2 -Wall -Werror -o "$PROBE" "$POOLS/overhead_probe.c" -ldl; then
     ov="$HERE/build/overhead.jsonl"
     : > "$ov"
-    for s in malloc async async-threshold pool malloc-then-async; do
+    for s in malloc async async-threshold pool malloc-then-async streams; do
         LD_LIBRARY_PATH="$HERE/build" "$PROBE" "$s" >> "$ov" || bad "overhead_probe $s failed"
     done
     summary=$(python3 "$POOLS/overhead_summary.py" "$ov")
@@ -223,7 +223,7 @@ if gcc -O2 -Wall -Werror -o "$PROBE" "$POOLS/overhead_probe.c" -ldl; then
     steps=$(echo "$rows" | wc -l)
     outside=$(echo "$rows" | awk '{print $NF}' | sort -u | tr '\n' ' ')
     reserve64=$(echo "$summary" | grep -c '^  async 64 MiB  .* 64.0 ' || true)
-    [ "$steps" = 38 ] && [ "$outside" = "0.0 " ] && [ "$reserve64" = 4 ] \
+    [ "$steps" = 44 ] && [ "$outside" = "0.0 " ] && [ "$reserve64" = 4 ] \
         && ok "overhead probe: $steps steps, nothing outside the pools and its own allocations" \
         || bad "overhead probe summary (steps $steps, outside '$outside', 64 MiB reserves $reserve64):
 $summary"

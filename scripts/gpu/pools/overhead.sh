@@ -2,7 +2,7 @@
 # Where the 70 MiB that PyTorch's backend:cudaMallocAsync mode used beyond its pool's reserve
 # on the H200 come from (issue #10; docs/gpu/h200-pools.txt): with nothing traced, the bare
 # driver-API probe (overhead_probe.c: malloc, default pool, default pool with PyTorch's
-# release threshold, a created pool, malloc then the default pool) and PyTorch itself in its
+# release threshold, a created pool, malloc then the default pool, 64 streams) and PyTorch in its
 # three modes, each sampled step by step (pools_probe.py with POOLS_PROBE_STEPS=1).
 #   bash scripts/gpu/pools/overhead.sh OUTDIR        (needs gcc, libcuda; PyTorch for its part)
 # Writes OUTDIR/overhead.jsonl (every step) and OUTDIR/overhead-report.txt (the summary:
@@ -14,7 +14,7 @@ S=scripts/gpu/pools
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 gcc -O2 -Wall -o "$OUT/overhead_probe" $S/overhead_probe.c -ldl || { echo "FAIL overhead_probe.c does not build"; exit 1; }
 : > "$OUT/overhead.jsonl"
-for scenario in malloc async async-threshold pool malloc-then-async; do
+for scenario in malloc async async-threshold pool malloc-then-async streams; do
     "$OUT/overhead_probe" $scenario >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" \
         || echo "FAIL overhead_probe $scenario: exit $?" | tee -a "$OUT/overhead.err"
 done

@@ -6,7 +6,10 @@
 // After each step it prints one JSON line: the device's free bytes (cuMemGetInfo), this
 // process's bytes by NVML (where there is NVML), and the pool's reserved and used bytes.
 //   gcc -O2 -o overhead_probe overhead_probe.c -ldl
-//   ./overhead_probe SCENARIO    (malloc | async | async-threshold | pool | malloc-then-async)
+//   ./overhead_probe SCENARIO    (malloc | async | async-threshold | pool | malloc-then-async | streams)
+// "streams" makes 64 streams and no allocation: PyTorch's async backend takes a stream from
+// its stream pool when it starts on a device, and that pool is 32 streams per priority
+// (c10's getStreamFromPool), which the other two modes never make.
 // The probe's own allocations are 2 MiB (and one of 64 MiB), so every other byte that a
 // step adds to the device's used memory is the driver's.
 #include <dlfcn.h>
@@ -168,7 +171,7 @@ static void async_round(CUstream s, size_t size, int created, const char *alloca
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: overhead_probe malloc|async|async-threshold|pool|malloc-then-async\n");
+        fprintf(stderr, "usage: overhead_probe malloc|async|async-threshold|pool|malloc-then-async|streams\n");
         return 1;
     }
     scenario = argv[1];
@@ -186,6 +189,18 @@ int main(int argc, char **argv) {
     sample("stream");
     const size_t two_mib = 2u << 20;
 
+    if (!strcmp(scenario, "streams")) {
+        char step[32];
+        for (int i = 2; i <= 64; i++) {
+            CUstream extra = 0;
+            check(D.cuStreamCreate(&extra, 0), "cuStreamCreate");
+            if (i == 2 || i == 8 || i == 32 || i == 64) {
+                snprintf(step, sizeof step, "streams made: %d", i);
+                sample(step);
+            }
+        }
+        return 0;
+    }
     if (!strcmp(scenario, "malloc") || !strcmp(scenario, "malloc-then-async")) {
         CUdeviceptr p = 0;
         check(D.cuMemAlloc(&p, two_mib), "cuMemAlloc_v2");

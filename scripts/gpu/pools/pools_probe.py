@@ -7,8 +7,8 @@ per-process used bytes, prints them as one JSON line, and leaves at once (os._ex
 happens after the point, so vramhook's numbers at the end are its numbers at the point).
 
 With POOLS_PROBE_STEPS=1 it also prints a "step" line (the device's free bytes, NVML's bytes
-for this process, memory_reserved()) after CUDA is initialised, after the first 2 MiB tensor
-and after the twenty: where, in each mode, the bytes beyond the allocator's reserve appear.
+for this process, memory_reserved()) after CUDA is initialised, after the first 2 MiB tensor,
+after a torch.cuda.Stream() (PyTorch's stream pool) and after the twenty: where, in each mode, the bytes beyond the allocator's reserve appear.
 
 usage: pools_probe.py MODE [WAIT_S]"""
 import ctypes
@@ -80,6 +80,10 @@ step("initialised")
 # Only with the steps: the program under vramhook stays the one measured before.
 first = torch.empty(2 << 20, dtype=torch.uint8, device="cuda") if STEPS else None
 step("first 2 MiB tensor")
+# A stream from PyTorch's stream pool: the async backend takes one when it starts on a
+# device, which makes the pool's streams; in the other modes this step makes them.
+side = torch.cuda.Stream() if STEPS else None
+step("torch.cuda.Stream()")
 tensors = []
 for i in range(20):
     tensors.append(torch.empty((7 * (i + 1)) << 20, dtype=torch.uint8, device="cuda"))
