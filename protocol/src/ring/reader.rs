@@ -418,7 +418,11 @@ impl RingReader {
         // Taken before any lane is read: the causal watermark.
         let watermark = if writer_gone || self.lanes == 1 { u64::MAX } else { self.clock_now() };
         let now = self.clock.as_ref().map(|c| c.now_pair());
-        let per_lane = (max / self.lanes as usize).max(1);
+        // `max` is shared among the lanes that have something to read: a ring of 16 lanes
+        // (any host of 16 CPUs or more) whose one busy thread writes one lane was read a
+        // sixteenth of `max` per poll, and the agent kept 3 % of that thread's events.
+        let busy = (0..self.lanes).filter(|&lane| self.write_pos(lane) > self.pos[lane as usize]).count();
+        let per_lane = (max / busy.max(1)).max(1);
         // Slots looked at per lane: bounded too, not only those delivered, so a ring whose
         // cursors claim a full lap with nothing published costs little per poll.
         let max_scan = (per_lane as u64).saturating_mul(4).max(1024);

@@ -87,6 +87,31 @@ fn lanes_deliver_everything_once_with_unique_seqs_in_thread_order() {
     }
 }
 
+/// One busy lane of sixteen gets the whole of a poll's `max`, not a sixteenth of it.
+#[test]
+fn a_poll_shares_its_max_among_the_lanes_that_have_events() {
+    let (_ring, writer, mut reader) = setup_lanes(256, 16, 0);
+    let busy = writer.own_lane(5);
+    let mut lane = busy;
+    for i in 0..200u64 {
+        // SAFETY: this test's only writer of lane 5.
+        assert!(unsafe { writer.push_exclusive(&mut lane, &stamped(EventKind::Alloc, 5, i)) });
+    }
+    let mut got = Vec::new();
+    reader.poll(160, false, |e| got.push(e.addr));
+    assert_eq!(got, (0..160).collect::<Vec<_>>(), "one busy lane: the whole max");
+    // Two busy lanes: half each.
+    let mut other = writer.own_lane(9);
+    for i in 0..100u64 {
+        // SAFETY: this test's only writer of lane 9.
+        assert!(unsafe { writer.push_exclusive(&mut other, &stamped(EventKind::Alloc, 9, 1000 + i)) });
+    }
+    got.clear();
+    reader.poll(80, false, |e| got.push(e.addr));
+    assert_eq!(got.iter().filter(|a| **a < 1000).count(), 40, "{got:?}");
+    assert_eq!(got.iter().filter(|a| **a >= 1000).count(), 40, "{got:?}");
+}
+
 #[test]
 fn lanes_keep_causal_order_across_threads() {
     // Thread A allocates and hands the address to thread B, which frees it: the free
