@@ -16,8 +16,6 @@ import ctypes
 
 from . import ring, sampling
 
-_attached = False
-
 
 def _active_devices(count):
     """Ordinals whose primary context is active, asked of the driver (never creating one)."""
@@ -53,8 +51,4 @@ def sample_once(cupy):
 
 
 def attach(cupy):
-    global _attached
-    if _attached:
-        return
-    _attached = True
     sampling.start("cupy", lambda: sample_once(cupy))

@@ -13,8 +13,6 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false the pool grows and a failed growth is one.
 
 from . import ring, sampling
 
-_attached = False
-
 
 def _backends_ready():
     try:
@@ -50,8 +48,4 @@ def sample_once(jax):
 
 
 def attach(jax):
-    global _attached
-    if _attached:
-        return
-    _attached = True
     sampling.start("jax", lambda: sample_once(jax))

@@ -12,9 +12,16 @@ def float_env(name, default):
         return default
 
 
+_started = set()
+
+
 def start(name, sample_once):
     """Calls `sample_once()` every VRAMHOOK_LENS_INTERVAL_S (default 1 s) on a daemon thread,
-    until it raises (the interpreter is shutting down, or the framework is gone)."""
+    until it raises (the interpreter is shutting down, or the framework is gone). Once per
+    `name`: a framework imported again (or through a second hook) keeps its one sampler."""
+    if name in _started:
+        return None
+    _started.add(name)
     interval = float_env("VRAMHOOK_LENS_INTERVAL_S", 1.0)
     if interval <= 0:
         return None

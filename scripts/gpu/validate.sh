@@ -28,8 +28,8 @@ for v in static shared; do
     "$BIN" dump "$R/probe_$v.vhc" > "$R/probe_$v.jsonl"
 done
 
-# shellcheck source=scripts/gpu/torch_modes.sh
-source scripts/gpu/torch_modes.sh
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
 for mode in default expandable async; do
     conf=$(torch_alloc_conf $mode)
     snap=""

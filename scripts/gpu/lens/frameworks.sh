@@ -7,10 +7,10 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-frameworks}}"
 mkdir -p "$OUT"
-BIN="$PWD/.gpu/vramhook"
-export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so" VRAMHOOK_LENS_DIR="$PWD/lens"
-export PYTHONUNBUFFERED=1 VRAMHOOK_LENS_INTERVAL_S=0.5
-[ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
+use_gpu_build --lens
+export VRAMHOOK_LENS_INTERVAL_S=0.5
 S=scripts/gpu/lens
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import cupy; print("cupy", cupy.__version__)'

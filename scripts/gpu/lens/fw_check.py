@@ -4,21 +4,10 @@ import os
 import subprocess
 import sys
 
+import checks
+from checks import check, lines
+
 R, BIN = sys.argv[1], sys.argv[2]
-fails = 0
-
-
-def check(ok, text):
-    global fails
-    print(("PASS " if ok else "FAIL ") + text)
-    fails += 0 if ok else 1
-
-
-def lines(path):
-    try:
-        return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
-    except (OSError, ValueError):
-        return []
 
 
 for fw, code in (("cupy", "cupy"), ("jax", "jax")):
@@ -60,4 +49,4 @@ for fw, code in (("cupy", "cupy"), ("jax", "jax")):
         check(us / 1e4 <= 1.0, "%s: one lens sample costs %.1f us (%.4f%% of a core at 1 s)" % (fw, us, us / 1e4))
     else:
         check(False, "%s: the bench ran" % fw)
-sys.exit(1 if fails else 0)
+sys.exit(1 if checks.fails else 0)

@@ -4,21 +4,14 @@ import os
 import statistics
 import sys
 
+import checks
+from checks import check
+
 R = sys.argv[1]
-fails = 0
-
-
-def check(ok, text):
-    global fails
-    print(("PASS " if ok else "FAIL ") + text)
-    fails += 0 if ok else 1
 
 
 def lines(name):
-    try:
-        return [json.loads(l) for l in open(os.path.join(R, name)) if l.strip().startswith("{")]
-    except OSError:
-        return []
+    return checks.lines(os.path.join(R, name))
 
 
 def report(name):
@@ -78,5 +71,5 @@ if pre and lens:
     check(all(l["lens"] for l in loop if l["mode"] == "lens") and not any(l["lens"] for l in loop if l["mode"] == "preload"), "the lens ran exactly in the lens rounds")
     check(rate >= 10000, "the loop makes at least 10,000 allocations a second")
     check(len(pre) >= 10 and ml / mp <= 1.01, "median step time with the lens within 1% of LD_PRELOAD alone")
-print("%d check(s) failed" % fails if fails else "all checks passed")
-sys.exit(1 if fails else 0)
+print("%d check(s) failed" % checks.fails if checks.fails else "all checks passed")
+sys.exit(1 if checks.fails else 0)

@@ -6,10 +6,9 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-lens}}"
 mkdir -p "$OUT"
-BIN="$PWD/.gpu/vramhook"
-export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so" VRAMHOOK_LENS_DIR="$PWD/lens"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
+use_gpu_build --lens
 S=scripts/gpu
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1

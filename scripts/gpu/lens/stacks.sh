@@ -9,10 +9,9 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-stacks}}"
 mkdir -p "$OUT/run"
-BIN="$PWD/.gpu/vramhook"
-export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so" VRAMHOOK_LENS_DIR="$PWD/lens"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
+use_gpu_build --lens
 S=scripts/gpu/lens
 # --check-only: judge a run made before (the GPU part done, the analysis and checks again).
 if [ "${2:-}" != --check-only ]; then

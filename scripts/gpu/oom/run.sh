@@ -7,10 +7,9 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-oom}}"
 mkdir -p "$OUT"
-BIN="$PWD/.gpu/vramhook"
-export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
+use_gpu_build
 S=scripts/gpu/oom
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, jax; print("torch", torch.__version__, "jax", jax.__version__)' 2>/dev/null; } > "$OUT/env.txt"
@@ -24,8 +23,6 @@ traced() { # name conf -- command...
     echo "$name: exit $? in $((SECONDS - t0)) s"; tail -3 "$OUT/$name.log"
 }
 
-# shellcheck source=scripts/gpu/torch_modes.sh
-source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
     conf=$(torch_alloc_conf $mode)
     traced "torch_${mode}_fragmented" "$conf" -- python3 $S/torch_oom.py fragmented "$OUT"

@@ -11,15 +11,14 @@ set -u
 OUT="${1:-${OUT:-/tmp/vramhook-overhead}}"
 mkdir -p "$OUT"
 S=scripts/gpu/pools
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
 gcc -O2 -Wall -o "$OUT/overhead_probe" $S/overhead_probe.c -ldl || { echo "FAIL overhead_probe.c does not build"; exit 1; }
 : > "$OUT/overhead.jsonl"
 for scenario in malloc async async-threshold pool malloc-then-async streams; do
     "$OUT/overhead_probe" $scenario >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" \
         || echo "FAIL overhead_probe $scenario: exit $?" | tee -a "$OUT/overhead.err"
 done
-# shellcheck source=scripts/gpu/torch_modes.sh
-source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
     PYTORCH_CUDA_ALLOC_CONF="$(torch_alloc_conf $mode)" POOLS_PROBE_STEPS=1 timeout 120 python3 $S/pools_probe.py $mode 0 \
         >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" || echo "FAIL pools_probe $mode: exit $?" | tee -a "$OUT/overhead.err"

@@ -8,13 +8,12 @@
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-pools}}"
 mkdir -p "$OUT"
-BIN="$PWD/.gpu/vramhook"
-export VRAMHOOK_LIB="$PWD/.gpu/libvramhook.so" VRAMHOOK_LENS_DIR="$PWD/lens"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh
+use_gpu_build --lens
 # Samples at most every 200 ms; the program waits 1.5 s before its point, so its
 # torch.cuda.mem_get_info() there always samples the device and the pools.
 export VRAMHOOK_MEMINFO_MS=200
-[ -x "$BIN" ] && [ -f "$VRAMHOOK_LIB" ] || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so" >&2; exit 1; }
 S=scripts/gpu/pools
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'
@@ -22,8 +21,6 @@ S=scripts/gpu/pools
     > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 python3 $S/pools_check_selftest.py | tee "$OUT/pools-report.txt"
-# shellcheck source=scripts/gpu/torch_modes.sh
-source scripts/gpu/torch_modes.sh
 for mode in default expandable async; do
     conf=$(torch_alloc_conf $mode)
     t0=$SECONDS
