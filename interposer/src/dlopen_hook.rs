@@ -43,21 +43,9 @@ mod imp {
         core::ptr::null_mut()
     }
 
-    /// glibc's `dlopen`, found with `dlvsym` (which we do not interpose).
+    /// glibc's `dlopen`.
     fn real_dlopen() -> usize {
-        let mut p = REAL_DLOPEN.load(Ordering::Acquire);
-        if p == 0 {
-            // SAFETY: dlvsym with static NUL-terminated names.
-            unsafe {
-                let mut f = libc::dlvsym(libc::RTLD_NEXT, c"dlopen".as_ptr(), c"GLIBC_2.34".as_ptr());
-                if f.is_null() {
-                    f = libc::dlvsym(libc::RTLD_NEXT, c"dlopen".as_ptr(), c"GLIBC_2.2.5".as_ptr());
-                }
-                p = if f.is_null() { dlopen_unavailable as *const () as usize } else { f as usize };
-            }
-            REAL_DLOPEN.store(p, Ordering::Release);
-        }
-        p
+        crate::dlsym_hook::glibc_function(c"dlopen", &REAL_DLOPEN, dlopen_unavailable as *const () as usize)
     }
 
     /// The link-map namespace of the object that holds `addr`, if the loader says.

@@ -20,20 +20,27 @@ unsafe extern "C" fn dlsym_unavailable(_: *mut c_void, _: *const c_char) -> *mut
     core::ptr::null_mut()
 }
 
-/// glibc's `dlsym`, found with `dlvsym` (which we do not interpose).
-pub fn real_dlsym() -> DlsymFn {
-    let mut p = VRAMHOOK_REAL_DLSYM.load(Ordering::Acquire);
+/// glibc's function `name` (its GLIBC_2.34 version, else GLIBC_2.2.5), found with `dlvsym`,
+/// which we do not interpose, and kept in `cache`; `unavailable` where glibc has neither.
+pub(crate) fn glibc_function(name: &core::ffi::CStr, cache: &AtomicUsize, unavailable: usize) -> usize {
+    let mut p = cache.load(Ordering::Acquire);
     if p == 0 {
-        // SAFETY: dlvsym with static NUL-terminated names.
+        // SAFETY: dlvsym with NUL-terminated names.
         unsafe {
-            let mut f = libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), c"GLIBC_2.34".as_ptr());
+            let mut f = libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"GLIBC_2.34".as_ptr());
             if f.is_null() {
-                f = libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), c"GLIBC_2.2.5".as_ptr());
+                f = libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), c"GLIBC_2.2.5".as_ptr());
             }
-            p = if f.is_null() { dlsym_unavailable as *const () as usize } else { f as usize };
+            p = if f.is_null() { unavailable } else { f as usize };
         }
-        VRAMHOOK_REAL_DLSYM.store(p, Ordering::Release);
+        cache.store(p, Ordering::Release);
     }
+    p
+}
+
+/// glibc's `dlsym`.
+pub fn real_dlsym() -> DlsymFn {
+    let p = glibc_function(c"dlsym", &VRAMHOOK_REAL_DLSYM, dlsym_unavailable as *const () as usize);
     // SAFETY: p is either glibc's dlsym or our stand-in, both with dlsym's ABI.
     unsafe { core::mem::transmute::<usize, DlsymFn>(p) }
 }
