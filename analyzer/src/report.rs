@@ -286,6 +286,12 @@ pub struct ProcessReport {
     /// Live bytes just before it exited (or at the end of the capture if it did not).
     pub final_live_bytes: u64,
     pub final_live_allocations: u64,
+    /// Streams it had made and not destroyed at exit/end, the most it had at once, and the
+    /// driver's device memory for them, which no memory call shows and the driver keeps
+    /// after a stream is destroyed (an estimate: the most at once × per-stream bytes).
+    pub final_streams: u64,
+    pub streams_peak: u64,
+    pub final_stream_bytes: u64,
     pub exited: bool,
     pub exit_status: Option<i32>,
     pub exit_ts_ns: Option<u64>,

@@ -69,6 +69,11 @@ pub fn event_json(e: &Event) -> serde_json::Value {
         o.insert("used".into(), json!(e.pool_used()));
         o.insert("current".into(), json!(e.pool_is_current()));
     }
+    if e.kind() == Some(EventKind::StreamCreate) {
+        let o = v.as_object_mut().expect("an object");
+        o.insert("flags".into(), json!(e.stream_flags()));
+        o.insert("priority".into(), json!(e.stream_priority()));
+    }
     v
 }
 

@@ -20,9 +20,35 @@ struct Tally {
     start_time: u64,
     ppid: u32,
     command: String,
-    /// Live bytes, live allocations, live bytes per device and held bytes (live plus idle
-    /// pool reserve) just before the process ended.
-    at_exit: Option<(u64, u64, BTreeMap<i16, u64>, u64)>,
+    /// What the process held just before it ended.
+    at_exit: Option<AtExit>,
+}
+
+/// A process's numbers just before it ended (the model then releases its memory).
+#[derive(Clone)]
+struct AtExit {
+    live_bytes: u64,
+    live_allocations: u64,
+    by_device: BTreeMap<i16, u64>,
+    /// Live bytes plus the idle reserve of its stream-ordered pools.
+    held_bytes: u64,
+    streams: u64,
+    streams_peak: u64,
+    stream_bytes: u64,
+}
+
+impl AtExit {
+    fn of(p: &vramhook_model::ProcessView) -> AtExit {
+        AtExit {
+            live_bytes: p.live_bytes,
+            live_allocations: p.live_allocations,
+            by_device: p.devices.iter().map(|d| (d.device, d.live_bytes)).collect(),
+            held_bytes: p.held_bytes,
+            streams: p.streams,
+            streams_peak: p.streams_peak,
+            stream_bytes: p.stream_bytes,
+        }
+    }
 }
 
 pub struct Recorder {
@@ -58,6 +84,13 @@ pub struct ProcessReport {
     /// What it held from the device at exit: live bytes plus the idle reserve of its
     /// stream-ordered pools (the driver's figure where sampled).
     pub final_held_bytes: u64,
+    /// Streams it had made and not destroyed at exit, and the most it had at once.
+    pub final_streams: u64,
+    pub streams_peak: u64,
+    /// The driver's device memory for its streams, which no memory call shows and which the
+    /// driver keeps after a stream is destroyed (estimated: the most streams at once × the
+    /// model's `stream_bytes`).
+    pub final_stream_bytes: u64,
     /// Live bytes at exit per device ordinal (-1: device unknown).
     pub final_live_by_device: BTreeMap<i16, u64>,
     pub live_allocations: u64,
@@ -162,8 +195,7 @@ impl Recorder {
         let Some(tally) = self.tallies.get_mut(&pid) else { return };
         let snapshot = self.model.snapshot();
         if let Some(p) = snapshot.processes.iter().rev().find(|p| p.pid == pid && p.start_time == tally.start_time) {
-            let by_device = p.devices.iter().map(|d| (d.device, d.live_bytes)).collect();
-            tally.at_exit = Some((p.live_bytes, p.live_allocations, by_device, p.held_bytes));
+            tally.at_exit = Some(AtExit::of(p));
         }
     }
 
@@ -195,20 +227,21 @@ impl Recorder {
             let sum = |f: fn(&ProcessEnd) -> u64| tally.ends.iter().map(f).sum::<u64>();
             let dropped = sum(|e| e.dropped) + sum(|e| e.lost_in_flight);
             dropped_total += dropped;
+            // At exit, or now for a process still running.
+            let at_exit = tally.at_exit.clone().or_else(|| view.map(AtExit::of));
             processes.push(ProcessReport {
                 pid: *pid,
                 ppid: tally.ppid,
                 command: tally.command.clone(),
                 exit_status: self.exit_statuses.get(pid).copied(),
                 peak_bytes: view.map_or(0, |v| v.peak_bytes),
-                final_live_bytes: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_bytes), |a| a.0),
-                final_held_bytes: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.held_bytes), |a| a.3),
-                final_live_by_device: match (&tally.at_exit, view) {
-                    (Some(a), _) => a.2.clone(),
-                    (None, Some(v)) => v.devices.iter().map(|d| (d.device, d.live_bytes)).collect(),
-                    (None, None) => BTreeMap::new(),
-                },
-                live_allocations: tally.at_exit.as_ref().map_or(view.map_or(0, |v| v.live_allocations), |a| a.1),
+                final_live_bytes: at_exit.as_ref().map_or(0, |a| a.live_bytes),
+                final_held_bytes: at_exit.as_ref().map_or(0, |a| a.held_bytes),
+                final_streams: at_exit.as_ref().map_or(0, |a| a.streams),
+                streams_peak: at_exit.as_ref().map_or(0, |a| a.streams_peak),
+                final_stream_bytes: at_exit.as_ref().map_or(0, |a| a.stream_bytes),
+                live_allocations: at_exit.as_ref().map_or(0, |a| a.live_allocations),
+                final_live_by_device: at_exit.map(|a| a.by_device).unwrap_or_default(),
                 calls: tally
                     .calls
                     .iter()
@@ -288,6 +321,16 @@ pub fn render_text(report: &RunReport) -> String {
                 "",
                 fmt_bytes(p.final_held_bytes),
                 fmt_bytes(p.final_live_bytes)
+            );
+        }
+        if p.streams_peak > 0 {
+            let _ = writeln!(
+                out,
+                "{:>8}  {} streams at the end, {} at most: about {} of driver memory no memory call shows",
+                "",
+                p.final_streams,
+                p.streams_peak,
+                fmt_bytes(p.final_stream_bytes)
             );
         }
         let by_api: Vec<String> = p.calls.iter().map(|(k, v)| format!("{k} {v}")).collect();

@@ -84,3 +84,38 @@ fn idle_pool_reserve_is_reclaimable_at_an_oom() {
     assert_eq!(o["verdict_name"], "reclaimable", "{}", o["explanation"]);
     assert_eq!(o["own_idle_bytes"], 2048 * MIB - LIVE, "{o}");
 }
+
+/// The driver keeps device memory for each stream (about half a MiB on an H200: the 70 MiB
+/// PyTorch's async mode used beyond its pool), and no memory call shows it: every way of
+/// making and destroying a stream is recorded, and the process's streams counted.
+#[test]
+fn streams_are_counted_through_every_entry_point() {
+    let t = trace_workload("streams", &[], &[]);
+    assert_eq!(t.output.status.code(), Some(0), "{}", t.stderr());
+    let live = printed(&t.stdout(), "streams_live");
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    let p = t.process(pid);
+    assert_eq!((p["final_streams"].as_u64(), p["streams_peak"].as_u64()), (Some(live), Some(10)), "{p}");
+    // The driver keeps a destroyed stream's memory for the next (measured on the H200).
+    assert_eq!(p["final_stream_bytes"], 10 * vramhook_model::DEFAULT_STREAM_BYTES, "{p}");
+    assert_eq!(p["final_live_bytes"], MIB, "streams are not live bytes: {p}");
+    let calls = &p["calls"];
+    for (api, n) in
+        [("cuStreamCreate", 7), ("cuStreamCreateWithPriority", 4), ("cuStreamDestroy_v2", 3), ("cuStreamDestroy", 1)]
+    {
+        assert_eq!(calls[api], n, "{api} in {calls}");
+    }
+    assert_eq!(p["failed_calls"], 1, "the create with invalid flags: {p}");
+    let creates: Vec<&Value> = t.events.iter().filter(|e| e["kind"] == "stream_create" && e["result"] == 0).collect();
+    assert_eq!(creates.len(), 10);
+    assert!(creates.iter().all(|e| e["device"] == 0 && e["stream"].as_u64() != Some(0)), "{creates:?}");
+    let priorities: Vec<i64> = creates.iter().filter_map(|e| e["priority"].as_i64()).filter(|p| *p != 0).collect();
+    assert_eq!(priorities, [-4, -5, -6, -2], "cudart's three and the driver's one");
+    assert_eq!(p["anomalies"], 0, "{p}");
+    let text = String::from_utf8_lossy(&t.output.stderr);
+    assert!(text.contains("6 streams at the end, 10 at most: about 5.47 MiB of driver memory"), "{text}");
+    // The same in the analyzer's report of the capture.
+    let out = Command::new(vramhook_bin()).arg("analyze").arg(t.capture()).output().expect("vramhook analyze");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("6 streams at exit/end, 10 at most: about 5.47 MiB"), "{report}");
+}

@@ -264,6 +264,31 @@ hook!(cuMemPoolDestroy(pool: *mut c_void) |r, h| {
     }
 });
 
+hook!(cuStreamCreate(stream: *mut *mut c_void, flags: u32) |r, h| {
+    stream_created(&h, r, Api::cuStreamCreate, stream, flags, 0);
+});
+
+hook!(cuStreamCreateWithPriority(stream: *mut *mut c_void, flags: u32, priority: i32) |r, h| {
+    stream_created(&h, r, Api::cuStreamCreateWithPriority, stream, flags, priority);
+});
+
+hook!(cuStreamDestroy(stream: *mut c_void) |r, h| {
+    h.emit(Event::stream_destroy(Api::cuStreamDestroy, stream as u64).with_result(r as u32));
+});
+
+hook!(cuStreamDestroy_v2(stream: *mut c_void) |r, h| {
+    h.emit(Event::stream_destroy(Api::cuStreamDestroy_v2, stream as u64).with_result(r as u32));
+});
+
+/// A stream made on the current context's device: the model counts the driver's memory
+/// for it, which no memory call shows.
+fn stream_created(h: &Hook, r: CUresult, api: Api, stream: *mut *mut c_void, flags: u32, priority: i32) {
+    // SAFETY: on success the driver wrote the new stream where `stream` points.
+    let handle = if r == 0 && !stream.is_null() { unsafe { *stream as u64 } } else { 0 };
+    let device = thread_device(h, false);
+    h.emit(Event::stream_create(api, handle, flags as u64, priority).on_device(device).with_result(r as u32));
+}
+
 hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) |r, h| {
     let _ = flags;
     let device = location_id(prop);
@@ -563,6 +588,10 @@ pub fn wrapper(f: F) -> *mut c_void {
         F::cuMemGetInfo_v2 => cuMemGetInfo_v2 as *const () as usize,
         F::cuGetProcAddress => cuGetProcAddress as *const () as usize,
         F::cuGetProcAddress_v2 => cuGetProcAddress_v2 as *const () as usize,
+        F::cuStreamCreate => cuStreamCreate as *const () as usize,
+        F::cuStreamCreateWithPriority => cuStreamCreateWithPriority as *const () as usize,
+        F::cuStreamDestroy => cuStreamDestroy as *const () as usize,
+        F::cuStreamDestroy_v2 => cuStreamDestroy_v2 as *const () as usize,
         F::cuCtxSetCurrent => cuCtxSetCurrent as *const () as usize,
         F::cuCtxPushCurrent => cuCtxPushCurrent as *const () as usize,
         F::cuCtxPushCurrent_v2 => cuCtxPushCurrent_v2 as *const () as usize,

@@ -53,6 +53,11 @@ driver_functions! {
     cuMemGetInfo_v2,
     cuGetProcAddress,
     cuGetProcAddress_v2,
+    // Streams: the driver keeps device memory for each (about half a MiB on an H200).
+    cuStreamCreate,
+    cuStreamCreateWithPriority,
+    cuStreamDestroy,
+    cuStreamDestroy_v2,
     // Calls that change which context is current: wrapped only to forget the device a
     // thread's allocations were last attributed to (see sink::Hook::device).
     cuCtxSetCurrent,
@@ -192,6 +197,9 @@ pub fn is_memory_base_name(name: &[u8]) -> bool {
         b"cuIpcOpenMemHandle",
         b"cuIpcCloseMemHandle",
         b"cuMemImportFromShareableHandle",
+        b"cuStreamCreate",
+        b"cuStreamCreateWithPriority",
+        b"cuStreamDestroy",
     ];
     BASES.contains(&name)
 }

@@ -44,6 +44,8 @@ fn sensible_api(kind: u8, sel: usize) -> u16 {
         Some(EventKind::PoolDestroy) => &[Api::cuMemPoolDestroy],
         Some(EventKind::MemInfo) => &[Api::cuMemGetInfo_v2],
         Some(EventKind::PoolSample) => &[Api::cuMemPoolGetAttribute],
+        Some(EventKind::StreamCreate) => &[Api::cuStreamCreate, Api::cuStreamCreateWithPriority],
+        Some(EventKind::StreamDestroy) => &[Api::cuStreamDestroy_v2, Api::cuStreamDestroy],
         _ => &[Api::Interposer],
     };
     list[sel % list.len()].code()
@@ -66,7 +68,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
         .prop_map(|((pid, tid, kind_sel, api_sel, k2, result), (slot, size_i, handle, pool, device, dt))| {
             // Kinds weighted toward the interesting ones; a few unknown codes.
             use EventKind as K;
-            const KINDS: [EventKind; 25] = [
+            const KINDS: [EventKind; 27] = [
                 K::Alloc,
                 K::Alloc,
                 K::Alloc,
@@ -92,6 +94,8 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 K::Dropped,
                 K::Alloc,
                 K::PoolSample,
+                K::StreamCreate,
+                K::StreamDestroy,
             ];
             let kind = match kind_sel {
                 0 => 0,

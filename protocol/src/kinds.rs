@@ -19,6 +19,8 @@
 //! | `pool_trim` | 0 | bytes to keep | 0 | pool |
 //! | `mem_info` | device free bytes | device total bytes | 0 | 0 |
 //! | `pool_sample` | reserved bytes | used bytes | 1: the device's current pool, 0: an explicit one | pool |
+//! | `stream_create` | priority (as `i64`) | 0 | flags | stream |
+//! | `stream_destroy` | 0 | 0 | 0 | stream |
 //! | `process_start` | parent pid | 0 | process start time | 0 |
 //! | `process_exit` | 0 | 0 | 0 | 0 |
 //! | `dropped` | 0 | events lost | of which lost in flight (slots taken, never published) | 0 |
@@ -158,6 +160,10 @@ impl Event {
         /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` and `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`);
         /// `current` when it is its device's current pool (the one `cuMemAllocAsync` uses).
         pool_sample(pool: u64, reserved: u64, used: u64, current: bool) => EventKind::PoolSample, Api::cuMemPoolGetAttribute, [reserved, used, current as u64, pool];
+        /// A stream made (`cuStreamCreate`, `cuStreamCreateWithPriority`; 0 when the call failed).
+        stream_create(api: Api, stream: u64, flags: u64, priority: i32) => EventKind::StreamCreate, api, [priority as i64 as u64, 0, flags, stream];
+        /// A stream destroyed (`cuStreamDestroy`, `cuStreamDestroy_v2`).
+        stream_destroy(api: Api, stream: u64) => EventKind::StreamDestroy, api, [0, 0, 0, stream];
         /// A device sample (`cuMemGetInfo_v2`).
         mem_info(free_bytes: u64, total_bytes: u64) => EventKind::MemInfo, Api::cuMemGetInfo_v2, [free_bytes, total_bytes, 0, 0];
         /// The interposer's first record in a process.
@@ -267,7 +273,11 @@ impl Event {
         let k = self.kind;
         if k == EventKind::Alloc as u8 && self.is_explicit_pool_api() {
             self.aux
-        } else if k == EventKind::Alloc as u8 || k == EventKind::Free as u8 {
+        } else if k == EventKind::Alloc as u8
+            || k == EventKind::Free as u8
+            || k == EventKind::StreamCreate as u8
+            || k == EventKind::StreamDestroy as u8
+        {
             self.stream
         } else {
             0
@@ -350,6 +360,18 @@ impl Event {
     #[inline]
     pub fn pool_is_current(&self) -> bool {
         self.aux != 0
+    }
+
+    /// The priority a `stream_create` asked for (0: the default).
+    #[inline]
+    pub fn stream_priority(&self) -> i32 {
+        self.addr as i64 as i32
+    }
+
+    /// The flags of a `stream_create`.
+    #[inline]
+    pub fn stream_flags(&self) -> u64 {
+        self.aux
     }
 
     /// The parent's pid in a `process_start`.
@@ -535,6 +557,15 @@ mod tests {
                 (e.kind(), e.api(), e.addr, e.size),
                 (Some(EventKind::VmmUnmap), Some(Api::cuMemUnmap), 0x7000, 1 << 21)
             );
+        });
+        check(Event::stream_create(Api::cuStreamCreateWithPriority, 77, 1, -3), &|e| {
+            assert_eq!(
+                (e.kind(), e.api(), e.cuda_stream(), e.stream_flags(), e.stream_priority()),
+                (Some(EventKind::StreamCreate), Some(Api::cuStreamCreateWithPriority), 77, 1, -3)
+            )
+        });
+        check(Event::stream_destroy(Api::cuStreamDestroy_v2, 77), &|e| {
+            assert_eq!((e.kind(), e.cuda_stream(), e.pool()), (Some(EventKind::StreamDestroy), 77, 0))
         });
         check(Event::pool_create(88), &|e| assert_eq!((e.kind(), e.pool()), (Some(EventKind::PoolCreate), 88)));
         check(Event::pool_destroy(88), &|e| assert_eq!((e.kind(), e.pool()), (Some(EventKind::PoolDestroy), 88)));

@@ -118,6 +118,12 @@ code_enum! {
         /// device's current pool (the one `cuMemAllocAsync` uses), the pool in `stream`.
         /// Sampled with the device samples (periodically and after an OOM).
         PoolSample = 21 => "pool_sample",
+        /// A stream made (`cuStreamCreate`, `cuStreamCreateWithPriority`): the stream in
+        /// `stream`, its flags in `aux`, its priority in `addr`. The driver keeps device
+        /// memory for each stream that no memory call shows (about half a MiB on an H200).
+        StreamCreate = 22 => "stream_create",
+        /// A stream destroyed (`cuStreamDestroy`, `cuStreamDestroy_v2`): the stream in `stream`.
+        StreamDestroy = 23 => "stream_destroy",
     }
 }
 
@@ -246,6 +252,10 @@ code_enum! {
         cuIpcOpenMemHandle = 29 => "cuIpcOpenMemHandle",
         /// A pool sample (`cuMemPoolGetAttribute`, reserved and used bytes).
         cuMemPoolGetAttribute = 30 => "cuMemPoolGetAttribute",
+        cuStreamCreate = 31 => "cuStreamCreate",
+        cuStreamCreateWithPriority = 32 => "cuStreamCreateWithPriority",
+        cuStreamDestroy = 33 => "cuStreamDestroy",
+        cuStreamDestroy_v2 = 34 => "cuStreamDestroy_v2",
         /// A framework lens (in-process, e.g. the PyTorch lens) wrote the record.
         Lens = 0xFFFE => "lens",
         Interposer = 0xFFFF => "vramhook",

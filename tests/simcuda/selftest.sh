@@ -215,15 +215,15 @@ POOLS="$HERE/../../scripts/gpu/pools"
 if gcc -O2 -Wall -Werror -o "$PROBE" "$POOLS/overhead_probe.c" -ldl; then
     ov="$HERE/build/overhead.jsonl"
     : > "$ov"
-    for s in malloc async async-threshold pool malloc-then-async streams; do
+    for s in malloc async async-threshold pool malloc-then-async streams priority-streams; do
         LD_LIBRARY_PATH="$HERE/build" "$PROBE" "$s" >> "$ov" || bad "overhead_probe $s failed"
     done
     summary=$(python3 "$POOLS/overhead_summary.py" "$ov")
-    rows=$(echo "$summary" | grep '^  [a-z]' | grep -v '^  step ')
+    rows=$(echo "$summary" | grep '^  [a-z]' | grep -v '^  step ' | sed 's/  *[0-9-]* KiB per stream$//')
     steps=$(echo "$rows" | wc -l)
     outside=$(echo "$rows" | awk '{print $NF}' | sort -u | tr '\n' ' ')
     reserve64=$(echo "$summary" | grep -c '^  async 64 MiB  .* 64.0 ' || true)
-    [ "$steps" = 44 ] && [ "$outside" = "0.0 " ] && [ "$reserve64" = 4 ] \
+    [ "$steps" = 188 ] && [ "$outside" = "0.0 " ] && [ "$reserve64" = 4 ] \
         && ok "overhead probe: $steps steps, nothing outside the pools and its own allocations" \
         || bad "overhead probe summary (steps $steps, outside '$outside', 64 MiB reserves $reserve64):
 $summary"

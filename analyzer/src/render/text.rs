@@ -175,6 +175,16 @@ pub fn render(r: &Report) -> String {
             exit,
             if p.incomplete { " (INCOMPLETE: events lost)" } else { "" }
         );
+        if p.streams_peak > 0 {
+            let _ = writeln!(
+                o,
+                "  {:>7} {} streams at exit/end, {} at most: about {} of driver memory that no memory call shows",
+                "",
+                p.final_streams,
+                p.streams_peak,
+                fmt_bytes(p.final_stream_bytes)
+            );
+        }
     }
 
     if !r.top_holders.is_empty() {

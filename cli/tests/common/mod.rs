@@ -142,6 +142,8 @@ fn reduce(f: &str, get: impl Fn(&str) -> u64, pool: &str) -> Option<Call> {
         "cuMemMap" | "cuMemUnmap" | "cuMemAddressReserve" | "cuMemAddressFree" => (get("addr"), get("size")),
         "cuMemPoolTrimTo" => (get("size"), get(pool)),
         "cuMemPoolCreate" | "cuMemPoolDestroy" => (get(pool), 0),
+        // The driver keeps streams in `aux`, the record in `stream` (the same field as pools).
+        "cuStreamCreate" | "cuStreamCreateWithPriority" | "cuStreamDestroy" | "cuStreamDestroy_v2" => (get(pool), 0),
         _ => return None,
     };
     Some((f.to_string(), get("result"), key.0, key.1))

@@ -21,6 +21,7 @@ mod pools;
 mod process;
 mod queries;
 mod segments;
+mod streams;
 mod vmm;
 
 use process::*;
@@ -361,6 +362,12 @@ struct Process {
     /// only right after their `framework_oom`.
     #[serde(default)]
     lens_segments_for: Option<(usize, i16, bool)>,
+    /// Streams it made and has not destroyed (the keys of `Model::streams` with its pid).
+    #[serde(default)]
+    streams: u64,
+    /// The most it had at once: the driver keeps a destroyed stream's memory for the next.
+    #[serde(default)]
+    streams_peak: u64,
 }
 
 /// Errors of [`Model::restore`].
@@ -375,7 +382,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 3;
+pub const CHECKPOINT_VERSION: u8 = 4;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -390,6 +397,9 @@ pub struct Model {
     handles: FastMap<(u32, u64), Handle>,
     reservations: BTreeMap<(u32, u64), Reservation>,
     pools: BTreeMap<PoolKey, Pool>,
+    /// Each live stream a process made (pid, handle) and its device.
+    #[serde(default)]
+    streams: BTreeMap<(u32, u64), i16>,
     segments: BTreeMap<(u32, u64), Segment>,
     devices: BTreeMap<i16, DeviceSample>,
     incidents: Vec<IncidentState>,
@@ -419,6 +429,7 @@ impl Model {
             handles: FastMap::default(),
             reservations: BTreeMap::new(),
             pools: BTreeMap::new(),
+            streams: BTreeMap::new(),
             segments: BTreeMap::new(),
             devices: BTreeMap::new(),
             incidents: Vec::new(),
@@ -590,6 +601,8 @@ impl Model {
                 EventKind::PoolTrim => self.on_pool_trim(slot, ev),
                 EventKind::MemInfo => self.on_meminfo(slot, ev, ts),
                 EventKind::PoolSample => self.on_pool_sample(slot, ev),
+                EventKind::StreamCreate => self.on_stream_create(slot, ev),
+                EventKind::StreamDestroy => self.on_stream_destroy(slot, ev),
                 EventKind::ProcessExit => {
                     self.close_process(slot, ts);
                     return;

@@ -41,6 +41,8 @@ impl Process {
             frameworks: 0,
             lens: Vec::new(),
             lens_segments_for: None,
+            streams: 0,
+            streams_peak: 0,
         }
     }
 
@@ -255,6 +257,7 @@ impl Model {
         for k in keys {
             self.pools.remove(&k);
         }
+        self.forget_streams(slot);
         let p = &mut self.procs[slot];
         p.alive = false;
         p.exit_ts = Some(ts);
@@ -285,6 +288,7 @@ pub(super) fn process_view_of(
     p: &Process,
     idle: u64,
     (pool_idle, pool_reserve): (u64, u64),
+    stream_bytes_each: u64,
     sizes: Histogram,
     ages: Histogram,
 ) -> ProcessView {
@@ -316,6 +320,9 @@ pub(super) fn process_view_of(
         idle_bytes: idle,
         pool_reserve_bytes: pool_reserve,
         held_bytes: p.live_bytes.saturating_add(pool_idle),
+        streams: p.streams,
+        streams_peak: p.streams_peak,
+        stream_bytes: p.streams_peak.saturating_mul(stream_bytes_each),
         largest_free_span: largest,
         free_in_arenas: p.free_in_arenas,
         fragmentation: fragmentation(largest, p.free_in_arenas),

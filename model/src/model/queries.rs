@@ -44,7 +44,7 @@ impl Model {
         if current {
             si = si.saturating_add(self.lens_idle(p, -1));
         }
-        Some((slot, process_view_of(p, pi.saturating_add(si), (pi, pr), sizes, ages)))
+        Some((slot, process_view_of(p, pi.saturating_add(si), (pi, pr), self.config.stream_bytes, sizes, ages)))
     }
 
     /// The full state. O(live allocations + arenas).
@@ -119,7 +119,14 @@ impl Model {
             } else {
                 Histogram::new(&self.config.age_buckets_ns)
             };
-            processes.push(process_view_of(p, pi.saturating_add(si), (pi, pr), size_histogram, age_histogram));
+            processes.push(process_view_of(
+                p,
+                pi.saturating_add(si),
+                (pi, pr),
+                self.config.stream_bytes,
+                size_histogram,
+                age_histogram,
+            ));
         }
         let mut ordinals: Vec<i16> = self.devices.keys().copied().collect();
         ordinals.extend(dev_resident.keys().copied());

@@ -15,7 +15,7 @@ S=scripts/gpu/pools
 source scripts/gpu/common.sh
 gcc -O2 -Wall -o "$OUT/overhead_probe" $S/overhead_probe.c -ldl || { echo "FAIL overhead_probe.c does not build"; exit 1; }
 : > "$OUT/overhead.jsonl"
-for scenario in malloc async async-threshold pool malloc-then-async streams; do
+for scenario in malloc async async-threshold pool malloc-then-async streams priority-streams; do
     "$OUT/overhead_probe" $scenario >> "$OUT/overhead.jsonl" 2>> "$OUT/overhead.err" \
         || echo "FAIL overhead_probe $scenario: exit $?" | tee -a "$OUT/overhead.err"
 done

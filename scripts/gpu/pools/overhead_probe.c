@@ -6,11 +6,15 @@
 // After each step it prints one JSON line: the device's free bytes (cuMemGetInfo), this
 // process's bytes by NVML (where there is NVML), and the pool's reserved and used bytes.
 //   gcc -O2 -o overhead_probe overhead_probe.c -ldl
-//   ./overhead_probe SCENARIO    (malloc | async | async-threshold | pool | malloc-then-async | streams)
-// "streams" makes 64 streams and no allocation: PyTorch's async backend takes a stream from
-// its stream pool when it starts on a device, and that pool is 32 streams per priority
-// level (c10's getStreamFromPool), which the other two modes never make. The steps at 2, 8,
-// 32 and 64 streams give the bytes per stream.
+//   ./overhead_probe SCENARIO    (malloc | async | async-threshold | pool | malloc-then-async |
+//                                  streams | priority-streams)
+// "streams" makes 128 streams and no allocation, then destroys them; "priority-streams" the
+// same with cuStreamCreateWithPriority, 32 per priority level, as PyTorch's stream pool
+// does (c10's getStreamFromPool, which its async backend calls when it starts on a device
+// and the other two modes only when the program asks for a stream). The steps give the
+// bytes per stream, then all are destroyed and 128 made again. Measured on the H200 (driver
+// 580): 64 streams 34 MiB, 128 70 MiB (PyTorch's stream pool: the 70 MiB its async mode used
+// beyond its pool), and destroying them gave nothing back.
 // The probe's own allocations are 2 MiB (and one of 64 MiB), so every other byte that a
 // step adds to the device's used memory is the driver's.
 #include <dlfcn.h>
@@ -57,6 +61,8 @@ static struct {
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuStreamCreate)(CUstream *, unsigned);
+    CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned, int);
+    CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamSynchronize)(CUstream);
     CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, int);
     CUresult (*cuMemPoolCreate)(CUmemoryPool *, const PoolProps *);
@@ -109,6 +115,8 @@ static void load(void) {
     *(void **)&D.cuMemAlloc = need(cuda, "cuMemAlloc_v2");
     *(void **)&D.cuMemFree = need(cuda, "cuMemFree_v2");
     *(void **)&D.cuStreamCreate = need(cuda, "cuStreamCreate");
+    *(void **)&D.cuStreamCreateWithPriority = need(cuda, "cuStreamCreateWithPriority");
+    *(void **)&D.cuStreamDestroy = need(cuda, "cuStreamDestroy_v2");
     *(void **)&D.cuStreamSynchronize = need(cuda, "cuStreamSynchronize");
     *(void **)&D.cuDeviceGetDefaultMemPool = need(cuda, "cuDeviceGetDefaultMemPool");
     *(void **)&D.cuMemPoolCreate = need(cuda, "cuMemPoolCreate");
@@ -172,7 +180,7 @@ static void async_round(CUstream s, size_t size, int created, const char *alloca
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: overhead_probe malloc|async|async-threshold|pool|malloc-then-async|streams\n");
+        fprintf(stderr, "usage: overhead_probe malloc|async|async-threshold|pool|malloc-then-async|streams|priority-streams\n");
         return 1;
     }
     scenario = argv[1];
@@ -190,16 +198,28 @@ int main(int argc, char **argv) {
     sample("stream");
     const size_t two_mib = 2u << 20;
 
-    if (!strcmp(scenario, "streams")) {
-        char step[32];
-        for (int i = 2; i <= 64; i++) {
-            CUstream extra = 0;
-            check(D.cuStreamCreate(&extra, 0), "cuStreamCreate");
-            if (i == 2 || i == 8 || i == 32 || i == 64) {
+    if (!strcmp(scenario, "streams") || !strcmp(scenario, "priority-streams")) {
+        // PyTorch's stream pool: cudaStreamCreateWithPriority, 32 per priority level.
+        int with_priority = !strcmp(scenario, "priority-streams");
+        static CUstream made[128];
+        char step[40];
+        for (int i = 1; i <= 128; i++) {
+            if (with_priority)
+                check(D.cuStreamCreateWithPriority(&made[i - 1], 1, -((i - 1) / 32)), "cuStreamCreateWithPriority");
+            else
+                check(D.cuStreamCreate(&made[i - 1], 0), "cuStreamCreate");
+            // Every count for plain streams (where the driver's chunks begin), a few with priorities.
+            if (!with_priority || i <= 5 || i == 8 || i == 9 || i == 16 || i == 17 || i == 32 || i == 33 || i == 64 ||
+                i == 96 || i == 128) {
                 snprintf(step, sizeof step, "streams made: %d", i);
                 sample(step);
             }
         }
+        for (int i = 0; i < 128; i++) check(D.cuStreamDestroy(made[i]), "cuStreamDestroy_v2");
+        sample("all 128 destroyed");
+        // Whether the driver gives their memory to new streams or takes more.
+        for (int i = 0; i < 128; i++) check(D.cuStreamCreate(&made[i], 0), "cuStreamCreate");
+        sample("made again: 128");
         return 0;
     }
     if (!strcmp(scenario, "malloc") || !strcmp(scenario, "malloc-then-async")) {

@@ -48,7 +48,12 @@ def main():
             reserve = max(r.get("pool_reserved") or 0, 0)
             # The probe's live cuMemAlloc bytes (PyTorch's reserve has its segments in it).
             outside = used - reserve - r.get("malloc_live", 0)
-            print(f"  {r['step']:40} {mib(used)} {mib(r.get('nvml_used'))} {mib(reserve)} {mib(outside)}")
+            per = ""
+            if r["step"].startswith("streams made: "):
+                # The stream the probe made first is in its "stream" step, the base here.
+                n = int(r["step"].split(": ")[1])
+                per = f"  {outside / n / 1024:7.0f} KiB per stream"
+            print(f"  {r['step']:40} {mib(used)} {mib(r.get('nvml_used'))} {mib(reserve)} {mib(outside)}{per}")
     return 0
 
 

@@ -3,7 +3,11 @@ allocator modes: vramhook's bytes for the process at the program's point (`final
 of `vramhook run --summary-json`: live bytes plus the idle reserve of its stream-ordered pools,
 the driver's figure as sampled there) equal torch.cuda.memory_reserved(); and NVML's
 per-process used bytes minus vramhook's bytes (the context, modules and library workspaces)
-agree across the modes within 1 %. Prints PASS/FAIL lines with the numbers; exit 1 on a FAIL.
+agree across the modes within 1 %. vramhook's bytes there are the held bytes plus the driver's
+memory for the streams the process made (`final_stream_bytes`: PyTorch's async mode makes its
+128-stream pool when it starts on a device, the other two modes only when the program asks
+for a stream, and no memory call shows the 70 MiB they take). Prints PASS/FAIL lines with the
+numbers; exit 1 on a FAIL.
 
 usage: pools_check.py RESULTS_DIR"""
 import json
@@ -62,9 +66,11 @@ def check(d):
         if point.get("nvml_used") is None:
             verdict(False, "%s: NVML listed no usage for the program (%s)" % (mode, point.get("nvml_processes")))
             continue
-        overhead[mode] = point["nvml_used"] - held
-        print("     %s: NVML %s (%s, %s) − vramhook %s = %s" % (mode, point["nvml_used"], point.get("nvml_source"),
-                                                           point.get("nvml_match"), held, overhead[mode]))
+        streams, stream_bytes = proc.get("final_streams", 0), proc.get("final_stream_bytes", 0)
+        overhead[mode] = point["nvml_used"] - held - stream_bytes
+        print("     %s: NVML %s (%s, %s) − vramhook %s (held %s + %s streams %s) = %s; without the streams %s"
+              % (mode, point["nvml_used"], point.get("nvml_source"), point.get("nvml_match"), held + stream_bytes,
+                 held, streams, stream_bytes, overhead[mode], point["nvml_used"] - held))
     if len(overhead) == len(MODES):
         lo, hi = min(overhead.values()), max(overhead.values())
         mean = sum(overhead.values()) / len(overhead)

@@ -111,6 +111,10 @@ pub struct Reference {
     res: Vec<R>,
     maps: Vec<M>,
     pools: Vec<Pl>,
+    /// Live streams: (pid, handle).
+    streams: Vec<(u32, u64)>,
+    /// The most live streams each process had at once.
+    stream_peaks: BTreeMap<u32, u64>,
     segs: Vec<S>,
     samples: Vec<(i16, u64, u64, u64)>,
     incidents: Vec<I>,
@@ -157,6 +161,8 @@ impl Reference {
             res: vec![],
             maps: vec![],
             pools: vec![],
+            streams: vec![],
+            stream_peaks: BTreeMap::new(),
             segs: vec![],
             samples: vec![],
             incidents: vec![],
@@ -458,6 +464,15 @@ impl Reference {
                         }
                     }
                 }
+                EventKind::StreamCreate => {
+                    if ev.stream != 0 && !self.streams.contains(&(ev.pid, ev.stream)) {
+                        self.streams.push((ev.pid, ev.stream));
+                        let live = self.streams.iter().filter(|s| s.0 == ev.pid).count() as u64;
+                        let peak = self.stream_peaks.entry(ev.pid).or_default();
+                        *peak = (*peak).max(live);
+                    }
+                }
+                EventKind::StreamDestroy => self.streams.retain(|s| *s != (ev.pid, ev.stream)),
                 EventKind::ProcessExit => {
                     self.close(slot, ts);
                     return;
@@ -642,6 +657,8 @@ impl Reference {
         self.res.retain(|a| a.pid != pid);
         self.maps.retain(|a| a.pid != pid);
         self.pools.retain(|a| a.pid != pid);
+        self.streams.retain(|s| s.0 != pid);
+        self.stream_peaks.remove(&pid);
         self.segs.retain(|a| a.pid != pid);
         let p = &mut self.procs[slot];
         p.alive = false;
@@ -1033,6 +1050,10 @@ impl Reference {
                 idle_bytes: idle,
                 pool_reserve_bytes: pool_res,
                 held_bytes: live.saturating_add(pool_idle),
+                streams: self.streams.iter().filter(|s| current && s.0 == p.pid).count() as u64,
+                streams_peak: if current { self.stream_peaks.get(&p.pid).copied().unwrap_or(0) } else { 0 },
+                stream_bytes: if current { self.stream_peaks.get(&p.pid).copied().unwrap_or(0) } else { 0 }
+                    * self.cfg.stream_bytes,
                 largest_free_span: largest,
                 free_in_arenas: free,
                 fragmentation: fragmentation(largest, free),

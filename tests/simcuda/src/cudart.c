@@ -29,6 +29,7 @@ static struct {
     CUresult (*cuCtxSetCurrent)(CUcontext);
     CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuStreamCreate)(CUstream *, unsigned);
+    CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned, int);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
@@ -122,6 +123,7 @@ static cudaError_t do_init_locked(void) {
     R(cuCtxSetCurrent, "cuCtxSetCurrent", 12000, 0);
     R(cuCtxSynchronize, "cuCtxSynchronize", 12000, 0);
     R(cuStreamCreate, "cuStreamCreate", 12000, 0);
+    R(cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 12000, 0);
     R(cuStreamDestroy, "cuStreamDestroy", 12000, 0);
     R(cuMemAlloc, "cuMemAlloc", 13000, 0);
     R(cuMemFree, "cuMemFree", 13000, 0);
@@ -225,6 +227,12 @@ EXPORT cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
     ENSURE();
     if (!pStream) return ret(cudaErrorInvalidValue);
     return ret(map_err(D.cuStreamCreate((CUstream *)pStream, 0)));
+}
+
+EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority) {
+    ENSURE();
+    if (!pStream) return ret(cudaErrorInvalidValue);
+    return ret(map_err(D.cuStreamCreateWithPriority((CUstream *)pStream, flags, priority)));
 }
 
 EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {

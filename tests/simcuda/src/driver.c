@@ -507,28 +507,59 @@ EXPORT CUresult cuCtxSynchronize(void) {
     return r;
 }
 
-EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+/* Stream calls go to the log too (the stream in aux, as pools): vramhook counts streams,
+ * whose device memory no memory call shows. */
+static CUresult stream_create(const char *fname, CUstream *phStream, unsigned int Flags, int priority) {
     int dev;
     CUresult r = cur_dev(&dev);
     if (r) return r;
-    if (!phStream || Flags > 1) return CUDA_ERROR_INVALID_VALUE;
-    struct stream *s = calloc(1, sizeof *s);
-    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
-    s->magic = STREAM_MAGIC;
-    s->dev = dev;
-    *phStream = (CUstream)s;
-    return CUDA_SUCCESS;
+    struct stream *s = NULL;
+    if (!phStream || Flags > 1) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!(s = calloc(1, sizeof *s))) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        s->magic = STREAM_MAGIC;
+        s->dev = dev;
+        *phStream = (CUstream)s;
+    }
+    pthread_mutex_lock(&mu);
+    return log_unlock(fname, r, (u64)(int64_t)priority, 0, (u64)(uintptr_t)s, dev);
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    return stream_create("cuStreamCreate", phStream, Flags, 0);
+}
+
+/* Any priority is taken (the real driver clamps it to its range, 0 to -5 on an H200). */
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+    return stream_create("cuStreamCreateWithPriority", phStream, flags, priority);
+}
+
+static CUresult stream_destroy(const char *fname, CUstream hStream);
+
+#undef cuStreamDestroy /* cuda.h maps the name to _v2; libcuda exports both */
+CUresult cuStreamDestroy(CUstream hStream);
+EXPORT CUresult cuStreamDestroy(CUstream hStream) {
+    return stream_destroy("cuStreamDestroy", hStream);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+    return stream_destroy("cuStreamDestroy_v2", hStream);
+}
+
+static CUresult stream_destroy(const char *fname, CUstream hStream) {
     int dev;
     CUresult r = cur_dev(&dev);
     if (r) return r;
-    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD || !stream_ok(hStream))
-        return CUDA_ERROR_INVALID_HANDLE;
-    ((struct stream *)hStream)->magic = 0;
-    free(hStream);
-    return CUDA_SUCCESS;
+    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD || !stream_ok(hStream)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        ((struct stream *)hStream)->magic = 0;
+        free(hStream);
+    }
+    pthread_mutex_lock(&mu);
+    return log_unlock(fname, r, 0, 0, (u64)(uintptr_t)hStream, dev);
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
@@ -1440,7 +1471,8 @@ static const struct proc_entry *proc_table(size_t *n) {
         SYM(cuCtxGetDevice, 2000),
         SYM(cuCtxSynchronize, 2000),
         SYM(cuStreamCreate, 2000),
-        SYM_V2(cuStreamDestroy, 2000, 4000),
+        SYM(cuStreamCreateWithPriority, 5050),
+        SYM_AND_V2(cuStreamDestroy, 2000, 4000),
         SYM(cuStreamSynchronize, 2000),
         SYM_AND_V2(cuGetProcAddress, 11030, 12000),
         SYM(cuGetErrorName, 6000),
