@@ -81,7 +81,7 @@ missing=""
 nlisted=0
 for s in cuInit cuDriverGetVersion cuDeviceGet cuDeviceGetCount cuDeviceTotalMem_v2 cuDevicePrimaryCtxRetain \
     cuDevicePrimaryCtxRelease_v2 cuCtxCreate_v2 cuCtxSetCurrent cuCtxGetCurrent cuCtxGetDevice cuCtxSynchronize \
-    cuStreamCreate cuStreamDestroy_v2 cuStreamSynchronize cuGetProcAddress cuGetProcAddress_v2 cuGetErrorName \
+    cuStreamCreate cuStreamCreateWithPriority cuStreamDestroy cuStreamDestroy_v2 cuStreamSynchronize cuGetProcAddress cuGetProcAddress_v2 cuGetErrorName \
     cuMemGetInfo_v2 cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged cuMemFree_v2 cuMemAllocAsync \
     cuMemAllocAsync_ptsz cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemFreeAsync cuMemFreeAsync_ptsz \
     cuMemPoolCreate cuMemPoolDestroy cuMemPoolTrimTo cuDeviceGetDefaultMemPool cuMemGetAllocationGranularity \
