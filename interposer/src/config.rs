@@ -20,7 +20,7 @@ pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
 /// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
 /// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
-/// (and two experiments, `SKIP_CHECK`, `PREFETCH_BEFORE`).
+/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`).
 #[cfg(feature = "bench-parts")]
 static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
 pub const SKIP_CLOCK: u64 = 1;
@@ -30,6 +30,9 @@ pub const SKIP_DEVICE: u64 = 4;
 pub const SKIP_CHECK: u64 = 8;
 /// Not a part left out: the next slot's line asked for before the driver is called.
 pub const PREFETCH_BEFORE: u64 = 16;
+/// Not a part left out: the physical floor #15 names instead of the record, a time stamp
+/// and one 64-byte store (to a line of the thread's own, not the ring).
+pub const FLOOR: u64 = 32;
 
 /// Whether the benchmark build was told to leave `part` out (always false otherwise).
 #[inline(always)]

@@ -43,7 +43,7 @@ mod writer;
 
 pub use file::{MappedRing, DEFAULT_MAX_RING_BYTES};
 pub use reader::{PollStats, RingCounters, RingError, RingInfo, RingReader};
-pub use writer::{OwnedLane, ReservedSlot, RingWriter};
+pub use writer::{ExclusiveSlot, OwnedLane, ReservedSlot, RingWriter};
 
 pub const RING_MAGIC: [u8; 8] = *b"VRHKRING";
 pub const RING_VERSION: u32 = 1;

@@ -112,6 +112,36 @@ fn a_poll_shares_its_max_among_the_lanes_that_have_events() {
     assert_eq!(got.iter().filter(|a| **a >= 1000).count(), 40, "{got:?}");
 }
 
+/// An owned lane's push split in two (the interposer looks at the slot before it reads the
+/// clock): what is published is what one push publishes, and a full lane refuses the
+/// reservation, counting the drop, until the reader frees a slot.
+#[test]
+fn an_owned_lanes_reservation_publishes_like_a_push_and_refuses_when_full() {
+    let (_ring, writer, mut reader) = setup_lanes(16, 2, 0);
+    let mut lane = writer.own_lane(1);
+    for i in 0..16u64 {
+        // SAFETY: this test's only writer of lane 1; each slot is published at once.
+        let slot = unsafe { writer.reserve_exclusive(&mut lane) }.expect("room");
+        unsafe { writer.publish_exclusive(&mut lane, slot, &stamped(EventKind::Alloc, 1, i)) };
+    }
+    // SAFETY: as above.
+    assert!(unsafe { writer.reserve_exclusive(&mut lane) }.is_none(), "sixteen slots, all unread");
+    assert_eq!(reader.counters().dropped, 1);
+    let mut got = Vec::new();
+    let mut dropped = 0;
+    reader.poll(usize::MAX, true, |e| match e.kind() {
+        Some(EventKind::Dropped) => dropped += e.dropped_count(),
+        _ => got.push((e.tid, e.addr)),
+    });
+    assert_eq!(got, (0..16).map(|i| (1, i)).collect::<Vec<_>>());
+    assert_eq!(dropped, 1, "the reader reports the drop");
+    // SAFETY: as above.
+    assert!(unsafe { writer.push_exclusive(&mut lane, &stamped(EventKind::Free, 1, 9)) }, "room again");
+    got.clear();
+    reader.poll(usize::MAX, true, |e| got.push((e.tid, e.addr)));
+    assert_eq!(got, [(1, 9)]);
+}
+
 #[test]
 fn lanes_keep_causal_order_across_threads() {
     // Thread A allocates and hands the address to thread B, which frees it: the free

@@ -186,7 +186,40 @@ impl RingWriter {
     #[doc(hidden)]
     #[inline(always)]
     pub unsafe fn push_exclusive_checked<const CHECK: bool>(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
-        let (mut pos, slots) = (lane.next, lane.slots);
+        // SAFETY: as this function's.
+        match unsafe { self.reserve_exclusive_checked::<CHECK>(lane) } {
+            Some(slot) => {
+                // SAFETY: reserved just now, in this lane.
+                unsafe { self.publish_exclusive(lane, slot, record) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The reserving half of [`Self::push_exclusive`]: the lane's next free slot, or `None`
+    /// when the lane was full and the event was dropped (and counted). Split so that a
+    /// caller can look at the slot (a load that may miss the cache after a driver call)
+    /// before it reads the clock, whose cost the load's latency then hides behind.
+    ///
+    /// # Safety
+    /// As for `push_exclusive`; the slot is published with [`Self::publish_exclusive`]
+    /// before anything else is pushed to the lane.
+    #[inline(always)]
+    pub unsafe fn reserve_exclusive(&self, lane: &mut OwnedLane) -> Option<ExclusiveSlot> {
+        // SAFETY: as this function's.
+        unsafe { self.reserve_exclusive_checked::<true>(lane) }
+    }
+
+    /// `reserve_exclusive`, where `CHECK` false skips the look at the slot's stamp (see
+    /// `push_exclusive_checked`).
+    ///
+    /// # Safety
+    /// As for `reserve_exclusive`; with `CHECK` false, the lane must have room.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub unsafe fn reserve_exclusive_checked<const CHECK: bool>(&self, lane: &mut OwnedLane) -> Option<ExclusiveSlot> {
+        let mut pos = lane.next;
         // Computed once, before the stamp's acquire load (after it, whatever the address
         // is made of would be loaded again).
         let mut slot = lane.slot(pos, self.capacity);
@@ -195,14 +228,21 @@ impl RingWriter {
             || unsafe { &*(slot as *const AtomicU64) }.load(Ordering::Acquire) == (pos >> self.shift).wrapping_mul(2);
         if !free {
             // SAFETY: as this function's.
-            match unsafe { self.next_free_slot(lane) } {
-                Some(p) => {
-                    pos = p;
-                    slot = lane.slot(pos, self.capacity);
-                }
-                None => return false,
-            }
+            pos = unsafe { self.next_free_slot(lane) }?;
+            slot = lane.slot(pos, self.capacity);
         }
+        Some(ExclusiveSlot { slot, pos })
+    }
+
+    /// Writes `record` into a slot [`Self::reserve_exclusive`] gave, publishes it, and
+    /// moves the lane's cursor past it.
+    ///
+    /// # Safety
+    /// `slot` came from `reserve_exclusive` on this `lane`, and nothing was pushed to the
+    /// lane since.
+    #[inline(always)]
+    pub unsafe fn publish_exclusive(&self, lane: &mut OwnedLane, slot: ExclusiveSlot, record: &RawRecord) {
+        let ExclusiveSlot { slot, pos } = slot;
         // One place takes the record, after the slow path has joined again: the record
         // then goes from registers into the slot.
         // SAFETY: the slot is free and the lane ours.
@@ -212,8 +252,7 @@ impl RingWriter {
         // SAFETY: the lane's cursor, a word of the mapped header.
         unsafe { &*lane.write_pos }.store(next, Ordering::Release);
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(slots, next, self.capacity - 1) };
-        true
+        unsafe { prefetch_ahead(lane.slots, next, self.capacity - 1) };
     }
 
     /// Asks for the line of the lane's next slot, owned (a hint, for the `bench-parts` build).
@@ -286,6 +325,15 @@ impl RingWriter {
 #[must_use = "a reserved slot must be published"]
 pub struct ReservedSlot {
     lane: u32,
+    pos: u64,
+}
+
+/// A slot of an owned lane, reserved and not yet published (see
+/// [`RingWriter::reserve_exclusive`]).
+#[derive(Debug)]
+#[must_use = "a reserved slot must be published"]
+pub struct ExclusiveSlot {
+    slot: *mut u8,
     pos: u64,
 }
 
