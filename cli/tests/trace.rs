@@ -230,12 +230,11 @@ fn ollama_shape_silent_server_and_discovery_runners_traced_and_a_restart() {
         .filter(|f| f["frame"] == "process")
         .map(|f| (f["pid"].as_u64().expect("pid") as u32, f))
         .collect();
-    // Only the three runners have rings: neither the server nor the discovery child.
-    assert_eq!(
-        procs.keys().copied().collect::<Vec<_>>(),
-        vec![pids["a"], pids["b"], pids["b2"]],
-        "pids {pids:?}, frames {procs:?}"
-    );
+    // Only the three runners have rings: neither the server nor the discovery child. (As
+    // sets: pids wrap around, so the runners' pids need not rise in the order they started.)
+    let mut runners = vec![pids["a"], pids["b"], pids["b2"]];
+    runners.sort_unstable();
+    assert_eq!(procs.keys().copied().collect::<Vec<_>>(), runners, "pids {pids:?}, frames {procs:?}");
     for p in procs.values() {
         assert_eq!(p["cmdline"][1], "runner", "{p}");
         assert_eq!(t.process(p["pid"].as_u64().expect("pid") as u32)["ppid"].as_u64(), Some(pids["serve"] as u64));
