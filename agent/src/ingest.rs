@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vramhook_model::{Model, ModelConfig, ModelSnapshot, OomIncident};
+use vramhook_model::{Model, ModelSnapshot, OomIncident};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
 
@@ -148,7 +148,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             add(&stats.dropped_recovered, r.model.snapshot().processes.iter().map(|p| p.dropped_events).sum());
             (r.model, r.rings, r.ended)
         }
-        None => (Model::new(ModelConfig::default()), BTreeMap::new(), BTreeSet::new()),
+        None => (Model::new(crate::model_config()), BTreeMap::new(), BTreeSet::new()),
     };
     let recovered_rings: BTreeSet<RingKey> = recorded.keys().copied().collect();
     // Writer drops recorded per ring (compared with what the ring says was reported).

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use vramhook_model::{Model, ModelConfig};
+use vramhook_model::{Model, ModelConfig, DEFAULT_STREAM_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -103,7 +103,7 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         .build()
         .map_err(AgentError::Runtime)?;
     let stats = Arc::new(stats::AgentStats::default());
-    let (snap_tx, snap_rx) = tokio::sync::watch::channel(Arc::new(Model::new(ModelConfig::default()).snapshot()));
+    let (snap_tx, snap_rx) = tokio::sync::watch::channel(Arc::new(Model::new(model_config()).snapshot()));
     let ring_dir = cfg.ingest.ring_dir.display().to_string();
 
     let recovered = match (&cfg.capture, cfg.recover) {
@@ -216,4 +216,25 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     }
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// `VRAMHOOK_STREAM_BYTES`: the device bytes the driver keeps per stream, which the model
+/// counts for each process's streams (default [`DEFAULT_STREAM_BYTES`], measured on an H200
+/// with driver 580; another GPU or driver may keep another amount).
+pub const STREAM_BYTES_ENV: &str = "VRAMHOOK_STREAM_BYTES";
+
+/// The model's configuration for this run: the defaults, with the per-stream bytes from
+/// [`STREAM_BYTES_ENV`] where it is set (a value that is not a number of bytes is reported
+/// once and the default kept). The agent, `run`, `top` and `analyze` all take it from here.
+pub fn model_config() -> ModelConfig {
+    let mut config = ModelConfig::default();
+    if let Ok(v) = std::env::var(STREAM_BYTES_ENV) {
+        match v.trim().parse::<u64>() {
+            Ok(bytes) => config.stream_bytes = bytes,
+            Err(_) => eprintln!(
+                "vramhook: {STREAM_BYTES_ENV}={v:?} is not a number of bytes; using {DEFAULT_STREAM_BYTES} per stream"
+            ),
+        }
+    }
+    config
 }

@@ -81,7 +81,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         pids: args.pids.clone(),
         max_points: args.points.clamp(16, 100_000),
         max_items: args.max_items.max(1),
-        ..Options::default()
+        model: vramhook_agent::model_config(),
     };
     // Captures from several hosts: each host through its own model, and the fleet.
     if vramhook_analyzer::fleet::host_count(&args.files) >= 2 {

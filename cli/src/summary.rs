@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use vramhook_agent::rings::SourceItem;
-use vramhook_model::{display_command, fmt_bytes, Model, ModelConfig};
+use vramhook_model::{display_command, fmt_bytes, Model};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd};
 use vramhook_protocol::record::{Api, EventKind};
 
@@ -116,7 +116,7 @@ impl Recorder {
             None => None,
         };
         Ok(Recorder {
-            model: Model::new(ModelConfig::default()),
+            model: Model::new(vramhook_agent::model_config()),
             capture,
             capture_path: capture_path.map(Path::to_path_buf),
             capture_error: None,

@@ -15,7 +15,7 @@ use vramhook_agent::http::{State, StateClient};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::StatsView;
 use vramhook_model::fmt_bytes;
-use vramhook_model::{Model, ModelConfig};
+use vramhook_model::Model;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TopArgs {
@@ -57,7 +57,7 @@ impl Source {
         source.skip_run_rings = true;
         Source::Direct {
             source: Box::new(source),
-            model: Box::new(Model::new(ModelConfig::default())),
+            model: Box::new(Model::new(vramhook_agent::model_config())),
             stats: Box::default(),
             ring_dir,
         }
@@ -457,7 +457,7 @@ mod tests {
 
     /// A state with `n` OOMs of pid 100 (sizes 1, 2, … GiB: one incident each), 1 s apart.
     fn state_with_ooms(n: u64) -> State {
-        let mut m = Model::new(ModelConfig::default());
+        let mut m = Model::new(vramhook_model::ModelConfig::default());
         let mut ts = 1_000_000_000u64;
         for k in 1..=n {
             ts += 1_000_000_000;

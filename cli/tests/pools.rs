@@ -119,3 +119,26 @@ fn streams_are_counted_through_every_entry_point() {
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(report.contains("6 streams at exit/end, 10 at most: about 5.47 MiB"), "{report}");
 }
+
+/// Another GPU or driver may keep another amount per stream: `VRAMHOOK_STREAM_BYTES` sets it
+/// for `run` (and the agent, `top` and `analyze`); a value that is no number is reported and
+/// the default kept.
+#[test]
+fn the_bytes_per_stream_can_be_set() {
+    let t = trace_workload("streams", &[], &[("VRAMHOOK_STREAM_BYTES", "1048576")]);
+    assert_eq!(t.output.status.code(), Some(0), "{}", t.stderr());
+    let pid = t.events[0]["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(t.process(pid)["final_stream_bytes"], 10 * MIB, "the most streams at once, 10, at 1 MiB each");
+    let out = Command::new(vramhook_bin())
+        .arg("analyze")
+        .arg(t.capture())
+        .env("VRAMHOOK_STREAM_BYTES", "2097152")
+        .output()
+        .expect("vramhook analyze");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("6 streams at exit/end, 10 at most: about 20.00 MiB"), "{report}");
+    let bad = trace_workload("streams", &[], &[("VRAMHOOK_STREAM_BYTES", "half a MiB")]);
+    assert!(bad.stderr().contains("VRAMHOOK_STREAM_BYTES=\"half a MiB\" is not a number of bytes"), "{}", bad.stderr());
+    let pid = bad.events[0]["pid"].as_u64().expect("pid") as u32;
+    assert_eq!(bad.process(pid)["final_stream_bytes"], 10 * vramhook_model::DEFAULT_STREAM_BYTES);
+}
