@@ -97,6 +97,9 @@ fn a_process_running_before_the_agent_is_traced_without_restart() {
     let s = agent.wait_state(Duration::from_secs(10), "the calls after attach", |s| {
         process(s, pid).is_some_and(|p| p["live_bytes"].as_u64() == Some(live) && p["oom_count"] == 1)
     });
+    // Its streams too: one made and destroyed, one kept.
+    let p = process(&s, pid).expect("process");
+    assert_eq!((p["streams"].as_u64(), p["streams_peak"].as_u64()), (Some(1), Some(1)), "{p}");
     // The before-attach bytes (1+2+3+4 MiB requested) are untraced on the device sample.
     let devices = s["snapshot"]["devices"].as_array().expect("devices").clone();
     let untraced: u64 = devices.iter().filter_map(|d| d["untraced_bytes"].as_u64()).sum();

@@ -69,11 +69,12 @@ enum {
  * Pitch_v2 (2), Managed (3), AllocAsync[_ptsz] (5, 6), AllocFromPoolAsync[_ptsz] (7, 8),
  * cuMemCreate (12), cuMemAddressReserve (16), array creates (18, 19, 20),
  * cuIpcOpenMemHandle_v2 (23), cuMemImportFromShareableHandle (25), cuMemGetInfo_v2 (26),
- * cuMemPoolCreate (27), cuIpcOpenMemHandle (29). */
+ * cuMemPoolCreate (27), cuIpcOpenMemHandle (29), cuStreamCreate (31),
+ * cuStreamCreateWithPriority (32). */
 #define OUT0_APIS                                                                                                  \
     ((1ull << 1) | (1ull << 2) | (1ull << 3) | (1ull << 5) | (1ull << 6) | (1ull << 7) | (1ull << 8) | (1ull << 12) | \
      (1ull << 16) | (1ull << 18) | (1ull << 19) | (1ull << 20) | (1ull << 23) | (1ull << 25) | (1ull << 26) |        \
-     (1ull << 27) | (1ull << 29))
+     (1ull << 27) | (1ull << 29) | (1ull << 31) | (1ull << 32))
 
 /* Bits of vh_event.flags. */
 #define VH_OUT0 1u  /* out[0] = *(u64 *)args[0] was read */

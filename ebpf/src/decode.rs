@@ -48,6 +48,10 @@ pub const PROBED: &[Api] = &[
     Api::cuIpcCloseMemHandle,
     Api::cuMemImportFromShareableHandle,
     Api::cuMemGetInfo_v2,
+    Api::cuStreamCreate,
+    Api::cuStreamCreateWithPriority,
+    Api::cuStreamDestroy,
+    Api::cuStreamDestroy_v2,
 ];
 
 /// Why a ring-buffer record was refused.
@@ -256,6 +260,12 @@ pub fn decode(b: &[u8]) -> Result<Wire, DecodeError> {
         A::cuIpcOpenMemHandle | A::cuIpcOpenMemHandle_v2 => (EventKind::Alloc, out0, 0, 0, 0),
         A::cuMemImportFromShareableHandle => (EventKind::VmmCreate, 0, 0, out0, 0),
         A::cuMemGetInfo_v2 => (EventKind::MemInfo, out0, out1, 0, 0),
+        // As `Event::stream_create` lays them out: priority, flags, the new stream.
+        A::cuStreamCreate => (EventKind::StreamCreate, 0, 0, u64::from(args[1] as u32), out0),
+        A::cuStreamCreateWithPriority => {
+            (EventKind::StreamCreate, args[2] as u32 as i32 as i64 as u64, 0, u64::from(args[1] as u32), out0)
+        }
+        A::cuStreamDestroy | A::cuStreamDestroy_v2 => (EventKind::StreamDestroy, 0, 0, 0, args[0]),
         _ => return Err(DecodeError::Api(code)),
     };
     ev.kind = kind.code();
@@ -362,6 +372,26 @@ mod tests {
             b[16..20].copy_from_slice(&((seed % 32) as u32).to_le_bytes());
             let _ = decode(&b);
         }
+    }
+
+    #[test]
+    fn streams_decode_as_the_interposer_records_them() {
+        let made = WireRecord {
+            out: [0x5a00, 0],
+            flags: OUT0,
+            ..call(Api::cuStreamCreateWithPriority, [0x7f10, 1, (-3i32) as u32 as u64, 0, 0])
+        };
+        let e = decode(&made.encode()).unwrap().event;
+        let want = Event::stream_create(Api::cuStreamCreateWithPriority, 0x5a00, 1, -3);
+        assert_eq!(
+            (e.kind(), e.cuda_stream(), e.stream_flags(), e.stream_priority(), e.addr, e.size, e.aux),
+            (want.kind(), 0x5a00, 1, -3, want.addr, want.size, want.aux)
+        );
+        let failed = WireRecord { result: 1, ..made };
+        assert_eq!(decode(&failed.encode()).unwrap().event.cuda_stream(), 0, "no stream when the call failed");
+        let gone = call(Api::cuStreamDestroy, [0x5a00, 0, 0, 0, 0]);
+        let e = decode(&gone.encode()).unwrap().event;
+        assert_eq!((e.kind(), e.cuda_stream()), (Some(EventKind::StreamDestroy), 0x5a00));
     }
 
     #[test]

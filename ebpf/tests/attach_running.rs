@@ -164,6 +164,8 @@ fn truth_key(v: &serde_json::Value) -> Key {
         "cuMemCreate" => (f, r, aux, size), // handle in aux; the record keeps it in aux too
         "cuMemGetInfo_v2" => (f, r, size, aux), // free, total
         "cuMemAllocPitch_v2" => (f, r, if r == 0 { addr } else { 0 }, size),
+        // The stream in aux, the priority in addr; the record keeps them in stream and addr.
+        "cuStreamCreate" | "cuStreamCreateWithPriority" | "cuStreamDestroy" | "cuStreamDestroy_v2" => (f, r, aux, addr),
         _ => (f, r, if r == 0 { addr } else { 0 }, size),
     }
 }
@@ -172,6 +174,7 @@ fn event_key(e: &Event) -> Key {
     let f = e.api().map(Api::name).unwrap_or("?").to_string();
     match e.kind() {
         Some(EventKind::VmmCreate) => (f, u64::from(e.result), e.aux, e.size),
+        Some(EventKind::StreamCreate | EventKind::StreamDestroy) => (f, u64::from(e.result), e.stream, e.addr),
         _ => (f, u64::from(e.result), e.addr, e.size),
     }
 }

@@ -25,6 +25,7 @@ for name, w in (("late", late), ("early", early), ("preload", pre)):
         "live_bytes": p and p["live_bytes"],
         "traced_since_ns": p and p.get("traced_since_ns"),
         "allocations": p and p["allocations"],
+        "streams": p and p.get("streams"),
     }
     print(f"{name:8} pid {res[name]['pid']}: torch memory_reserved {res[name]['torch_reserved']}, "
           f"agent live_bytes {res[name]['live_bytes']}, attached late: {res[name]['traced_since_ns'] is not None}")
@@ -39,6 +40,8 @@ def check(cond, what):
 check(res["late"]["live_bytes"] == late["reserved"], "late (eBPF): live bytes == torch.cuda.memory_reserved()")
 check(res["preload"]["live_bytes"] == pre["reserved"], "preload (ring): live bytes == torch.cuda.memory_reserved()")
 check(res["late"]["live_bytes"] == res["preload"]["live_bytes"], "eBPF live bytes == LD_PRELOAD live bytes")
+check(res["late"]["streams"] == 128, f"late (eBPF): PyTorch's 128 pooled streams counted ({res['late']['streams']})")
+check(res["preload"]["streams"] == 128, f"preload (ring): PyTorch's 128 pooled streams counted ({res['preload']['streams']})")
 check(res["late"]["traced_since_ns"] is not None, "late: attached late (it was running before the agent)")
 check(res["early"]["traced_since_ns"] is not None, "early: attached late; earlier allocations unknown")
 check(res["early"]["live_bytes"] == 0, "early: nothing allocated after attach")

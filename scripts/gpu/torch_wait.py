@@ -4,7 +4,8 @@
 
 Both initialise CUDA (libcuda is mapped), then:
 - late: allocates nothing until SIGUSR1; then twenty tensors of 7..140 MiB, every other
-  one freed, and prints one JSON line with memory_reserved() and memory_allocated();
+  one freed, and a side stream (torch.cuda.Stream(): PyTorch makes its pool of 128 streams),
+  and prints one JSON line with memory_reserved() and memory_allocated();
 - early: allocates five 200 MiB tensors first (before any tracer attaches), keeps them,
   and after SIGUSR1 only asks for the device's free/total (torch.cuda.mem_get_info, one
   cuMemGetInfo_v2 call: the device sample a probe can see).
@@ -34,6 +35,7 @@ if role != "early":
     for i in range(0, 20, 2):
         ts[i] = None
     keep = [t for t in ts if t is not None]
+    side = torch.cuda.Stream()
     torch.cuda.synchronize()
 free, total = torch.cuda.mem_get_info()
 print(

@@ -3,7 +3,8 @@
  * Prints "ready pid=<pid>" and waits for SIGUSR1 (or for --go-file PATH to exist).
  * Phase 2 (after): through the shared cudart (cuGetProcAddress pointers) and the driver
  * directly (-lcuda): --after N cudaMalloc of (i%4+1) MiB + 512*i bytes, every other one
- * freed; one cudaMallocAsync + cudaFreeAsync; one cudaMallocPitch; one cuMemAddressReserve,
+ * freed; one cudaMallocAsync + cudaFreeAsync; a stream made with a priority and destroyed
+ * (cudart) and one made directly (kept); one cudaMallocPitch; one cuMemAddressReserve,
  * cuMemCreate 4 MiB, cuMemMap (kept), one failing cudaMalloc (out of memory), one
  * cudaMemGetInfo. Prints "after live=<bytes allocated in phase 2 and still live>" and
  * waits for SIGTERM (--hold) or exits. */
@@ -55,6 +56,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < after; i += 2) ck_add(&ck, (uint64_t)cudaFree(p[i]));
     void *a = NULL;
     if (cudaMallocAsync(&a, 3 * MiB, 0) || cudaFreeAsync(a, 0)) DIE("async");
+    cudaStream_t made_and_gone;
+    CUstream kept;
+    if (cudaStreamCreateWithPriority(&made_and_gone, 1, -2) || cudaStreamDestroy(made_and_gone)) DIE("stream");
+    if (cuStreamCreate(&kept, 0)) DIE("cuStreamCreate");
     void *pitched = NULL;
     size_t pitch = 0;
     if (cudaMallocPitch(&pitched, &pitch, 1000, 100)) DIE("pitch");
