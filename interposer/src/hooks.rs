@@ -284,7 +284,7 @@ hook!(cuStreamDestroy_v2(stream: *mut c_void) |r, h| {
 /// for it, which no memory call shows.
 fn stream_created(h: &Hook, r: CUresult, api: Api, stream: *mut *mut c_void, flags: u32, priority: i32) {
     // SAFETY: on success the driver wrote the new stream where `stream` points.
-    let handle = if r == 0 && !stream.is_null() { unsafe { *stream as u64 } } else { 0 };
+    let handle = unsafe { read_ptr(stream as *const u64, r == 0) };
     let device = thread_device(h, false);
     h.emit(Event::stream_create(api, handle, flags as u64, priority).on_device(device).with_result(r as u32));
 }

@@ -6,7 +6,7 @@ use crate::addr_map::{AddrMap, Alloc, EXPLICIT_POOL};
 use crate::types::*;
 use crate::verdict::{decide_verdict, explain, ExplainCtx};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use vramhook_protocol::{Api, Caller, Event, EventKind, FrameworkId, ProcessInfo};
 
 /// A hash map with a fast, fixed-seed hasher for the model's integer keys (the address
@@ -397,9 +397,9 @@ pub struct Model {
     handles: FastMap<(u32, u64), Handle>,
     reservations: BTreeMap<(u32, u64), Reservation>,
     pools: BTreeMap<PoolKey, Pool>,
-    /// Each live stream a process made (pid, handle) and its device.
+    /// Each live stream a process made: (pid, handle).
     #[serde(default)]
-    streams: BTreeMap<(u32, u64), i16>,
+    streams: BTreeSet<(u32, u64)>,
     segments: BTreeMap<(u32, u64), Segment>,
     devices: BTreeMap<i16, DeviceSample>,
     incidents: Vec<IncidentState>,
@@ -429,7 +429,7 @@ impl Model {
             handles: FastMap::default(),
             reservations: BTreeMap::new(),
             pools: BTreeMap::new(),
-            streams: BTreeMap::new(),
+            streams: BTreeSet::new(),
             segments: BTreeMap::new(),
             devices: BTreeMap::new(),
             incidents: Vec::new(),

@@ -14,7 +14,7 @@ impl Model {
         }
         // A handle seen again without its destroy (made through a path we do not see) is
         // counted once.
-        if self.streams.insert((ev.pid, stream), ev.device).is_none() {
+        if self.streams.insert((ev.pid, stream)) {
             let p = &mut self.procs[slot];
             p.streams += 1;
             p.streams_peak = p.streams_peak.max(p.streams);
@@ -25,7 +25,7 @@ impl Model {
     /// not known: its destroy changes nothing.
     #[inline]
     pub(super) fn on_stream_destroy(&mut self, slot: usize, ev: &Event) {
-        if self.streams.remove(&(ev.pid, ev.cuda_stream())).is_some() {
+        if self.streams.remove(&(ev.pid, ev.cuda_stream())) {
             let p = &mut self.procs[slot];
             p.streams = p.streams.saturating_sub(1);
         }
@@ -34,10 +34,7 @@ impl Model {
     /// A process that ended took its streams with it.
     pub(super) fn forget_streams(&mut self, slot: usize) {
         let pid = self.procs[slot].pid;
-        let keys: Vec<_> = self.streams.range((pid, 0)..=(pid, u64::MAX)).map(|(k, _)| *k).collect();
-        for k in keys {
-            self.streams.remove(&k);
-        }
+        self.streams.retain(|(p, _)| *p != pid);
         let p = &mut self.procs[slot];
         p.streams = 0;
         p.streams_peak = 0;

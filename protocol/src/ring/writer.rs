@@ -175,19 +175,7 @@ impl RingWriter {
     #[inline(always)]
     pub unsafe fn push_exclusive(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
         // SAFETY: as this function's.
-        unsafe { self.push_exclusive_checked::<true>(lane, record) }
-    }
-
-    /// `push_exclusive`, where `CHECK` false skips the look at the slot's stamp: only for
-    /// timing that look on a ring that cannot fill (the interposer's `bench-parts` build).
-    ///
-    /// # Safety
-    /// As for `push_exclusive`; with `CHECK` false, the lane must have room.
-    #[doc(hidden)]
-    #[inline(always)]
-    pub unsafe fn push_exclusive_checked<const CHECK: bool>(&self, lane: &mut OwnedLane, record: &RawRecord) -> bool {
-        // SAFETY: as this function's.
-        match unsafe { self.reserve_exclusive_checked::<CHECK>(lane) } {
+        match unsafe { self.reserve_exclusive(lane) } {
             Some(slot) => {
                 // SAFETY: reserved just now, in this lane.
                 unsafe { self.publish_exclusive(lane, slot, record) };
@@ -211,8 +199,8 @@ impl RingWriter {
         unsafe { self.reserve_exclusive_checked::<true>(lane) }
     }
 
-    /// `reserve_exclusive`, where `CHECK` false skips the look at the slot's stamp (see
-    /// `push_exclusive_checked`).
+    /// `reserve_exclusive`, where `CHECK` false skips the look at the slot's stamp: only for
+    /// timing that look on a ring that cannot fill (the interposer's `bench-parts` build).
     ///
     /// # Safety
     /// As for `reserve_exclusive`; with `CHECK` false, the lane must have room.
