@@ -378,8 +378,11 @@ impl CaptureThread {
         let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
         self.file = Some(OpenFile { writer, opened: Instant::now() });
         self.rotate_wanted.store(false, Ordering::Relaxed);
-        add(&self.stats.capture_files, 1);
+        // The oldest go after the new file is started (never zero files to show after a
+        // crash here), and the file is counted after that: a count seen means its pruning
+        // is done.
         self.prune();
+        add(&self.stats.capture_files, 1);
         Ok(())
     }
 

@@ -346,8 +346,11 @@ fn captures_rotate_by_size_each_starting_with_a_checkpoint() {
             && s["agent"]["capture_files"].as_u64().unwrap_or(0) >= 2
     });
     // Stopped before the files are read: an agent that goes on rotating (and removing the
-    // oldest) would race the reading below.
-    drop(agent);
+    // oldest) would race the reading below. SIGTERM, not SIGKILL: the capture thread writes
+    // what it still holds, each rotation with its pruning, and seals the last file (killed
+    // between starting a new file and removing the oldest, it left two).
+    let mut agent = agent;
+    agent.terminate();
     let files: Vec<_> = {
         let mut v: Vec<_> =
             std::fs::read_dir(captures.path()).expect("dir").filter_map(|e| e.ok()).map(|e| e.path()).collect();
