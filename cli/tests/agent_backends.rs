@@ -480,13 +480,15 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
     let (pid_a, pid_b) = (leak_a.id(), leak_b.id());
     held.push(leak_a);
     held.push(leak_b);
-    let settle = |agent: &Agent, pid: u32| {
+    // Settled means the leak's last allocation is in: a snapshot taken half-way through its
+    // allocations would not be what Prometheus ends up with.
+    let settle = |agent: &Agent, pid: u32, n: u64| {
         agent.wait_state(Duration::from_secs(30), "the leak", |s| {
-            process(s, pid).is_some_and(|p| p["live_bytes"].as_u64().unwrap_or(0) > 0)
+            process(s, pid).is_some_and(|p| p["live_bytes"] == leak_live_bytes(n))
         })
     };
-    let live_a = process(&settle(&agents[0], pid_a), pid_a).expect("a")["live_bytes"].as_f64();
-    let live_b = process(&settle(&agents[1], pid_b), pid_b).expect("b")["live_bytes"].as_f64();
+    let live_a = process(&settle(&agents[0], pid_a, 4), pid_a).expect("a")["live_bytes"].as_f64();
+    let live_b = process(&settle(&agents[1], pid_b, 8), pid_b).expect("b")["live_bytes"].as_f64();
     std::thread::sleep(Duration::from_secs(3));
     held.push(spawn_traced(&workload("leak"), &["--n", "12", "--hold", "120"], rings[0].path(), &[]));
     let mut vmm = spawn_traced(&workload("ggml_vmm"), &[], rings[0].path(), &[]);
@@ -601,6 +603,12 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
         let _ = p.kill();
         let _ = p.wait();
     }
+}
+
+/// What the `leak` workload leaves live with `--n N`: its odd-numbered buffers, buffer i
+/// being (i % 5 + 1) MiB + i * 1000 bytes (tests/simcuda/workloads/leak.c).
+fn leak_live_bytes(n: u64) -> u64 {
+    (1..n).step_by(2).map(|i| (i % 5 + 1) * 1024 * 1024 + i * 1000).sum()
 }
 
 /// Writes each query's range result over the run to DIR/queries.json, for the picture.
