@@ -35,6 +35,26 @@ for config in configs:
             print(f"{config:18} {threads:>3} {call:5} | {p['p50']:>9.0f} {p['p99']:>6.0f} {p['p999']:>6.0f} |"
                   f" {h['p50']:>10.0f} {h['p99']:>6.0f} {h['p999']:>6.0f} | {added['p50']:>+9.0f} {added['p99']:>+6.0f}"
                   f" {added['p999']:>+6.0f} | {paired:>+10.1f} {mean:>+6.1f} | {min(spread):>+6.0f}..{max(spread):<+6.0f}")
+# Periodic work of the hook (a new ring page every 64 events, a check every 256th
+# allocation) costs a few positions of the loop much more than the others: that is what a
+# p99 is made of when it comes more often than once in 100 calls. Per configuration and
+# call, the median over rounds at each position (i % 256), against the median position.
+periodic = []
+for config in configs:
+    for threads in sorted({r["threads"] for r in rows if r["config"] == config}):
+        rs = [r for r in rows if r["config"] == config and r["threads"] == threads and "phase_alloc_p50_ns" in r]
+        for call in ("alloc", "free") if rs else ():
+            n = min(len(r[f"phase_{call}_p50_ns"]) for r in rs)
+            phases = [med(r[f"phase_{call}_p50_ns"][k] for r in rs) for k in range(n)]
+            base = med(phases)
+            spikes = sorted(((v - base, k) for k, v in enumerate(phases) if v - base >= 10), reverse=True)
+            excess = sum(max(0.0, v - base) for v in phases) / n
+            shown = " ".join(f"{k}:{d:+.0f}" for d, k in spikes[:6]) or "none"
+            periodic.append(f"{config:18} {threads:>3} {call:5} | median position {base:+6.1f} | mean excess {excess:+5.1f}"
+                            f" | {len(spikes)} of {n} positions >= 10 ns above it: {shown}")
+if periodic:
+    print("by position in the loop (paired p50 at each position i % 256 of a thread's iterations):")
+    print("\n".join(periodic))
 faults = {c: (sum(r["minflt"] for r in rows if r["config"] == c), sum(r["majflt"] for r in rows if r["config"] == c))
           for c in configs}
 print("page faults in the timed loops (minor/major, all rounds): "

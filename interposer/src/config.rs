@@ -20,7 +20,7 @@ pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
 /// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
 /// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
-/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`).
+/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`).
 #[cfg(feature = "bench-parts")]
 static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
 pub const SKIP_CLOCK: u64 = 1;
@@ -33,6 +33,9 @@ pub const PREFETCH_BEFORE: u64 = 16;
 /// Not a part left out: the physical floor #15 names instead of the record, a time stamp
 /// and one 64-byte store (to a line of the thread's own, not the ring).
 pub const FLOOR: u64 = 32;
+/// The work of every `TICK_EVERY`th allocation of a thread (the device check against the driver and
+/// the look at the clock for a periodic sample) left out.
+pub const SKIP_TICK: u64 = 64;
 
 /// Whether the benchmark build was told to leave `part` out (always false otherwise).
 #[inline(always)]

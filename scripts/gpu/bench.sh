@@ -105,11 +105,13 @@ pair() {
     PAIR_RINGS=$(mktemp -d /dev/shm/vh-pair.XXXXXX)
     : > "$OUT/bench_pair.jsonl"
     # BENCH_PAIR_CONFIGS picks configurations: aa, hooked, baseline (an older build,
-    # BENCH_BASELINE_LIB, beside this one in the same rounds), wrapper-only
+    # BENCH_BASELINE_LIB, beside this one in the same rounds), lib-NAME (another build,
+    # .gpu/libvramhook-NAME.so), wrapper-only
     # (VRAMHOOK_DISABLE=1), monotonic (VRAMHOOK_CLOCK=monotonic), and skipN: the parts build
     # with VRAMHOOK_BENCH_SKIP=N (bits: 1 no clock, 2 no ring write, 4 no device lookup,
     # 8 no look at the slot's stamp, 16 the next slot asked for before the driver runs, 32 the
-    # floor: a time stamp and one 64-byte store to a line of the thread's own, no record).
+    # floor: a time stamp and one 64-byte store to a line of the thread's own, no record,
+    # 64 no work on a thread's every 256th allocation: device check, look at the clock).
     local configs="${BENCH_PAIR_CONFIGS:-aa hooked baseline skip0 skip1 skip2 skip4 skip8 skip16 wrapper-only monotonic}"
     for round in $(seq "$ROUNDS"); do
         for config in $configs; do
@@ -117,6 +119,7 @@ pair() {
                 aa) pair_config aa "$round" "" ;;
                 hooked) pair_config hooked "$round" "$VRAMHOOK_LIB" ;;
                 baseline) [ -z "${BENCH_BASELINE_LIB:-}" ] || pair_config baseline "$round" "$PWD/$BENCH_BASELINE_LIB" ;;
+                lib-*) pair_config "$config" "$round" "$PWD/.gpu/libvramhook-${config#lib-}.so" ;;
                 wrapper-only) pair_config wrapper-only "$round" "$parts_lib" VRAMHOOK_DISABLE=1 ;;
                 monotonic) pair_config monotonic "$round" "$VRAMHOOK_LIB" VRAMHOOK_CLOCK=monotonic ;;
                 skip*) pair_config "$config" "$round" "$parts_lib" VRAMHOOK_BENCH_SKIP="${config#skip}" ;;

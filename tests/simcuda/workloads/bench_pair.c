@@ -20,7 +20,9 @@
  * VRAMHOOK_SIM_FAST=1; on a real GPU these cost tens of µs).
  *
  * Prints one JSON line: for alloc and free, plain and hooked p50/p99/p99.9 (ns), the same
- * percentiles of hooked - plain ("added_*"), and the page faults the timed loops took.
+ * percentiles of hooked - plain ("added_*"), the median of hooked - plain at each
+ * position modulo 256 of the loop ("phase_*": periodic work of the hook shows there), and
+ * the page faults the timed loops took.
  * Needs only libdl and libcuda.so.1 at run time (simulated or real): no CUDA headers. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -220,6 +222,23 @@ int main(int argc, char **argv) {
     for (int call = 0; call < 2; call++) {
         for (size_t i = 0; i < n; i++) v[i] = ((double)ticks[i * 4 + 2 + call] - (double)ticks[i * 4 + call]) * scale;
         print_pcts(call ? "paired_free" : "paired_alloc", v, n, ",");
+    }
+    /* Per call type, the median paired difference at each position i % PHASES of a thread's
+     * timed loop: work the hook does once every N calls (N dividing PHASES: a new ring page
+     * every 64 events, that is every 32 iterations; a check every 256th allocation) stands
+     * out at a few positions, and it is what the p99 is made of when it comes more often
+     * than once in 100 calls. */
+    enum { PHASES = 256 };
+    for (int call = 0; call < 2; call++) {
+        printf("\"phase_%s_p50_ns\":[", call ? "free" : "alloc");
+        for (int ph = 0; ph < PHASES; ph++) {
+            size_t m = 0;
+            for (size_t t = 0; t < (size_t)nt; t++)
+                for (size_t i = t * (size_t)iters + (size_t)ph; i < (t + 1) * (size_t)iters; i += PHASES)
+                    v[m++] = ((double)ticks[i * 4 + 2 + call] - (double)ticks[i * 4 + call]) * scale;
+            qsort(v, m, sizeof *v, cmp_double);
+            printf("%.1f%s", m ? pct(v, m, 0.5) : 0.0, ph < PHASES - 1 ? "," : "],");
+        }
     }
     printf("\"ns_per_tick\":%.5f,\"errors\":%ld,\"minflt\":%ld,\"majflt\":%ld}\n", scale, (long)errors, (long)minor_faults,
            (long)major_faults);
