@@ -440,3 +440,24 @@ fn truncated_capture_dumps_what_it_has_and_says_where() {
     let lines = String::from_utf8_lossy(&out.stdout).lines().count();
     assert!(lines > 0 && lines < t.events.len() + 1);
 }
+
+/// The interposer's periodic device samples come at most once per `VRAMHOOK_MEMINFO_MS`,
+/// and keep coming once a thread's tick judges from its event's stamp instead of reading a
+/// clock: an interval wrongly turned into stamp units would stop them, or let every tick
+/// take one.
+#[test]
+fn periodic_device_samples_keep_their_interval() {
+    // 24 bursts of 256 allocations (one look each), 60 ms apart, a 100 ms interval: a
+    // sample at the first allocation, then at about every second look (12). A loaded
+    // machine only stretches the gaps (more looks find a sample due, at most one per
+    // burst). Ticks judge by stamp after 400 ms (5 samples): were that wrong, no more.
+    let t = trace_workload("paced", &["--bursts", "24", "--gap-ms", "60"], &[("VRAMHOOK_MEMINFO_MS", "100")]);
+    assert_eq!(t.output.status.code(), Some(0), "{}", t.stderr());
+    let samples: Vec<u64> =
+        t.events.iter().filter(|e| e["kind"] == "mem_info").filter_map(|e| e["ts_ns"].as_u64()).collect();
+    assert!((9..=24).contains(&samples.len()), "{} samples at {samples:?}", samples.len());
+    for w in samples.windows(2) {
+        // The coarse clock that has the last word ticks in up to 4 ms.
+        assert!(w[1] - w[0] >= 95_000_000, "samples {} ns apart: {samples:?}", w[1] - w[0]);
+    }
+}

@@ -102,9 +102,9 @@ fn current_device() -> i16 {
 /// The device of the calling thread's current context. The current context is the
 /// thread's own and changes only through calls we wrap (`cuCtxSetCurrent`, push, pop,
 /// create, and destroy or reset anywhere), so the driver is asked once and again only
-/// after one of those. `check` (every 64th allocation of a thread) asks the driver anyway
-/// and turns the cache off for good if it was wrong: a context switched some way we do not
-/// see costs at most 63 misattributed allocations per thread.
+/// after one of those. `check` (every `TICK_EVERY`th allocation of a thread) asks the driver
+/// anyway and turns the cache off for good if it was wrong: a context switched some way we
+/// do not see costs at most 255 misattributed allocations per thread.
 #[inline(always)]
 fn thread_device(h: &Hook, check: bool) -> i16 {
     if config::bench_skips(config::SKIP_DEVICE) {
@@ -182,19 +182,19 @@ fn after_alloc(h: &Hook, result: CUresult, device: i16) {
 fn alloc_event(h: &Hook, r: CUresult, ev: Event) {
     let tick = h.alloc_tick();
     let device = thread_device(h, tick);
-    h.emit(ev.on_device(device).with_result(r as u32));
-    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device)) {
+    let stamp = h.emit(ev.on_device(device).with_result(r as u32));
+    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device, stamp)) {
         sample_meminfo(h, device);
     }
 }
 
-/// On a thread's every 64th allocation: notes its device (whose current pool the samples
-/// then read) and says whether a periodic sample is due.
+/// On a thread's every `TICK_EVERY`th allocation: notes its device (whose current pool the
+/// samples then read) and says whether a periodic sample is due, from the event's stamp.
 #[cold]
 #[inline(never)]
-fn tick_sample_due(device: i16) -> bool {
+fn tick_sample_due(device: i16, stamp: u64) -> bool {
     pools::note_device(device);
-    sink::sample_clock_due()
+    sink::sample_due_at(stamp)
 }
 
 /// Records a free (its device is the allocation's, known to the model).
