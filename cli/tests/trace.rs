@@ -441,16 +441,15 @@ fn truncated_capture_dumps_what_it_has_and_says_where() {
     assert!(lines > 0 && lines < t.events.len() + 1);
 }
 
-/// The interposer's periodic device samples come at most once per `VRAMHOOK_MEMINFO_MS`,
-/// and keep coming once a thread's tick judges from its event's stamp instead of reading a
-/// clock: an interval wrongly turned into stamp units would stop them, or let every tick
-/// take one.
+/// The interposer's periodic device samples: a thread looks for one at every 256th
+/// allocation, and takes one when `VRAMHOOK_MEMINFO_MS` has passed since the last: they
+/// keep coming while the program allocates, at most one per interval.
 #[test]
 fn periodic_device_samples_keep_their_interval() {
     // 24 bursts of 256 allocations (one look each), 60 ms apart, a 100 ms interval: a
     // sample at the first allocation, then at about every second look (12). A loaded
     // machine only stretches the gaps (more looks find a sample due, at most one per
-    // burst). Ticks judge by stamp after 400 ms (5 samples): were that wrong, no more.
+    // burst).
     let t = trace_workload("paced", &["--bursts", "24", "--gap-ms", "60"], &[("VRAMHOOK_MEMINFO_MS", "100")]);
     assert_eq!(t.output.status.code(), Some(0), "{}", t.stderr());
     let samples: Vec<u64> =

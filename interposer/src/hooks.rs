@@ -182,19 +182,19 @@ fn after_alloc(h: &Hook, result: CUresult, device: i16) {
 fn alloc_event(h: &Hook, r: CUresult, ev: Event) {
     let tick = h.alloc_tick();
     let device = thread_device(h, tick);
-    let stamp = h.emit(ev.on_device(device).with_result(r as u32));
-    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device, stamp)) {
+    h.emit(ev.on_device(device).with_result(r as u32));
+    if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device)) {
         sample_meminfo(h, device);
     }
 }
 
 /// On a thread's every `TICK_EVERY`th allocation: notes its device (whose current pool the
-/// samples then read) and says whether a periodic sample is due, from the event's stamp.
+/// samples then read) and says whether a periodic sample is due.
 #[cold]
 #[inline(never)]
-fn tick_sample_due(device: i16, stamp: u64) -> bool {
+fn tick_sample_due(device: i16) -> bool {
     pools::note_device(device);
-    sink::sample_due_at(stamp)
+    sink::sample_clock_due()
 }
 
 /// Records a free (its device is the allocation's, known to the model).

@@ -61,13 +61,6 @@ static FORK_GENERATION: AtomicU32 = AtomicU32::new(1);
 static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
 /// Coarse-clock ms of the last periodic cuMemGetInfo sample.
 static LAST_MEMINFO_MS: AtomicU64 = AtomicU64::new(0);
-/// The ring's clock when the ring was made, in its units (TSC ticks or ns), and the coarse
-/// clock's ms then: together they turn a sampling interval into stamp units.
-static STAMP_ANCHOR: AtomicU64 = AtomicU64::new(0);
-static STAMP_ANCHOR_MS: AtomicU64 = AtomicU64::new(0);
-/// Before this stamp no periodic sample is due (0: not known). A tick compares the stamp
-/// its event already has instead of reading a clock (`sample_due_at`).
-static NEXT_SAMPLE_STAMP: AtomicU64 = AtomicU64::new(0);
 
 /// `VRAMHOOK_DISABLE=1`: pass every call through.
 #[inline(always)]
@@ -110,11 +103,11 @@ const LANE_SHARED: u8 = 2;
 /// The next hook brings the state up to date (`refresh`).
 const LANE_FORKED: u8 = 3;
 
-/// A thread's allocations between two that ask the driver for its device and look at the
-/// clock for a periodic sample. That work costs a real-driver allocation 40 ns and more on
-/// top of the hook (a driver call, the vDSO's clock, lines a driver call pushed out of the
-/// cache): done once in 64 it made the hooked allocation's p99; once in 256 it is past the
-/// p99.6 (README, "The hook's cost per call").
+/// A thread's allocations from one that asks the driver for its device and looks at the
+/// clock for a periodic sample to the next. On the H200 that work cost a cudaMallocAsync
+/// about 90 ns more than the others when done every 64th allocation (in the call's p99),
+/// and 260 ns every 256th, whose lines are colder (past the p99.6): README, "The hook's
+/// cost per call". A context switched where we cannot see it is found within as many.
 pub const TICK_EVERY: u32 = 256;
 
 /// Everything a hook needs of its thread, in one cache line, zero when the thread starts.
@@ -278,25 +271,23 @@ impl Hook {
     }
 
     /// Records one event (built by one of `Event`'s per-kind constructors) as made by
-    /// this thread, now. Never blocks: a full ring drops and counts it. Returns the event's
-    /// time stamp (0 when nothing was written).
+    /// this thread, now. Never blocks: a full ring drops and counts it.
     #[inline(always)]
-    pub fn emit(&self, ev: Event) -> u64 {
+    pub fn emit(&self, ev: Event) {
         if config::bench_skips(config::SKIP_WRITE) {
-            return 0;
+            return;
         }
         if config::bench_skips(config::FLOOR) {
             floor(ev.addr);
-            return 0;
+            return;
         }
-        match ring() {
-            Some(w) => self.push(w, ev),
-            None => 0,
+        if let Some(w) = ring() {
+            self.push(w, ev);
         }
     }
 
     #[inline(always)]
-    fn push(&self, w: &RingWriter, ev: Event) -> u64 {
+    fn push(&self, w: &RingWriter, ev: Event) {
         // SAFETY: as in `cached_device`.
         let s = unsafe { &mut *self.state };
         if s.lane_mode == LANE_NONE {
@@ -319,20 +310,16 @@ impl Hook {
                 }
             };
             if let Some(slot) = slot {
-                let ts = now();
+                let raw = stamp(ev, s.tid);
                 // SAFETY: reserved just now, in this thread's lane.
-                unsafe { w.publish_exclusive(&mut s.owned, slot, &record(ev, s.tid, ts)) };
-                return ts;
+                unsafe { w.publish_exclusive(&mut s.owned, slot, &raw) };
             }
         } else if s.lane_mode == LANE_SHARED {
             if let Some(slot) = reserve_shared(w) {
-                let ts = now();
                 // SAFETY: reserved just now, by this thread.
-                unsafe { w.publish_reserved(slot, &record(ev, s.tid, ts)) };
-                return ts;
+                unsafe { w.publish_reserved(slot, &stamp(ev, s.tid)) };
             }
         }
-        0
     }
 
     /// As [`Hook::emit`], and says whether this process has a ring to record it in.
@@ -347,7 +334,8 @@ impl Hook {
     }
 
     /// True at most once every `VRAMHOOK_MEMINFO_MS` across the process. Each thread
-    /// looks at the (coarse) clock only every `TICK_EVERY`th allocation, keeping it off most calls.
+    /// looks at the (coarse) clock only every `TICK_EVERY`th allocation, keeping it off
+    /// most calls.
     #[inline]
     pub fn periodic_sample_due(&self) -> bool {
         self.alloc_tick() && sample_clock_due()
@@ -450,9 +438,7 @@ fn reserve_shared(w: &RingWriter) -> Option<ReservedSlot> {
 /// interrupted its push), in the shared lane.
 fn push_outside_hook(w: &RingWriter, ev: Event) {
     match Hook::enter() {
-        Some(hook) => {
-            hook.push(w, ev);
-        }
+        Some(hook) => hook.push(w, ev),
         None => {
             w.push_to_lane(0, &stamp(ev, current_tid()));
         }
@@ -861,9 +847,6 @@ fn create_ring() -> bool {
     RING.map_len.store(len, Ordering::Relaxed);
     RING.pid.store(pid, Ordering::Relaxed);
     RING.tsc.store(use_tsc, Ordering::Relaxed);
-    STAMP_ANCHOR.store(if use_tsc { init.tsc_anchor } else { init.mono_anchor_ns }, Ordering::Relaxed);
-    STAMP_ANCHOR_MS.store(coarse_ms(), Ordering::Relaxed);
-    NEXT_SAMPLE_STAMP.store(0, Ordering::Relaxed);
     if !ATFORK_REGISTERED.swap(true, Ordering::AcqRel) {
         // SAFETY: registering a plain function.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -944,12 +927,7 @@ extern "C" fn after_fork_in_child() {
 /// The record of `ev` made by thread `tid` of this process, stamped now.
 #[inline(always)]
 fn stamp(ev: Event, tid: u32) -> RawRecord {
-    record(ev, tid, now())
-}
-
-#[inline(always)]
-fn record(ev: Event, tid: u32, ts: u64) -> RawRecord {
-    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(ts).to_raw()
+    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(now()).to_raw()
 }
 
 /// Counts an entry point we could not wrap and records its name (init time only).
@@ -959,39 +937,13 @@ pub fn hook_miss(name: &[u8], version: i32, flags: u64) {
     push_outside_hook(w, Event::hook_miss(name, version, flags));
 }
 
-/// True at most once every `VRAMHOOK_MEMINFO_MS` across the process (the coarse clock).
 #[cold]
 pub fn sample_clock_due() -> bool {
-    claim_sample(coarse_ms() + 1)
-}
-
-fn claim_sample(now_ms: u64) -> bool {
     let interval = config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed);
+    let now_ms = coarse_ms() + 1;
     let last = LAST_MEMINFO_MS.load(Ordering::Relaxed);
     now_ms.saturating_sub(last) >= interval
         && LAST_MEMINFO_MS.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-}
-
-/// As [`sample_clock_due`], for a tick whose event was stamped `stamp`: until the stamp
-/// reaches the one the last sample set, no clock is read. A real driver's allocation paid
-/// the vDSO's clock on every tick (a cold line after the driver ran), which made its p99.
-#[cold]
-pub fn sample_due_at(stamp: u64) -> bool {
-    let next = NEXT_SAMPLE_STAMP.load(Ordering::Relaxed);
-    if next != 0 && stamp < next {
-        return false;
-    }
-    let now_ms = coarse_ms() + 1;
-    if !claim_sample(now_ms) {
-        return false;
-    }
-    let step = clock::interval_in_stamp_units(
-        config::MEMINFO_INTERVAL_MS.load(Ordering::Relaxed),
-        stamp.saturating_sub(STAMP_ANCHOR.load(Ordering::Relaxed)),
-        now_ms.saturating_sub(STAMP_ANCHOR_MS.load(Ordering::Relaxed) + 1),
-    );
-    NEXT_SAMPLE_STAMP.store(if step == 0 { 0 } else { stamp.saturating_add(step) }, Ordering::Relaxed);
-    true
 }
 
 /// At normal exit (library destructor).

@@ -101,16 +101,6 @@ impl TscClock {
     }
 }
 
-/// `interval_ms` in a clock's own units (TSC ticks or ns), at the rate it ran over the last
-/// `elapsed_ms` coarse milliseconds (`elapsed` units); 0 while that rate is not known to
-/// 1 % (under 400 ms: the coarse clock ticks in up to 4 ms), or with no stamps.
-pub fn interval_in_stamp_units(interval_ms: u64, elapsed: u64, elapsed_ms: u64) -> u64 {
-    if elapsed_ms < 400 || elapsed == 0 {
-        return 0;
-    }
-    (u128::from(interval_ms) * u128::from(elapsed) / u128::from(elapsed_ms)).min(u128::from(u64::MAX)) as u64
-}
-
 /// A tsc/monotonic pair taken as close together as possible.
 fn pair() -> (u64, u64) {
     let a = read_tsc();
@@ -122,19 +112,6 @@ fn pair() -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_sampling_interval_becomes_stamp_units_once_the_rate_is_known() {
-        // A 3 GHz TSC, 2 s after the ring was made: 1,000 ms are 3e9 ticks.
-        assert_eq!(interval_in_stamp_units(1000, 6_000_000_000, 2000), 3_000_000_000);
-        // Stamps in ns (no invariant TSC): the interval itself.
-        assert_eq!(interval_in_stamp_units(50, 500_000_000, 500), 50_000_000);
-        // Too early for a rate good to 1 %, or no stamps: 0, the coarse clock decides.
-        assert_eq!(interval_in_stamp_units(1000, 1_000_000, 399), 0);
-        assert_eq!(interval_in_stamp_units(1000, 0, 5000), 0);
-        // A hostile interval saturates rather than wraps.
-        assert_eq!(interval_in_stamp_units(u64::MAX, u64::MAX, 400), u64::MAX);
-    }
 
     #[test]
     fn conversion_is_monotonic_and_close() {
