@@ -20,7 +20,7 @@ pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
 /// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
 /// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
-/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`).
+/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`, `PAGE_AHEAD`).
 #[cfg(feature = "bench-parts")]
 static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
 pub const SKIP_CLOCK: u64 = 1;
@@ -36,6 +36,9 @@ pub const FLOOR: u64 = 32;
 /// The work of every `TICK_EVERY`th allocation of a thread (the device check against the driver and
 /// the look at the clock for a periodic sample) left out.
 pub const SKIP_TICK: u64 = 64;
+/// Not a part left out: the ring writer's page-ahead prefetch, once per page, as before.
+#[cfg(feature = "bench-parts")]
+pub const PAGE_AHEAD: u64 = 128;
 
 /// Whether the benchmark build was told to leave `part` out (always false otherwise).
 #[inline(always)]
@@ -125,6 +128,7 @@ pub fn load_from_env() {
     #[cfg(feature = "bench-parts")]
     if let Some(n) = env(c"VRAMHOOK_BENCH_SKIP").and_then(parse_u64) {
         BENCH_SKIP.store(n, Ordering::Relaxed);
+        vramhook_protocol::ring::bench::PAGE_AHEAD.store(n & PAGE_AHEAD != 0, Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_KEEP_PERCENT").and_then(vramhook_protocol::ringdir::parse_setting) {
         KEEP_PERCENT.store(n.min(100), Ordering::Relaxed);

@@ -43,6 +43,9 @@ mod writer;
 
 pub use file::{MappedRing, DEFAULT_MAX_RING_BYTES};
 pub use reader::{PollStats, RingCounters, RingError, RingInfo, RingReader};
+#[cfg(feature = "bench-parts")]
+#[doc(hidden)]
+pub use writer::bench;
 pub use writer::{ExclusiveSlot, OwnedLane, ReservedSlot, RingWriter};
 
 pub const RING_MAGIC: [u8; 8] = *b"VRHKRING";

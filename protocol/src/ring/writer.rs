@@ -348,30 +348,32 @@ impl OwnedLane {
     pub const UNSET: OwnedLane = OwnedLane { slots: core::ptr::null_mut(), write_pos: core::ptr::null(), next: 0 };
 }
 
-/// Prefetches what the lane's next pushes will write: the next slot's line, and, when that
-/// slot begins a page, the slot a page (64 slots) further, whose page-table walk then
-/// happens here, in the background, 64 events before it is needed. A lane moves to a new
-/// 4 KiB page every 64 events, and a write to a page not in the TLB waited for that walk:
-/// 400 ns and more in a VM (two-level page tables), one call in 64, measured on the
-/// development VM, where it made the hooked calls' p99 (see README, Benchmarks). Once per
-/// page is enough for the walk; every call asked before.
+/// Asks for the line of the lane's next slot, owned: the next push's stores then need no
+/// request for ownership (the reader's core last wrote it, freeing the slot).
+///
+/// Once per page the slot a page further was asked for too, so that its page-table walk
+/// would happen 64 events before it was needed (a lane moves to a new 4 KiB page every 64
+/// events). On the development VM (AMD EPYC, nested paging) that prefetch was itself the
+/// cost: bench_pair's positions showed +80..+280 ns at every new page in 6 of 10 processes
+/// with it and in none of 10 without it, and the hooked allocation's p99 went from +195 to
+/// +25 ns (README, "The hook's cost per call"). The `bench-parts` build keeps it behind
+/// `VRAMHOOK_BENCH_SKIP=128`, to compare on other machines.
 ///
 /// # Safety
 /// `slots` is the first slot of a lane of `mask + 1` slots.
 #[inline(always)]
 unsafe fn prefetch_ahead(slots: *mut u8, next: u64, mask: u64) {
-    // PREFETCHW: the line comes in owned, so the next push's stores need no request for
-    // ownership (the reader's core last wrote it, freeing the slot). CPUs before
-    // Broadwell execute the instruction as a no-op.
+    // CPUs before Broadwell execute PREFETCHW as a no-op.
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetches are hints that never fault; both addresses lie inside the lane.
+    // SAFETY: prefetches are hints that never fault; the addresses lie inside the lane.
     unsafe {
         core::arch::asm!(
             "prefetchw [{a}]",
             a = in(reg) slots.add((next & mask) as usize * RECORD_SIZE),
             options(nostack, preserves_flags, readonly),
         );
-        if next.is_multiple_of(64) {
+        #[cfg(feature = "bench-parts")]
+        if next.is_multiple_of(64) && bench::PAGE_AHEAD.load(Ordering::Relaxed) {
             core::arch::asm!(
                 "prefetchw [{b}]",
                 b = in(reg) slots.add((next.wrapping_add(64) & mask) as usize * RECORD_SIZE),
@@ -381,6 +383,16 @@ unsafe fn prefetch_ahead(slots: *mut u8, next: u64, mask: u64) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (slots, next, mask);
+}
+
+/// The writer's experiments, for the interposer's `bench-parts` build only.
+#[cfg(feature = "bench-parts")]
+#[doc(hidden)]
+pub mod bench {
+    use std::sync::atomic::AtomicBool;
+
+    /// Also prefetch the slot a page ahead, once per page (what the writer did before).
+    pub static PAGE_AHEAD: AtomicBool = AtomicBool::new(false);
 }
 
 /// Writes `record` but its first word into `slot`, then `stamp` into that word (release):
