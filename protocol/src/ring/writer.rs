@@ -240,7 +240,7 @@ impl RingWriter {
         // SAFETY: the lane's cursor, a word of the mapped header.
         unsafe { &*lane.write_pos }.store(next, Ordering::Release);
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(lane.slots, next, self.capacity - 1) };
+        unsafe { prefetch_next_slot(lane.slots, next, self.capacity - 1) };
     }
 
     /// Asks for the line of the lane's next slot, owned (a hint, for the `bench-parts` build).
@@ -248,7 +248,7 @@ impl RingWriter {
     #[inline(always)]
     pub fn prefetch_next(&self, lane: &OwnedLane) {
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(lane.slots, lane.next, self.capacity - 1) };
+        unsafe { prefetch_next_slot(lane.slots, lane.next, self.capacity - 1) };
     }
 
     /// The next slot of an owned lane is not free: the ring is full (it still holds last
@@ -285,7 +285,7 @@ impl RingWriter {
         // SAFETY: the caller reserved this slot.
         unsafe { fill_and_publish(self.slot_ptr(lane, slot), lap.wrapping_mul(2) + 1, record) };
         // SAFETY: the lane's slots.
-        unsafe { prefetch_ahead(self.slot_ptr(lane, 0), pos.wrapping_add(1), mask) };
+        unsafe { prefetch_next_slot(self.slot_ptr(lane, 0), pos.wrapping_add(1), mask) };
     }
 
     /// Counts `n` events lost before they reached the ring.
@@ -362,7 +362,7 @@ impl OwnedLane {
 /// # Safety
 /// `slots` is the first slot of a lane of `mask + 1` slots.
 #[inline(always)]
-unsafe fn prefetch_ahead(slots: *mut u8, next: u64, mask: u64) {
+unsafe fn prefetch_next_slot(slots: *mut u8, next: u64, mask: u64) {
     // CPUs before Broadwell execute PREFETCHW as a no-op.
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetches are hints that never fault; the addresses lie inside the lane.
