@@ -34,7 +34,12 @@ impl Model {
     /// A process that ended took its streams with it.
     pub(super) fn forget_streams(&mut self, slot: usize) {
         let pid = self.procs[slot].pid;
-        self.streams.retain(|(p, _)| *p != pid);
+        if self.procs[slot].streams > 0 {
+            let live: Vec<(u32, u64)> = self.streams.range((pid, 0)..=(pid, u64::MAX)).copied().collect();
+            for key in &live {
+                self.streams.remove(key);
+            }
+        }
         let p = &mut self.procs[slot];
         p.streams = 0;
         p.streams_peak = 0;
