@@ -15,7 +15,9 @@
 #   .gpu/libvramhook-parts.so (cargo feature bench-parts) the hook with parts left out,
 #   VRAMHOOK_DISABLE=1 (the wrapper alone) and VRAMHOOK_CLOCK=monotonic
 # - simpair: scripts/bench-pair.sh (the simulated driver, inside one process) on this
-#   host's cores, at 1 and 16 threads; needs tests/simcuda/build (carried)
+#   host's cores, at 1 and 16 threads, configurations BENCH_SIMPAIR_CONFIGS (default "aa
+#   hooked"; see that script); needs tests/simcuda/build (carried)
+# pair and simpair end with issue #15's targets judged (scripts/bench_pair_summary.py --targets)
 # - sim: scripts/bench-calls.sh (the simulated driver) on this host's 16 cores; needs
 #   tests/simcuda/build from the development machine (carried)
 # - model, replay, agent: the crates' benchmarks (.gpu/bench_*)
@@ -129,12 +131,14 @@ pair() {
         done
     done
     rm -rf "$PAIR_RINGS"
-    python3 scripts/bench_pair_summary.py "$OUT/bench_pair.jsonl"
+    python3 scripts/bench_pair_summary.py "$OUT/bench_pair.jsonl" --targets h200
 }
 
 simpair() {
     echo "== simulated driver on this host, inside one process: scripts/bench-pair.sh (SIM_SKIP_BUILD=1)"
-    SIM_SKIP_BUILD=1 BENCH_ROUNDS="$ROUNDS" BENCH_JSONL="$OUT/bench_simpair.jsonl" bash scripts/bench-pair.sh
+    SIM_SKIP_BUILD=1 BENCH_ROUNDS="$ROUNDS" BENCH_JSONL="$OUT/bench_simpair.jsonl" \
+        BENCH_PAIR_CONFIGS="${BENCH_SIMPAIR_CONFIGS:-aa hooked}" BENCH_PARTS_LIB="$PWD/.gpu/libvramhook-parts.so" \
+        bash scripts/bench-pair.sh
 }
 
 sim() {
