@@ -5,6 +5,7 @@
 //! Ring-buffer records are untrusted input: the length, the magic, the function code and
 //! the process id are checked, and every size is computed with saturating arithmetic.
 
+use vramhook_protocol::arrays::{array_bytes, mipmapped_array_bytes};
 use vramhook_protocol::record::{Api, Event, EventKind};
 
 /// Bytes of one `struct vh_event`.
@@ -159,25 +160,6 @@ impl WireRecord {
     }
 }
 
-/// Bytes per element of a `CUarray_format` times channels (the interposer's estimate).
-fn element_bytes(format: i32, channels: u32) -> u64 {
-    let per = match format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
-        0x03 | 0x0a | 0x20 => 4,
-        _ => 1,
-    };
-    per * u64::from(channels.max(1))
-}
-
-fn array_bytes(width: u64, height: u64, depth: u64, format: i32, channels: u32) -> u64 {
-    width
-        .max(1)
-        .saturating_mul(height.max(1))
-        .saturating_mul(depth.max(1))
-        .saturating_mul(element_bytes(format, channels))
-}
-
 /// Decodes one record. `seq` is left 0 (the source numbers each process's events).
 pub fn decode(b: &[u8]) -> Result<Wire, DecodeError> {
     let WireRecord { ts_ns, tgid, tid, api: code, result, args, out, extra, flags, entry_ns } = WireRecord::parse(b)?;
@@ -246,11 +228,7 @@ pub fn decode(b: &[u8]) -> Result<Wire, DecodeError> {
             } else if api == A::cuArray3DCreate_v2 {
                 array_bytes(w, h, d, format, channels)
             } else {
-                let levels = (args[2] as u32).clamp(1, 64);
-                let shrink = |v: u64, l: u32| if v == 0 { 0 } else { (v >> l).max(1) };
-                (0..levels)
-                    .map(|l| array_bytes(shrink(w, l), shrink(h, l), shrink(d, l), format, channels))
-                    .fold(0u64, u64::saturating_add)
+                mipmapped_array_bytes(w, h, d, format, channels, args[2] as u32)
             };
             let aux = if api == A::cuMipmappedArrayCreate { u64::from(args[2] as u32) } else { 0 };
             (EventKind::Alloc, out0, size, aux, 0)

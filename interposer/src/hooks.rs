@@ -8,6 +8,7 @@ use crate::real::{self, F};
 use crate::sink::{self, Hook};
 use core::ffi::c_void;
 use libc::c_char;
+use vramhook_protocol::arrays;
 use vramhook_protocol::record::{Api, Event};
 
 type CUresult = i32;
@@ -318,23 +319,9 @@ hook!(cuMemAddressFree(ptr: u64, size: usize) |r, h| {
     h.emit(Event::vmm_address_free(ptr, size as u64).with_result(r as u32));
 });
 
-/// Bytes per element of a `CUarray_format` times channels; arrays are opaque, so array
-/// sizes are an estimate (documented), the same rule the simulated driver charges.
-fn element_bytes(format: i32, channels: u32) -> u64 {
-    let per = match format {
-        0x01 | 0x08 => 1,
-        0x02 | 0x09 | 0x10 => 2,
-        0x03 | 0x0a | 0x20 => 4,
-        _ => 1,
-    };
-    per * u64::from(channels.max(1))
-}
-
+/// Device bytes of an array of these extents (an estimate: see `vramhook_protocol::arrays`).
 fn array_bytes(width: usize, height: usize, depth: usize, format: i32, channels: u32) -> u64 {
-    (width.max(1) as u64)
-        .saturating_mul(height.max(1) as u64)
-        .saturating_mul(depth.max(1) as u64)
-        .saturating_mul(element_bytes(format, channels))
+    arrays::array_bytes(width as u64, height as u64, depth as u64, format, channels)
 }
 
 hook!(cuArrayCreate_v2(handle: *mut *mut c_void, desc: *const ArrayDescriptor) |r, h| {
@@ -358,12 +345,7 @@ hook!(cuArray3DCreate_v2(handle: *mut *mut c_void, desc: *const Array3dDescripto
 hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescriptor, levels: u32) |r, h| {
     let size = if desc.is_null() { 0 } else {
         let d = &*desc;
-        (0..levels.clamp(1, 64))
-            .map(|l| {
-                let shrink = |v: usize| if v == 0 { 0 } else { (v >> l).max(1) };
-                array_bytes(shrink(d.width), shrink(d.height), shrink(d.depth), d.format, d.channels)
-            })
-            .fold(0u64, u64::saturating_add)
+        arrays::mipmapped_array_bytes(d.width as u64, d.height as u64, d.depth as u64, d.format, d.channels, levels)
     };
     let addr = if r == 0 && !handle.is_null() { *handle as u64 } else { 0 };
     alloc_event(&h, r, Event::mipmapped_array(addr, size, u64::from(levels)));

@@ -16,6 +16,7 @@
 // First: its `code_enum!` macro also makes the capture's frame types.
 #[macro_use]
 pub mod record;
+pub mod arrays;
 pub mod capture;
 pub mod clock;
 pub mod host;
