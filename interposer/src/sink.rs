@@ -560,18 +560,9 @@ impl<const N: usize> StackStr<N> {
         self.buf[self.len] = 0;
         true
     }
-    fn push_u64(&mut self, mut v: u64) -> bool {
+    fn push_u64(&mut self, v: u64) -> bool {
         let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..])
+        self.push(ringdir::decimal(v, &mut digits))
     }
 }
 

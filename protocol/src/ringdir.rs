@@ -423,19 +423,25 @@ impl ByteWriter<'_> {
         self.len = end;
         Some(())
     }
-    fn push_u64(&mut self, mut v: u64) -> Option<()> {
+    fn push_u64(&mut self, v: u64) -> Option<()> {
         let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..])
+        self.push(decimal(v, &mut digits))
     }
+}
+
+/// `v` in decimal, written into `digits` without allocating (the interposer names files with
+/// it inside other people's processes); returns the digits used.
+pub fn decimal(mut v: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &digits[i..]
 }
 
 /// Field 22 (start time) and the state of a `/proc/<pid>/stat` line.

@@ -421,3 +421,11 @@ fn drain_state_counts_what_a_dead_reader_took() {
     h[recorded..recorded + 8].copy_from_slice(&7u64.to_le_bytes());
     assert_eq!(drain_state(&h), Drain::Drained);
 }
+
+#[test]
+fn decimal_writes_every_digit_of_any_u64() {
+    let mut digits = [0u8; 20];
+    for v in [0u64, 7, 10, 4_294_967_295, u64::MAX] {
+        assert_eq!(decimal(v, &mut digits), v.to_string().as_bytes());
+    }
+}
