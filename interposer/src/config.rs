@@ -20,7 +20,8 @@ pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 
 /// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
 /// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
-/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`, `PAGE_AHEAD`).
+/// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`, `PAGE_AHEAD`,
+/// `STAMP_COUNTER`, `STAMP_COARSE`).
 #[cfg(feature = "bench-parts")]
 static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
 pub const SKIP_CLOCK: u64 = 1;
@@ -39,6 +40,13 @@ pub const SKIP_TICK: u64 = 64;
 /// Not a part left out: the ring writer's page-ahead prefetch, once per page, as before.
 #[cfg(feature = "bench-parts")]
 pub const PAGE_AHEAD: u64 = 128;
+/// Not a part left out: what another stamp would cost in the TSC's place. Neither keeps the
+/// ring's order (the reader would merge lanes wrongly); they are timed, not used. A process-
+/// wide counter (one locked add per event, its line shared by every thread) ...
+pub const STAMP_COUNTER: u64 = 256;
+/// ... and the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE`: the vDSO reads memory, no
+/// TSC; it moves once per tick, 1 to 4 ms).
+pub const STAMP_COARSE: u64 = 512;
 
 /// Whether the benchmark build was told to leave `part` out (always false otherwise).
 #[inline(always)]
