@@ -25,6 +25,26 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
+/// The TSC, read after every earlier instruction has executed and before any later one
+/// starts (`lfence` on both sides): the ring reader's watermark must not be read after the
+/// loads that follow it.
+pub fn read_tsc_ordered() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: lfence and rdtsc have no preconditions on x86-64.
+        unsafe {
+            core::arch::x86_64::_mm_lfence();
+            let t = core::arch::x86_64::_rdtsc();
+            core::arch::x86_64::_mm_lfence();
+            t
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        read_tsc()
+    }
+}
+
 /// Reads the time-stamp counter (0 where there is none).
 #[inline(always)]
 pub fn read_tsc() -> u64 {

@@ -27,6 +27,17 @@
 //! (its share of the batch taken, or its scan bounded) holds back the other lanes' events
 //! stamped after the last one taken from it, so that the lanes stay merged across polls.
 //!
+//! A release (a free, an unmap: a call after which the driver may hand the same address to
+//! another thread) is stamped before its driver call, not after: stamped after, a thread
+//! that lost the CPU between the driver's return and its stamp would stamp its free later
+//! than another thread's allocation of the same address, and the reader would deliver the
+//! allocation first. Such an event is published a whole call after its stamp, so the
+//! writer of an owned lane says so first: it stores the stamp in the lane's release
+//! marker before the call and clears it after publishing. A poll reads every marker right
+//! after its watermark, before it reads any lane, and holds back every event stamped after
+//! a marker it saw (a marker older than [`RELEASE_HOLD_MAX_NS`] is ignored: a thread stuck
+//! in the driver does not stop the ring). Threads that share lane 0 stamp after the call.
+//!
 //! Read, then commit: a reader may hand events on and free their slots (restamp them, move
 //! its shared cursor) only later, once it has kept them for good (the agent: once its
 //! capture flushed them). A reader that dies in between leaves them published; the next
@@ -59,6 +70,8 @@ pub const LANE_READ_OFFSET: usize = LANE_CURSORS_OFFSET + (MAX_LANES as usize - 
 /// Offset and size of the process metadata area inside the header page.
 pub const META_OFFSET: usize = LANE_READ_OFFSET + MAX_LANES as usize * 8;
 pub const META_CAPACITY: usize = HEADER_SIZE - META_OFFSET - 8;
+/// A release marker older than this is ignored by the reader (see the module doc).
+pub const RELEASE_HOLD_MAX_NS: u64 = 1_000_000_000;
 pub const MIN_CAPACITY: u64 = 16;
 pub const MAX_CAPACITY: u64 = 1 << 24;
 pub const DEFAULT_CAPACITY: u64 = 1 << 16;
@@ -92,7 +105,10 @@ pub struct RingHeader {
     pub lanes: u32,
     _pad0: [u8; 256 - 84],
     pub write_pos: AtomicU64,
-    _pad1: [u8; 56],
+    /// Lane 0's release marker (see [`lane_release_since`]); lanes 1.. keep theirs beside
+    /// their write cursors.
+    pub release_since: AtomicU64,
+    _pad1: [u8; 48],
     pub read_pos: AtomicU64,
     pub dropped_reported: AtomicU64,
     _pad2: [u8; 48],
@@ -119,6 +135,7 @@ pub struct RingHeader {
 
 const _: () = assert!(std::mem::size_of::<RingHeader>() == 448);
 const _: () = assert!(std::mem::offset_of!(RingHeader, write_pos) == 256);
+const _: () = assert!(std::mem::offset_of!(RingHeader, release_since) == 264);
 const _: () = assert!(std::mem::offset_of!(RingHeader, read_pos) == 320);
 const _: () = assert!(std::mem::offset_of!(RingHeader, dropped) == 384);
 const _: () = assert!(std::mem::offset_of!(RingHeader, gone_since_s) == 408);
@@ -151,6 +168,17 @@ unsafe fn lane_write_pos<'a>(base: *mut u8, lane: u32) -> &'a AtomicU64 {
     } else {
         &*(base.add(LANE_CURSORS_OFFSET + (lane as usize - 1) * 64) as *const AtomicU64)
     }
+}
+
+/// The release marker of `lane`: the stamp of a release (a free, an unmap) whose thread is
+/// inside the driver call, 0 when there is none. The word after the lane's write cursor, on
+/// its cache line (a ring written before the marker existed has zeros there).
+///
+/// # Safety
+/// As for `lane_write_pos`.
+#[inline(always)]
+unsafe fn lane_release_since<'a>(base: *mut u8, lane: u32) -> &'a AtomicU64 {
+    &*(lane_write_pos(base, lane) as *const AtomicU64).add(1)
 }
 
 /// The reader's cursor of `lane`.

@@ -81,8 +81,11 @@ pub struct PollStats {
     /// [`RingReader::skip_recorded`]): consumed again without being delivered twice.
     pub duplicates: u64,
     /// Events read but held back for a later poll, so that no event comes out after a
-    /// later one of another lane (a lane that reached its share of `max`).
+    /// later one of another lane (a lane that reached its share of `max`, or a release in
+    /// flight).
     pub held: u64,
+    /// Lanes whose thread was inside a releasing driver call when the poll began.
+    pub release_holds: u64,
 }
 
 /// An event taken from a lane in this poll, not yet delivered.
@@ -395,10 +398,31 @@ impl RingReader {
         unsafe { &*(self.slot(lane, pos) as *const AtomicU64) }
     }
 
+    /// The stamp of the release `lane`'s thread is inside the driver for, unless there is
+    /// none or it began more than `RELEASE_HOLD_MAX_NS` ago (`now`: the TSC and monotonic
+    /// clocks read together, for a TSC ring).
+    fn release_in_flight(&self, lane: u32, now: Option<(u64, u64)>) -> Option<u64> {
+        // SAFETY: lane < lanes, validated.
+        let since = unsafe { lane_release_since(self.base, lane) }.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let fresh = match (&self.clock, now) {
+            (Some(clock), Some((tsc_now, mono_now))) => {
+                mono_now.saturating_sub(clock.to_monotonic(since, tsc_now, mono_now)) <= RELEASE_HOLD_MAX_NS
+            }
+            // TSC ticks at an unknown rate: at 4 GHz or less, this many ticks are at least
+            // the limit.
+            _ if self.tsc_source => crate::clock::read_tsc().saturating_sub(since) <= RELEASE_HOLD_MAX_NS * 4,
+            _ => crate::clock::monotonic_ns().saturating_sub(since) <= RELEASE_HOLD_MAX_NS,
+        };
+        fresh.then_some(since)
+    }
+
     /// The current time in the ring's clock (TSC ticks or monotonic ns).
     fn clock_now(&self) -> u64 {
         if self.tsc_source {
-            crate::clock::read_tsc()
+            crate::clock::read_tsc_ordered()
         } else {
             crate::clock::monotonic_ns()
         }
@@ -433,6 +457,16 @@ impl RingReader {
         // earlier than the last one taken from it: nothing stamped later may come out in
         // this poll, or it would come out before them.
         let mut hold_after = u64::MAX;
+        // Releases in flight, read after the watermark and before any lane: nothing stamped
+        // after one comes out before it (see the module doc).
+        if !writer_gone {
+            for lane in 0..self.lanes {
+                if let Some(since) = self.release_in_flight(lane, now) {
+                    hold_after = hold_after.min(since);
+                    stats.release_holds += 1;
+                }
+            }
+        }
         let mut scanned = [0u64; MAX_LANES as usize];
         for lane in 0..self.lanes {
             let write_pos = self.write_pos(lane);

@@ -487,3 +487,61 @@ proptest::proptest! {
         super::fuzzing::ring_reader(&data);
     }
 }
+
+/// The time now in a ring of `clock_source`'s clock.
+fn clock_now(clock_source: u32) -> u64 {
+    if clock_source == crate::clock::ClockSource::Tsc as u32 {
+        crate::clock::read_tsc()
+    } else {
+        crate::clock::monotonic_ns()
+    }
+}
+
+#[test]
+fn a_release_in_flight_holds_back_what_other_lanes_stamped_after_it() {
+    for clock_source in [crate::clock::ClockSource::Monotonic as u32, crate::clock::ClockSource::Tsc as u32] {
+        let (_ring, writer, mut reader) = setup_lanes(64, 4, clock_source);
+        let mut freer = writer.own_lane(1);
+        let t = clock_now(clock_source) - 1_000_000;
+        // Lane 1's thread is inside cuMemFree, stamped t + 10 before the call ...
+        unsafe { freer.begin_release(t + 10) };
+        // ... and the driver hands the address to lane 2's thread, which records its
+        // allocation (stamped after its call: later). Lane 3 recorded something before.
+        assert!(writer.push_to_lane(2, &at(2, t + 20)));
+        assert!(writer.push_to_lane(3, &at(3, t + 5)));
+        let mut got = Vec::new();
+        let stats = reader.poll(100, false, |e| got.push(e.ts_ns));
+        assert_eq!(got, [t + 5], "clock {clock_source}: only what was stamped before the release");
+        assert_eq!((stats.release_holds, stats.held), (1, 1));
+        // The free returns: its event (stamped when it began), then the marker is cleared.
+        let free = Event { kind: EventKind::Free.code(), ..Event::from_raw(&at(1, t + 10)) }.to_raw();
+        unsafe {
+            assert!(writer.push_exclusive(&mut freer, &free));
+            freer.end_release();
+        }
+        let stats = reader.poll(100, false, |e| got.push(e.ts_ns));
+        assert_eq!(got, [t + 5, t + 10, t + 20], "clock {clock_source}: the free before the allocation");
+        assert_eq!(stats.release_holds, 0);
+    }
+}
+
+#[test]
+fn a_release_marker_too_old_or_of_a_gone_writer_holds_nothing() {
+    for clock_source in [crate::clock::ClockSource::Monotonic as u32, crate::clock::ClockSource::Tsc as u32] {
+        let (_ring, writer, mut reader) = setup_lanes(64, 2, clock_source);
+        let stuck = writer.own_lane(1);
+        let now = clock_now(clock_source);
+        // A thread stuck in the driver (or killed there): a TSC ring's reader without a
+        // calibrated clock counts 4 GHz at most, so 5e9 ticks are over the limit.
+        let old = if clock_source == 0 { RELEASE_HOLD_MAX_NS + 1_000_000 } else { 5 * RELEASE_HOLD_MAX_NS };
+        unsafe { stuck.begin_release(now - old) };
+        assert!(writer.push_to_lane(0, &at(0, now - 1000)));
+        let stats = reader.poll(100, false, |_| {});
+        assert_eq!((stats.delivered, stats.release_holds), (1, 0), "clock {clock_source}: a stale marker");
+        // A fresh marker of a writer that is gone: everything published comes out.
+        unsafe { stuck.begin_release(now - 2000) };
+        assert!(writer.push_to_lane(0, &at(0, now - 500)));
+        let stats = reader.poll(100, true, |_| {});
+        assert_eq!((stats.delivered, stats.release_holds), (1, 0), "clock {clock_source}: a gone writer");
+    }
+}

@@ -344,6 +344,40 @@ impl OwnedLane {
 }
 
 impl OwnedLane {
+    /// Marks the lane as inside a releasing driver call stamped `stamp` (see the module
+    /// doc): stored before the call, so that a reader that sees the address handed on to
+    /// another thread sees the marker too.
+    ///
+    /// # Safety
+    /// The lane is the caller's (as for `RingWriter::push_exclusive`).
+    #[inline(always)]
+    pub unsafe fn begin_release(&self, stamp: u64) {
+        // SAFETY: as this function's.
+        unsafe { self.release_marker() }.store(stamp.max(1), Ordering::Release);
+    }
+
+    /// Clears the marker, once the release's event is published.
+    ///
+    /// # Safety
+    /// As for `begin_release`.
+    #[inline(always)]
+    pub unsafe fn end_release(&self) {
+        // SAFETY: as this function's.
+        unsafe { self.release_marker() }.store(0, Ordering::Release);
+    }
+
+    /// The lane's release marker: the word after its cursor, on the same line.
+    ///
+    /// # Safety
+    /// The lane came from `own_lane` (not `UNSET`).
+    #[inline(always)]
+    unsafe fn release_marker(&self) -> &AtomicU64 {
+        // SAFETY: as this function's: `write_pos` points into the mapped header.
+        unsafe { &*self.write_pos.add(1) }
+    }
+}
+
+impl OwnedLane {
     /// A lane that is no lane: only for zero-initialised thread state, never pushed to.
     pub const UNSET: OwnedLane = OwnedLane { slots: core::ptr::null_mut(), write_pos: core::ptr::null(), next: 0 };
 }
