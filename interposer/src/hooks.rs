@@ -60,9 +60,19 @@ macro_rules! real_or_not_initialized {
 /// out) with the result bound to `$r`. Events are stamped when they are recorded, after
 /// the driver returned: the ring's reader takes a lane's unpublished events to be stamped
 /// later than its poll began (its causal watermark), which a stamp taken on entry, a whole
-/// driver call before publication, would break.
+/// driver call before publication, would break. A `release` wrapper (a free, an unmap, a
+/// destroy: the driver may hand what it releases to another thread before this one
+/// returns) is the exception: its event is stamped before the call, and the lane carries a
+/// release marker through the call that tells the reader so (`Hook::begin_release`); its
+/// events carry that stamp.
 macro_rules! hook {
+    (release $name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
+        hook!(@wrap $name ($($arg: $t),*) |$r, $h| { $h.begin_release(); } $record { $h.end_release(); });
+    };
     ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
+        hook!(@wrap $name ($($arg: $t),*) |$r, $h| {} $record {});
+    };
+    (@wrap $name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $before:block $record:block $after:block) => {
         #[unsafe(no_mangle)]
         /// # Safety
         /// Same contract as the CUDA driver function of this name.
@@ -74,8 +84,10 @@ macro_rules! hook {
             let Some($h) = Hook::enter() else {
                 return real_fn($($arg),*);
             };
+            $before
             let $r = real_fn($($arg),*);
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $record));
+            $after
             $r
         }
     };
@@ -219,7 +231,7 @@ hook!(cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) |r, h| {
     alloc_event(&h, r, Event::alloc_managed(read_ptr(dptr, r == 0), size as u64, u64::from(flags)));
 });
 
-hook!(cuMemFree_v2(dptr: u64) |r, h| {
+hook!(release cuMemFree_v2(dptr: u64) |r, h| {
     free_event(&h, r, Event::free(Api::cuMemFree_v2, dptr));
 });
 
@@ -239,11 +251,11 @@ hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_voi
     alloc_event(&h, r, Event::pool_alloc(Api::cuMemAllocFromPoolAsync_ptsz, read_ptr(dptr, r == 0), size as u64, pool as u64, stream as u64));
 });
 
-hook!(cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r, h| {
+hook!(release cuMemFreeAsync(dptr: u64, stream: *mut c_void) |r, h| {
     free_event(&h, r, Event::free_async(Api::cuMemFreeAsync, dptr, stream as u64));
 });
 
-hook!(cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r, h| {
+hook!(release cuMemFreeAsync_ptsz(dptr: u64, stream: *mut c_void) |r, h| {
     free_event(&h, r, Event::free_async(Api::cuMemFreeAsync_ptsz, dptr, stream as u64));
 });
 
@@ -258,7 +270,7 @@ hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r, h| {
     pools::created(handle, device);
 });
 
-hook!(cuMemPoolDestroy(pool: *mut c_void) |r, h| {
+hook!(release cuMemPoolDestroy(pool: *mut c_void) |r, h| {
     h.emit(Event::pool_destroy(pool as u64).with_result(r as u32));
     if r == 0 {
         pools::destroyed(pool as u64);
@@ -273,11 +285,11 @@ hook!(cuStreamCreateWithPriority(stream: *mut *mut c_void, flags: u32, priority:
     stream_created(&h, r, Api::cuStreamCreateWithPriority, stream, flags, priority);
 });
 
-hook!(cuStreamDestroy(stream: *mut c_void) |r, h| {
+hook!(release cuStreamDestroy(stream: *mut c_void) |r, h| {
     h.emit(Event::stream_destroy(Api::cuStreamDestroy, stream as u64).with_result(r as u32));
 });
 
-hook!(cuStreamDestroy_v2(stream: *mut c_void) |r, h| {
+hook!(release cuStreamDestroy_v2(stream: *mut c_void) |r, h| {
     h.emit(Event::stream_destroy(Api::cuStreamDestroy_v2, stream as u64).with_result(r as u32));
 });
 
@@ -297,7 +309,7 @@ hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64
     after_alloc(&h, r, device);
 });
 
-hook!(cuMemRelease(handle: u64) |r, h| {
+hook!(release cuMemRelease(handle: u64) |r, h| {
     h.emit(Event::vmm_release(handle).with_result(r as u32));
 });
 
@@ -306,7 +318,7 @@ hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r
     h.emit(Event::vmm_map(ptr, size as u64, handle, offset as u64).with_result(r as u32));
 });
 
-hook!(cuMemUnmap(ptr: u64, size: usize) |r, h| {
+hook!(release cuMemUnmap(ptr: u64, size: usize) |r, h| {
     h.emit(Event::vmm_unmap(ptr, size as u64).with_result(r as u32));
 });
 
@@ -315,7 +327,7 @@ hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u6
     h.emit(Event::vmm_reserve(read_ptr(ptr, r == 0), size as u64, addr, alignment as u64).with_result(r as u32));
 });
 
-hook!(cuMemAddressFree(ptr: u64, size: usize) |r, h| {
+hook!(release cuMemAddressFree(ptr: u64, size: usize) |r, h| {
     h.emit(Event::vmm_address_free(ptr, size as u64).with_result(r as u32));
 });
 
@@ -351,11 +363,11 @@ hook!(cuMipmappedArrayCreate(handle: *mut *mut c_void, desc: *const Array3dDescr
     alloc_event(&h, r, Event::mipmapped_array(addr, size, u64::from(levels)));
 });
 
-hook!(cuArrayDestroy(handle: *mut c_void) |r, h| {
+hook!(release cuArrayDestroy(handle: *mut c_void) |r, h| {
     free_event(&h, r, Event::free(Api::cuArrayDestroy, handle as u64));
 });
 
-hook!(cuMipmappedArrayDestroy(handle: *mut c_void) |r, h| {
+hook!(release cuMipmappedArrayDestroy(handle: *mut c_void) |r, h| {
     free_event(&h, r, Event::free(Api::cuMipmappedArrayDestroy, handle as u64));
 });
 
@@ -387,7 +399,7 @@ hook!(cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: u32) |r
     ipc_open_event(&h, Api::cuIpcOpenMemHandle_v2, r, dptr);
 });
 
-hook!(cuIpcCloseMemHandle(dptr: u64) |r, h| {
+hook!(release cuIpcCloseMemHandle(dptr: u64) |r, h| {
     free_event(&h, r, Event::free(Api::cuIpcCloseMemHandle, dptr));
 });
 

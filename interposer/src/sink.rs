@@ -200,6 +200,8 @@ mod thread {
 /// Leaves the hook when dropped.
 pub struct Hook {
     state: *mut ThreadState,
+    /// The stamp [`Hook::begin_release`] took (0: none): the release's event carries it.
+    release_stamp: core::cell::Cell<u64>,
 }
 
 impl Hook {
@@ -216,7 +218,7 @@ impl Hook {
                 refresh(&mut *state);
             }
         }
-        let hook = Hook { state };
+        let hook = Hook { state, release_stamp: core::cell::Cell::new(0) };
         if config::bench_skips(config::PREFETCH_BEFORE) {
             hook.prefetch_slot();
         }
@@ -286,8 +288,60 @@ impl Hook {
         }
     }
 
+    /// Before a driver call that releases what another thread could be handed next (a
+    /// free, an unmap, a destroy): takes the release's stamp now and marks this thread's
+    /// lane as inside the call (`vramhook_protocol::ring`'s release marker), so that the
+    /// release is stamped before the driver can give its address to anyone, and no reader
+    /// delivers what comes after it first. A thread without a lane of its own (it shares
+    /// lane 0) stamps after the call, as for any other event. Events the hook then emits
+    /// carry the release's stamp.
+    #[inline(always)]
+    pub fn begin_release(&self) {
+        // (The benchmark build's floor and no-write configurations time `emit` alone.)
+        if config::bench_skips(config::SKIP_WRITE | config::FLOOR) {
+            return;
+        }
+        let Some(w) = ring() else { return };
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &mut *self.state };
+        if s.lane_mode == LANE_NONE {
+            claim_lane(s, w);
+        }
+        if s.lane_mode == LANE_OWNED {
+            let t = now().max(1);
+            // SAFETY: the lane is this thread's (claim_lane), and this thread is in a hook.
+            unsafe { s.owned.begin_release(t) };
+            self.release_stamp.set(t);
+        }
+    }
+
+    /// After the releasing call and its event: clears the lane's marker. Not in a child
+    /// forked inside the call (its lane mode is then `LANE_FORKED`): the marker is the
+    /// parent's, in the parent's ring.
+    #[inline(always)]
+    pub fn end_release(&self) {
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &*self.state };
+        if self.release_stamp.get() != 0 && s.lane_mode == LANE_OWNED {
+            // SAFETY: as in `begin_release`.
+            unsafe { s.owned.end_release() };
+        }
+    }
+
+    /// Pushes `ev` stamped now, or, inside a release, when the release began.
     #[inline(always)]
     fn push(&self, w: &RingWriter, ev: Event) {
+        let release = self.release_stamp.get();
+        if release != 0 {
+            self.push_stamped(w, ev, || release)
+        } else {
+            self.push_stamped(w, ev, now)
+        }
+    }
+
+    /// `push`, with the stamp from `clock`, read where the record is built.
+    #[inline(always)]
+    fn push_stamped(&self, w: &RingWriter, ev: Event, clock: impl Fn() -> u64) {
         // SAFETY: as in `cached_device`.
         let s = unsafe { &mut *self.state };
         if s.lane_mode == LANE_NONE {
@@ -310,14 +364,14 @@ impl Hook {
                 }
             };
             if let Some(slot) = slot {
-                let raw = stamp(ev, s.tid);
+                let raw = stamp_at(ev, s.tid, clock());
                 // SAFETY: reserved just now, in this thread's lane.
                 unsafe { w.publish_exclusive(&mut s.owned, slot, &raw) };
             }
         } else if s.lane_mode == LANE_SHARED {
             if let Some(slot) = reserve_shared(w) {
                 // SAFETY: reserved just now, by this thread.
-                unsafe { w.publish_reserved(slot, &stamp(ev, s.tid)) };
+                unsafe { w.publish_reserved(slot, &stamp_at(ev, s.tid, clock())) };
             }
         }
     }
@@ -937,7 +991,12 @@ extern "C" fn after_fork_in_child() {
 /// The record of `ev` made by thread `tid` of this process, stamped now.
 #[inline(always)]
 fn stamp(ev: Event, tid: u32) -> RawRecord {
-    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(now()).to_raw()
+    stamp_at(ev, tid, now())
+}
+
+#[inline(always)]
+fn stamp_at(ev: Event, tid: u32, ts: u64) -> RawRecord {
+    ev.by(RING.pid.load(Ordering::Relaxed), tid).at(ts).to_raw()
 }
 
 /// Counts an entry point we could not wrap and records its name (init time only).
