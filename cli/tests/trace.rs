@@ -206,6 +206,29 @@ fn a_fork_inside_a_hook_leaves_the_call_to_the_parent_and_the_child_whole() {
     }
 }
 
+/// A free and the allocation that is handed its address by another thread while the freeing
+/// thread is still inside cudaFree (the driver released the block, the call has not
+/// returned). Stamped after its call, the free came out after that allocation, and the
+/// capture lost the block that was live at exit. Stamped before the call (a release), it
+/// comes first; the lanes are four so that the freeing thread has one of its own.
+#[test]
+fn a_free_comes_before_the_allocation_that_reuses_its_address_in_another_thread() {
+    let t = check_workload(
+        "free_reuse",
+        &[],
+        &[
+            ("VRAMHOOK_SIM_REUSE_VA", "1"),
+            ("VRAMHOOK_SIM_RAISE_AT_FREE_BYTES", "3145728"),
+            ("VRAMHOOK_RING_LANES", "4"),
+        ],
+    );
+    let procs = t.summary["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    assert_eq!(procs[0]["final_live_bytes"], 3u64 << 20, "{}", procs[0]);
+    let anomalies = &t.summary["anomalies"];
+    assert!(anomalies.get("alloc_over_live").is_none(), "no allocation over a live one: {anomalies}");
+}
+
 /// ollama's process shape (issue #12, as measured on the H200): a server that never touches
 /// CUDA, a GPU-discovery child that only counts devices, and model runners that dlopen a
 /// backend using the shared cudart and libcuda's VMM calls directly; one runner runs out of

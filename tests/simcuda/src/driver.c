@@ -210,7 +210,29 @@ static void uncharge(int dev, u64 bytes) {
     proc_phys[dev] -= bytes;
 }
 
+/* VRAMHOOK_SIM_REUSE_VA=1: a freed allocation's range is handed out again to the next
+ * allocation of the same size (most recently freed first), as a real driver reuses
+ * addresses; by default every allocation gets a new range. */
+static int g_reuse_va;
+#define REUSE_SLOTS 64
+static struct { u64 addr, size; } reusable[MAXDEV][REUSE_SLOTS];
+static unsigned n_reusable[MAXDEV];
+
+static void va_release(int dev, u64 addr, u64 size) {
+    if (!g_reuse_va || !addr || n_reusable[dev] == REUSE_SLOTS) return;
+    reusable[dev][n_reusable[dev]].addr = addr;
+    reusable[dev][n_reusable[dev]].size = size;
+    n_reusable[dev]++;
+}
+
 static u64 va_alloc(int dev, u64 size, u64 align) {
+    for (unsigned i = n_reusable[dev]; i-- > 0;) {
+        if (reusable[dev][i].size == size && reusable[dev][i].addr % align == 0) {
+            u64 a = reusable[dev][i].addr;
+            reusable[dev][i] = reusable[dev][--n_reusable[dev]];
+            return a;
+        }
+    }
     u64 end = VA_BASE + (u64)(dev + 1) * VA_PER_DEV;
     u64 a = round_up(va_next[dev], align);
     if (size > end || a > end - size) return 0;
@@ -231,6 +253,7 @@ static u64 parse_u64(const char *s, u64 dflt) {
 
 static void reset_process_state(void) {
     for (unsigned b = 0; b < NBUCKET; b++) table[b] = NULL; /* leaked on purpose (fork child) */
+    for (int d = 0; d < MAXDEV; d++) n_reusable[d] = 0;
     resvs = NULL;
     mappings = NULL;
     created_pools = NULL;
@@ -263,6 +286,11 @@ static void atfork_child(void) {
 }
 
 static _Atomic u64 g_raise_at_bytes;
+/* VRAMHOOK_SIM_RAISE_AT_FREE_BYTES=N: the same inside the first cuMemFree_v2 of an
+ * allocation of N bytes, after the driver released it (another thread may be handed its
+ * address while the freeing thread is still in the call). */
+static _Atomic u64 g_raise_at_free_bytes;
+static __thread u64 tl_freed_size;
 
 /* VRAMHOOK_SIM_TOUCH_BYTES=N (with VRAMHOOK_SIM_FAST): each fast cuMemAlloc_v2/cuMemFree_v2
  * reads N bytes of a buffer of the thread's own, a line at a time, as a real driver's call
@@ -297,6 +325,8 @@ __attribute__((constructor)) static void sim_init(void) {
     const char *ld = getenv("VRAMHOOK_SIM_LOG_DIR");
     if (ld && *ld && strlen(ld) < sizeof g_logdir) strcpy(g_logdir, ld);
     for (int d = 0; d < MAXDEV; d++) va_next[d] = VA_BASE + (u64)d * VA_PER_DEV + GRAN;
+    g_reuse_va = parse_u64(getenv("VRAMHOOK_SIM_REUSE_VA"), 0) != 0;
+    atomic_store(&g_raise_at_free_bytes, parse_u64(getenv("VRAMHOOK_SIM_RAISE_AT_FREE_BYTES"), 0));
     reset_process_state();
     const char *sh = getenv("VRAMHOOK_SIM_SHARED");
     if (sh && *sh) {
@@ -726,6 +756,7 @@ static void pool_trim_locked(struct pool *p, u64 keep) {
 
 /* Free an OBJ_ALLOC; caller holds mu. */
 static void free_alloc_locked(struct obj *o) {
+    va_release(o->dev, o->key, round_up(o->size, 512));
     if (o->kind == K_ASYNC && o->pool) {
         struct pool *p = o->pool;
         p->inuse -= o->size; /* reserve stays with the pool */
@@ -747,6 +778,7 @@ static CUresult free_common(const char *fn, CUdeviceptr dptr, int async, CUstrea
             r = CUDA_ERROR_INVALID_VALUE;
         } else {
             size = o->size;
+            tl_freed_size = size;
             dev = o->dev;
             if (o->kind == K_ASYNC && o->pool) aux = (u64)(uintptr_t)o->pool;
             free_alloc_locked(o);
@@ -761,7 +793,11 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
         if (g_touch_bytes) touch_like_a_driver();
         return dptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     }
-    return free_common("cuMemFree_v2", dptr, 0, NULL);
+    tl_freed_size = 0;
+    CUresult r = free_common("cuMemFree_v2", dptr, 0, NULL);
+    u64 at = atomic_load_explicit(&g_raise_at_free_bytes, memory_order_relaxed);
+    if (at && at == tl_freed_size && atomic_exchange(&g_raise_at_free_bytes, 0) == at) raise(SIGUSR1);
+    return r;
 }
 
 /* ---------- stream-ordered pools ---------- */
