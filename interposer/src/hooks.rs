@@ -64,7 +64,7 @@ macro_rules! real_or_not_initialized {
 /// destroy: the driver may hand what it releases to another thread before this one
 /// returns) is the exception: its event is stamped before the call, and the lane carries a
 /// release marker through the call that tells the reader so (`Hook::begin_release`); its
-/// events carry that stamp.
+/// `$record` records with `emit_release`.
 macro_rules! hook {
     (release $name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
         hook!(@wrap $name ($($arg: $t),*) |$r, $h| { $h.begin_release(); } $record { $h.end_release(); });
@@ -213,7 +213,7 @@ fn tick_sample_due(device: i16) -> bool {
 /// Records a free (its device is the allocation's, known to the model).
 #[inline(always)]
 fn free_event(h: &Hook, r: CUresult, ev: Event) {
-    h.emit(ev.with_result(r as u32));
+    h.emit_release(ev.with_result(r as u32));
 }
 
 hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r, h| {
@@ -271,7 +271,7 @@ hook!(cuMemPoolCreate(pool: *mut *mut c_void, props: *const c_void) |r, h| {
 });
 
 hook!(release cuMemPoolDestroy(pool: *mut c_void) |r, h| {
-    h.emit(Event::pool_destroy(pool as u64).with_result(r as u32));
+    h.emit_release(Event::pool_destroy(pool as u64).with_result(r as u32));
     if r == 0 {
         pools::destroyed(pool as u64);
     }
@@ -286,11 +286,11 @@ hook!(cuStreamCreateWithPriority(stream: *mut *mut c_void, flags: u32, priority:
 });
 
 hook!(release cuStreamDestroy(stream: *mut c_void) |r, h| {
-    h.emit(Event::stream_destroy(Api::cuStreamDestroy, stream as u64).with_result(r as u32));
+    h.emit_release(Event::stream_destroy(Api::cuStreamDestroy, stream as u64).with_result(r as u32));
 });
 
 hook!(release cuStreamDestroy_v2(stream: *mut c_void) |r, h| {
-    h.emit(Event::stream_destroy(Api::cuStreamDestroy_v2, stream as u64).with_result(r as u32));
+    h.emit_release(Event::stream_destroy(Api::cuStreamDestroy_v2, stream as u64).with_result(r as u32));
 });
 
 /// A stream made on the current context's device: the model counts the driver's memory
@@ -310,7 +310,7 @@ hook!(cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64
 });
 
 hook!(release cuMemRelease(handle: u64) |r, h| {
-    h.emit(Event::vmm_release(handle).with_result(r as u32));
+    h.emit_release(Event::vmm_release(handle).with_result(r as u32));
 });
 
 hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r, h| {
@@ -319,7 +319,7 @@ hook!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) |r
 });
 
 hook!(release cuMemUnmap(ptr: u64, size: usize) |r, h| {
-    h.emit(Event::vmm_unmap(ptr, size as u64).with_result(r as u32));
+    h.emit_release(Event::vmm_unmap(ptr, size as u64).with_result(r as u32));
 });
 
 hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u64, flags: u64) |r, h| {
@@ -328,7 +328,7 @@ hook!(cuMemAddressReserve(ptr: *mut u64, size: usize, alignment: usize, addr: u6
 });
 
 hook!(release cuMemAddressFree(ptr: u64, size: usize) |r, h| {
-    h.emit(Event::vmm_address_free(ptr, size as u64).with_result(r as u32));
+    h.emit_release(Event::vmm_address_free(ptr, size as u64).with_result(r as u32));
 });
 
 /// Device bytes of an array of these extents (an estimate: see `vramhook_protocol::arrays`).

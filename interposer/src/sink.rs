@@ -293,8 +293,7 @@ impl Hook {
     /// lane as inside the call (`vramhook_protocol::ring`'s release marker), so that the
     /// release is stamped before the driver can give its address to anyone, and no reader
     /// delivers what comes after it first. A thread without a lane of its own (it shares
-    /// lane 0) stamps after the call, as for any other event. Events the hook then emits
-    /// carry the release's stamp.
+    /// lane 0) stamps after the call, as for any other event.
     #[inline(always)]
     pub fn begin_release(&self) {
         // (The benchmark build's floor and no-write configurations time `emit` alone.)
@@ -328,15 +327,23 @@ impl Hook {
         }
     }
 
-    /// Pushes `ev` stamped now, or, inside a release, when the release began.
+    /// Records a release's event, stamped when [`Hook::begin_release`] ran (now, when it
+    /// took no stamp). The release wrappers record with this, other wrappers with `emit`,
+    /// whose path stays without the release's test.
+    #[inline(always)]
+    pub fn emit_release(&self, ev: Event) {
+        let stamp = self.release_stamp.get();
+        if stamp == 0 {
+            return self.emit(ev);
+        }
+        if let Some(w) = ring() {
+            self.push_stamped(w, ev, || stamp);
+        }
+    }
+
     #[inline(always)]
     fn push(&self, w: &RingWriter, ev: Event) {
-        let release = self.release_stamp.get();
-        if release != 0 {
-            self.push_stamped(w, ev, || release)
-        } else {
-            self.push_stamped(w, ev, now)
-        }
+        self.push_stamped(w, ev, now)
     }
 
     /// `push`, with the stamp from `clock`, read where the record is built.
