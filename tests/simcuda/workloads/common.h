@@ -2,6 +2,7 @@
 #ifndef SIM_WORKLOAD_COMMON_H
 #define SIM_WORKLOAD_COMMON_H
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,4 +50,12 @@ static inline uint64_t env_u64(const char *name, uint64_t dflt) {
         fputc('\n', stderr);                                                                                           \
         exit(1);                                                                                                       \
     } while (0)
+
+/* Installs `handler` for `sig` (no flags), or dies. */
+static inline void handle_signal(int sig, void (*handler)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    if (sigaction(sig, &sa, NULL)) DIE("sigaction");
+}
 #endif

@@ -23,10 +23,7 @@ static void on_usr1(int sig) {
 int main(void) {
     cksum_t ck;
     ck_init(&ck);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_usr1;
-    if (sigaction(SIGUSR1, &sa, NULL)) DIE("sigaction");
+    handle_signal(SIGUSR1, on_usr1);
     void *first = NULL, *second = NULL;
     if (cudaMalloc(&first, 4 * MiB)) DIE("cudaMalloc 4 MiB");
     fflush(stdout);

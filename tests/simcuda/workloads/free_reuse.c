@@ -38,10 +38,7 @@ static void *other_thread(void *arg) {
 int main(void) {
     cksum_t ck;
     ck_init(&ck);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_usr1;
-    if (sigaction(SIGUSR1, &sa, NULL)) DIE("sigaction");
+    handle_signal(SIGUSR1, on_usr1);
     if (sem_init(&freed, 0, 0)) DIE("sem_init");
     void *block = NULL, *again = NULL;
     if (cudaMalloc(&block, BLOCK)) DIE("cudaMalloc 3 MiB");

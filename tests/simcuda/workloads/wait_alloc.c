@@ -25,12 +25,8 @@ int main(int argc, char **argv) {
     int before = arg_int(argc, argv, "--before", 4), after = arg_int(argc, argv, "--after", 10);
     int hold = has_flag(argc, argv, "--hold");
     const char *go_file = arg_val(argc, argv, "--go-file");
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_usr1;
-    sigaction(SIGUSR1, &sa, NULL);
-    sa.sa_handler = on_term;
-    sigaction(SIGTERM, &sa, NULL);
+    handle_signal(SIGUSR1, on_usr1);
+    handle_signal(SIGTERM, on_term);
     cksum_t ck;
     ck_init(&ck);
     if (cudaSetDevice(0)) DIE("cudaSetDevice");
