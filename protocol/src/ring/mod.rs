@@ -70,8 +70,11 @@ pub const LANE_READ_OFFSET: usize = LANE_CURSORS_OFFSET + (MAX_LANES as usize - 
 /// Offset and size of the process metadata area inside the header page.
 pub const META_OFFSET: usize = LANE_READ_OFFSET + MAX_LANES as usize * 8;
 pub const META_CAPACITY: usize = HEADER_SIZE - META_OFFSET - 8;
-/// A release marker older than this is ignored by the reader (see the module doc).
-pub const RELEASE_HOLD_MAX_NS: u64 = 1_000_000_000;
+/// A release marker older than this is ignored by the reader (see the module doc): long
+/// enough for a thread that loses its CPU inside a free (a few scheduler ticks), short
+/// enough that a synchronous free waiting on the GPU holds its process's other lanes back
+/// no longer than a tenth of a second.
+pub const RELEASE_HOLD_MAX_NS: u64 = 100_000_000;
 pub const MIN_CAPACITY: u64 = 16;
 pub const MAX_CAPACITY: u64 = 1 << 24;
 pub const DEFAULT_CAPACITY: u64 = 1 << 16;
