@@ -96,10 +96,10 @@ for config in configs:
         for call in ("alloc", "free"):
             p = {q: med(r[f"plain_{call}_{q}_ns"] for r in rs) for q in ("p50", "p99", "p999")}
             h = {q: med(r[f"hooked_{call}_{q}_ns"] for r in rs) for q in ("p50", "p99", "p999")}
-            added = {q: med(r[f"hooked_{call}_{q}_ns"] - r[f"plain_{call}_{q}_ns"] for r in rs) for q in ("p50", "p99", "p999")}
+            added = {q: added_at(rs, call, q) for q in ("p50", "p99", "p999")}
             spread = [r[f"hooked_{call}_p50_ns"] - r[f"plain_{call}_p50_ns"] for r in rs]
             paired = med(r[f"paired_{call}_p50_ns"] for r in rs)
-            mean = med(r[f"paired_{call}_mean_ns"] for r in rs)
+            mean = paired_mean(rs, call)
             print(f"{config:18} {threads:>3} {call:5} | {p['p50']:>9.0f} {p['p99']:>6.0f} {p['p999']:>6.0f} |"
                   f" {h['p50']:>10.0f} {h['p99']:>6.0f} {h['p999']:>6.0f} | {added['p50']:>+9.0f} {added['p99']:>+6.0f}"
                   f" {added['p999']:>+6.0f} | {paired:>+10.1f} {mean:>+6.1f} | {min(spread):>+6.0f}..{max(spread):<+6.0f}")
