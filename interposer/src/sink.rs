@@ -301,11 +301,7 @@ impl Hook {
             return;
         }
         let Some(w) = ring() else { return };
-        // SAFETY: as in `cached_device`.
-        let s = unsafe { &mut *self.state };
-        if s.lane_mode == LANE_NONE {
-            claim_lane(s, w);
-        }
+        let s = self.with_lane(w);
         if s.lane_mode == LANE_OWNED {
             let t = now().max(1);
             // SAFETY: the lane is this thread's (claim_lane), and this thread is in a hook.
@@ -341,6 +337,20 @@ impl Hook {
         }
     }
 
+    /// This thread's state, its lane decided (the thread's first push claims one).
+    // The state is reached through a raw pointer to the thread's own, not borrowed from the
+    // hook, as in every method here.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    fn with_lane(&self, w: &RingWriter) -> &mut ThreadState {
+        // SAFETY: as in `cached_device`.
+        let s = unsafe { &mut *self.state };
+        if s.lane_mode == LANE_NONE {
+            claim_lane(s, w);
+        }
+        s
+    }
+
     #[inline(always)]
     fn push(&self, w: &RingWriter, ev: Event) {
         self.push_stamped(w, ev, now)
@@ -349,11 +359,7 @@ impl Hook {
     /// `push`, with the stamp from `clock`, read where the record is built.
     #[inline(always)]
     fn push_stamped(&self, w: &RingWriter, ev: Event, clock: impl Fn() -> u64) {
-        // SAFETY: as in `cached_device`.
-        let s = unsafe { &mut *self.state };
-        if s.lane_mode == LANE_NONE {
-            claim_lane(s, w);
-        }
+        let s = self.with_lane(w);
         // Either way the record is built where it is written, from registers: one built
         // before the branch for an out-of-line shared push was laid on the stack on every
         // call, the owned lane's included.
