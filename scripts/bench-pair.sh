@@ -17,7 +17,7 @@
 # against (a TSC read and one 64-byte store), and noclock, the hook without its clock read;
 # at every thread count, counter and coarse: the hook stamping with a process-wide counter
 # (a locked add) or the kernel's coarse clock instead of the TSC, timed only: neither keeps
-# the ring's order).
+# the ring's order; and before: allocations stamped before their driver call, as releases are).
 # The summary ends with #15's targets judged (bench_pair_summary.py --targets sim).
 set -euo pipefail
 BENCH_NAME=bench-pair
@@ -34,7 +34,7 @@ PARTS_LIB="${BENCH_PARTS_LIB:-$ROOT/target/bench-parts/release/libvramhook.so}"
 for config in $CONFIGS; do
     case "$config" in
         aa | hooked | lanes16) ;;
-        floor | noclock | counter | coarse)
+        floor | noclock | counter | coarse | before)
             if [ ! -f "$PARTS_LIB" ]; then
                 echo "## $BENCH_NAME: configuration $config needs the bench-parts build, NOT FOUND: $PARTS_LIB" >&2
                 exit 1
@@ -57,6 +57,7 @@ for threads in $THREADS; do
                 noclock) [ "$threads" = 1 ] || continue; run=("${hook[@]}" VRAMHOOK_BENCH_SKIP=1 LD_PRELOAD="$PARTS_LIB") ;;
                 counter) run=("${hook[@]}" VRAMHOOK_BENCH_SKIP=256 LD_PRELOAD="$PARTS_LIB") ;;
                 coarse) run=("${hook[@]}" VRAMHOOK_BENCH_SKIP=512 LD_PRELOAD="$PARTS_LIB") ;;
+                before) run=("${hook[@]}" VRAMHOOK_BENCH_SKIP=1024 LD_PRELOAD="$PARTS_LIB") ;;
             esac
             line=$("${run[@]}" taskset -c "$pin" "$BENCH" --sync --threads "$threads" --iters "$ITERS")
             python3 -c 'import json, sys; d = {"config": sys.argv[1], "round": int(sys.argv[2])}; d.update(json.loads(sys.argv[3])); print(json.dumps(d))' \

@@ -21,7 +21,7 @@ pub static FORCE_MONOTONIC: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_BENCH_SKIP` (builds with the `bench-parts` feature only): the parts of a hook
 /// to leave out, to time each on a real driver: `SKIP_CLOCK`, `SKIP_WRITE`, `SKIP_DEVICE`
 /// (and experiments: `SKIP_CHECK`, `PREFETCH_BEFORE`, `FLOOR`, `SKIP_TICK`, `PAGE_AHEAD`,
-/// `STAMP_COUNTER`, `STAMP_COARSE`).
+/// `STAMP_COUNTER`, `STAMP_COARSE`, `ALLOC_STAMP_BEFORE`).
 #[cfg(feature = "bench-parts")]
 static BENCH_SKIP: AtomicU64 = AtomicU64::new(0);
 pub const SKIP_CLOCK: u64 = 1;
@@ -47,6 +47,10 @@ pub const STAMP_COUNTER: u64 = 256;
 /// ... and the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE`: the vDSO reads memory, no
 /// TSC; it moves once per tick, 1 to 4 ms).
 pub const STAMP_COARSE: u64 = 512;
+/// Not a part left out: the allocations stamped before their driver call, as the releases
+/// are, with the lane's marker set through the call (timed only: the model does not yet
+/// order an allocation stamped before a concurrent free of the address it gets).
+pub const ALLOC_STAMP_BEFORE: u64 = 1024;
 
 /// Whether the benchmark build was told to leave `part` out (always false otherwise).
 #[inline(always)]

@@ -64,10 +64,18 @@ macro_rules! real_or_not_initialized {
 /// destroy: the driver may hand what it releases to another thread before this one
 /// returns) is the exception: its event is stamped before the call, and the lane carries a
 /// release marker through the call that tells the reader so (`Hook::begin_release`); its
-/// `$record` records with `emit_release`.
+/// `$record` records with `emit_release`. An `alloc` wrapper is an ordinary one, but for
+/// the `bench-parts` build's `ALLOC_STAMP_BEFORE`, which times it stamped as a release.
 macro_rules! hook {
     (release $name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
         hook!(@wrap $name ($($arg: $t),*) |$r, $h| { $h.begin_release(); } $record { $h.end_release(); });
+    };
+    (alloc $name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
+        hook!(@wrap $name ($($arg: $t),*) |$r, $h| {
+            if config::bench_skips(config::ALLOC_STAMP_BEFORE) { $h.begin_release(); }
+        } $record {
+            if config::bench_skips(config::ALLOC_STAMP_BEFORE) { $h.end_release(); }
+        });
     };
     ($name:ident ( $($arg:ident : $t:ty),* ) |$r:ident, $h:ident| $record:block) => {
         hook!(@wrap $name ($($arg: $t),*) |$r, $h| {} $record {});
@@ -195,7 +203,12 @@ fn after_alloc(h: &Hook, result: CUresult, device: i16) {
 fn alloc_event(h: &Hook, r: CUresult, ev: Event) {
     let tick = h.alloc_tick();
     let device = thread_device(h, tick);
-    h.emit(ev.on_device(device).with_result(r as u32));
+    let ev = ev.on_device(device).with_result(r as u32);
+    if config::bench_skips(config::ALLOC_STAMP_BEFORE) {
+        h.emit_release(ev);
+    } else {
+        h.emit(ev);
+    }
     if r == CUDA_ERROR_OUT_OF_MEMORY || (tick && tick_sample_due(device)) {
         sample_meminfo(h, device);
     }
@@ -216,7 +229,7 @@ fn free_event(h: &Hook, r: CUresult, ev: Event) {
     h.emit_release(ev.with_result(r as u32));
 }
 
-hook!(cuMemAlloc_v2(dptr: *mut u64, size: usize) |r, h| {
+hook!(alloc cuMemAlloc_v2(dptr: *mut u64, size: usize) |r, h| {
     alloc_event(&h, r, Event::alloc(Api::cuMemAlloc_v2, read_ptr(dptr, r == 0), size as u64));
 });
 
@@ -235,19 +248,19 @@ hook!(release cuMemFree_v2(dptr: u64) |r, h| {
     free_event(&h, r, Event::free(Api::cuMemFree_v2, dptr));
 });
 
-hook!(cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
+hook!(alloc cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
     alloc_event(&h, r, Event::alloc_async(Api::cuMemAllocAsync, read_ptr(dptr, r == 0), size as u64, stream as u64));
 });
 
-hook!(cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
+hook!(alloc cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) |r, h| {
     alloc_event(&h, r, Event::alloc_async(Api::cuMemAllocAsync_ptsz, read_ptr(dptr, r == 0), size as u64, stream as u64));
 });
 
-hook!(cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
+hook!(alloc cuMemAllocFromPoolAsync(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
     alloc_event(&h, r, Event::pool_alloc(Api::cuMemAllocFromPoolAsync, read_ptr(dptr, r == 0), size as u64, pool as u64, stream as u64));
 });
 
-hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
+hook!(alloc cuMemAllocFromPoolAsync_ptsz(dptr: *mut u64, size: usize, pool: *mut c_void, stream: *mut c_void) |r, h| {
     alloc_event(&h, r, Event::pool_alloc(Api::cuMemAllocFromPoolAsync_ptsz, read_ptr(dptr, r == 0), size as u64, pool as u64, stream as u64));
 });
 

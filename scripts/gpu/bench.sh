@@ -116,7 +116,8 @@ pair() {
     # 64 no work on a thread's every 256th allocation: device check, look at the clock, 128 the
     # ring writer's page-ahead prefetch of the builds before, once per page, 256 and 512 the
     # stamp from a process-wide counter or from CLOCK_MONOTONIC_COARSE instead of the TSC:
-    # timed, not usable, as neither keeps the ring's order).
+    # timed, not usable, as neither keeps the ring's order; 1024 the allocations stamped
+    # before their driver call, as the releases are: timed only).
     local configs="${BENCH_PAIR_CONFIGS:-aa hooked baseline skip0 skip1 skip2 skip4 skip8 skip16 wrapper-only monotonic}"
     for round in $(seq "$ROUNDS"); do
         for config in $configs; do
