@@ -249,3 +249,39 @@ fn issue_9_seeds_hit_their_checks() {
     let r = analyze_bytes("s.pickle", &seed("segments_shared_ooms.pickle").expect("seed"), &small).expect("segs");
     assert_eq!(r.folded.segments, 16);
 }
+
+/// Framework failures open incidents too: past `max_items` they are folded and counted like
+/// the driver's, and one that follows a folded driver failure is that incident, not another.
+/// (Found by `cargo fuzz run analyze_bytes`: its input is the seed
+/// `framework_ooms_past_the_limit.vhc`, which kept 22 incidents at a limit of 2.)
+#[test]
+fn framework_failures_past_the_incident_limit_are_folded_once() {
+    use vramhook_protocol::capture::CaptureWriter;
+    use vramhook_protocol::record::{FrameworkId, CUDA_ERROR_OUT_OF_MEMORY};
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    w.write_process(&info(100, "python3 serve.py")).expect("process");
+    let mut events = Vec::new();
+    let lens_oom = |ts| ev(100, ts, Event::framework_oom(FrameworkId::PyTorch, 2 * GIB, 4 * GIB, 3 * GIB, MIB));
+    // Five driver failures, each followed by its framework's; then five framework failures
+    // alone (a limit of the framework's own), each a second apart: ten incidents.
+    for i in 0..5u64 {
+        let ts = 1_000_000_000 * (i + 1);
+        let failed = Event::alloc(Api::cuMemAlloc_v2, 0, 2 * GIB).with_result(CUDA_ERROR_OUT_OF_MEMORY);
+        events.push(ev(100, ts, failed));
+        events.push(lens_oom(ts + 1_000));
+    }
+    for i in 0..5u64 {
+        events.push(lens_oom(1_000_000_000 * (i + 10)));
+    }
+    w.write_events(&events).expect("events");
+    let bytes = w.finish().expect("finish");
+    let all = analyze_bytes("f.vhc", &bytes, &Options::default()).expect("capture");
+    assert_eq!((all.ooms.len(), all.folded.ooms), (10, 0), "ten incidents without a limit");
+    for max_items in [2, 7] {
+        let r = analyze_bytes("f.vhc", &bytes, &Options { max_items, ..Options::default() }).expect("capture");
+        assert_eq!((r.ooms.len(), r.folded.ooms), (max_items, 10 - max_items as u64), "limit {max_items}");
+    }
+    let seed = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/framework_ooms_past_the_limit.vhc"));
+    let r = analyze_bytes("seed.vhc", &seed.expect("seed"), &Options { max_items: 2, ..Options::default() });
+    assert_eq!(r.expect("seed").ooms.len(), 2);
+}

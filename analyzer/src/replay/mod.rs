@@ -136,6 +136,9 @@ pub struct Replayer {
     /// Pids replayed (at most `max_items`), and pids folded.
     admitted: FastMap<u32, ()>,
     folded_pids: FastMap<u32, ()>,
+    /// The (pid, time) of the last driver failure folded past the incident limit: the
+    /// framework's failure that follows it is the same incident, not counted again.
+    last_folded_oom: Option<(u32, u64)>,
     /// Device numbers replayed and folded (bit per ordinal + 32,768).
     dev_admitted: Vec<u64>,
     dev_folded: Vec<u64>,
@@ -200,6 +203,7 @@ impl Replayer {
             dev_index: FastMap::default(),
             admitted: FastMap::default(),
             folded_pids: FastMap::default(),
+            last_folded_oom: None,
             dev_admitted: vec![0; 1024],
             dev_folded: vec![0; 1024],
             dev_admitted_count: 0,
@@ -351,9 +355,27 @@ impl Replayer {
                 self.layout_fixed = true;
             }
         }
+        if ev.kind == EventKind::FrameworkOom as u8
+            && ev.result == 0
+            && self.model.incident_count() >= self.opts.max_items
+            && self.model.framework_oom_opens_incident(ev)
+        {
+            // A framework's failure with no driver failure to join opens an incident too;
+            // one that follows a folded driver failure is that incident, counted already.
+            let window = self.opts.model.incident_window_ns;
+            let joins_folded = self
+                .last_folded_oom
+                .is_some_and(|(pid, ts)| pid == ev.pid && ev.ts_ns >= ts && ev.ts_ns - ts <= window);
+            if !joins_folded {
+                self.folded.ooms += 1;
+                self.folded.oom_bytes = self.folded.oom_bytes.saturating_add(ev.framework_request());
+            }
+            return false;
+        }
         if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
             if self.model.incident_count() >= self.opts.max_items {
                 // Past the limit of incidents: counted, not analysed.
+                self.last_folded_oom = Some((ev.pid, ev.ts_ns));
                 self.folded.ooms += 1;
                 self.folded.oom_bytes = self.folded.oom_bytes.saturating_add(ev.size);
                 return false;

@@ -114,12 +114,7 @@ impl Model {
                 ts_ns: ts,
             },
         );
-        let window = self.config.incident_window_ns;
-        let recent = self
-            .incidents
-            .iter()
-            .rposition(|i| i.slot == slot && i.inputs.lens.is_none() && ts.saturating_sub(i.view.ts_ns) <= window);
-        let idx = match self.procs[slot].open_incident.or(recent) {
+        let idx = match self.lens_incident(slot, ts) {
             Some(idx) => idx,
             None => {
                 self.procs[slot].oom_count += 1;
@@ -140,6 +135,28 @@ impl Model {
         p.open_incident = None; // the framework gave up: the program moved on
         p.lens_segments_for = Some((idx, device, false));
         self.decide(idx);
+    }
+
+    /// The incident a framework's failure at `ts` joins (see `on_framework_oom`), if any.
+    fn lens_incident(&self, slot: usize, ts: u64) -> Option<usize> {
+        let window = self.config.incident_window_ns;
+        self.procs[slot].open_incident.or_else(|| {
+            self.incidents
+                .iter()
+                .rposition(|i| i.slot == slot && i.inputs.lens.is_none() && ts.saturating_sub(i.view.ts_ns) <= window)
+        })
+    }
+
+    /// Whether applying `ev`, a framework's failure, would open a new incident rather than
+    /// join one (a reader that bounds its incidents folds it past the bound instead).
+    pub fn framework_oom_opens_incident(&self, ev: &Event) -> bool {
+        match self.by_pid.get(&ev.pid) {
+            Some(&slot) => {
+                let p = &self.procs[slot];
+                p.alive && self.lens_incident(slot, ev.ts_ns.max(p.last_ts)).is_none()
+            }
+            None => true,
+        }
     }
 
     /// One segment of the cache, listed by the lens right after its `framework_oom`.
