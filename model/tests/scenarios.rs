@@ -736,3 +736,33 @@ fn pool_sample_after_an_oom_judges_it() {
     assert!(inc.sample_after_failure, "the pool sample did not end the wait for the device sample");
     assert_eq!(s.processes[0].failed_calls, 1);
 }
+
+/// A server that fails request after request while it runs: with a cap the model keeps
+/// about that many incidents (the oldest forgotten and counted), ids keep growing, and an
+/// incident another process is still adding to survives the forgetting.
+#[test]
+fn a_process_failing_again_and_again_keeps_a_bounded_list_of_incidents() {
+    use vramhook_testkit::events::made;
+    const MS: u64 = 1_000_000;
+    let run_with = |cap: usize| {
+        let mut m = Model::default();
+        m.set_incident_cap(cap);
+        m.apply(&made(Event::alloc(Api::cuMemAlloc_v2, 0, 7 << 30).with_result(2), 100, MS, 0));
+        for i in 0..100u64 {
+            m.apply(&made(Event::alloc(Api::cuMemAlloc_v2, 0, (i + 1) << 20).with_result(2), 200, 2 * MS + i, 0));
+        }
+        m.apply(&made(Event::alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000, 7 << 30), 100, 500 * MS, 0));
+        m
+    };
+    let all = run_with(0).snapshot();
+    assert_eq!(all.incidents.len(), 101);
+    let m = run_with(10);
+    let s = m.snapshot();
+    assert!(s.incidents.len() <= 12, "{} kept", s.incidents.len());
+    assert_eq!(m.incidents_forgotten(), 101 - s.incidents.len() as u64);
+    assert!(s.incidents.windows(2).all(|w| w[0].id < w[1].id), "ids in order, none repeated");
+    assert_eq!(s.incidents.last().map(|i| i.id), Some(101));
+    let first = s.incidents.iter().find(|i| i.pid == 100).expect("the open incident is kept");
+    assert_eq!((first.id, first.retries, first.outcome), (1, 1, Outcome::Recovered));
+    assert_eq!(first, &all.incidents[0], "the same incident as without the cap");
+}

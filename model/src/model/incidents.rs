@@ -146,6 +146,10 @@ impl Model {
         caller: &str,
         ts: u64,
     ) -> usize {
+        let cap = self.incident_cap;
+        if cap > 0 && self.incidents.len() >= cap + cap / 4 {
+            self.forget_old_incidents(cap.saturating_sub(1));
+        }
         let pid = self.procs[slot].pid;
         let own_idle = self.idle_of(pid, device);
         // Idle bytes live only in pools and framework segments: summed over those (not over
@@ -204,7 +208,8 @@ impl Model {
         };
         let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
         let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
-        let id = self.incidents.len() as u64 + 1;
+        let id = self.last_incident_id.max(self.incidents.last().map_or(0, |i| i.view.id)) + 1;
+        self.last_incident_id = id;
         let view = OomIncident {
             id,
             pid,
@@ -242,6 +247,45 @@ impl Model {
         self.incidents.push(IncidentState { view, inputs, slot, freed_mark: p.freed_total, events_since: 0 });
         self.decide(idx);
         idx
+    }
+
+    /// Forgets the oldest incidents until `keep` are left, but for those a process still
+    /// points at (its open incident, one awaiting its device sample, one whose cache
+    /// segments the lens is listing), and moves those pointers to the new places.
+    fn forget_old_incidents(&mut self, keep: usize) {
+        let n = self.incidents.len();
+        let mut kept = vec![false; n];
+        for k in kept.iter_mut().skip(n.saturating_sub(keep)) {
+            *k = true;
+        }
+        for p in &self.procs {
+            let pointed = [p.open_incident, p.awaiting_sample.map(|a| a.0), p.lens_segments_for.map(|l| l.0)];
+            for i in pointed.into_iter().flatten() {
+                if let Some(k) = kept.get_mut(i) {
+                    *k = true;
+                }
+            }
+        }
+        let remap = self.retain_incidents(&kept);
+        self.incidents_forgotten += (n - self.incidents.len()) as u64;
+        for p in &mut self.procs {
+            p.remap_incidents(&remap);
+        }
+    }
+
+    /// Keeps the incidents `kept` marks, in order; returns each old index's new one
+    /// (`usize::MAX`: forgotten).
+    pub(super) fn retain_incidents(&mut self, kept: &[bool]) -> Vec<usize> {
+        let mut map = vec![usize::MAX; self.incidents.len()];
+        let mut incidents = Vec::with_capacity(self.incidents.len());
+        for (old, inc) in std::mem::take(&mut self.incidents).into_iter().enumerate() {
+            if kept.get(old).copied().unwrap_or(false) {
+                map[old] = incidents.len();
+                incidents.push(inc);
+            }
+        }
+        self.incidents = incidents;
+        map
     }
 
     #[inline]

@@ -412,6 +412,17 @@ pub struct Model {
     /// The earliest event time seen: explanations give times since it.
     #[serde(default = "no_origin")]
     origin: u64,
+    /// Incidents kept (0: all). A process that fails again and again while it runs (a
+    /// server that answers each request's OOM and goes on) would otherwise grow the list,
+    /// and every snapshot's copy of it, for as long as the agent runs.
+    #[serde(skip)]
+    incident_cap: usize,
+    /// The last incident id given (0: none yet, or a restored model: the last kept one's).
+    #[serde(skip)]
+    last_incident_id: u64,
+    /// Incidents forgotten under `incident_cap`.
+    #[serde(skip)]
+    incidents_forgotten: u64,
 }
 
 fn no_origin() -> u64 {
@@ -439,7 +450,25 @@ impl Model {
             pid_cache: None,
             device_live: Vec::new(),
             origin: u64::MAX,
+            incident_cap: 0,
+            last_incident_id: 0,
+            incidents_forgotten: 0,
         }
+    }
+
+    /// Keeps at most about `cap` incidents (0: all, the default): past it, the oldest that
+    /// no process is still adding to are forgotten, in batches of a fifth, and counted
+    /// ([`Model::incidents_forgotten`]). Incident ids keep growing: a reader that has seen
+    /// ids up to N of a process finds its new ones above N. Not part of a checkpoint: set it
+    /// again after [`Model::restore`].
+    pub fn set_incident_cap(&mut self, cap: usize) {
+        self.incident_cap = cap;
+    }
+
+    /// Incidents forgotten under the cap of [`Model::set_incident_cap`] since this model
+    /// was made or restored.
+    pub fn incidents_forgotten(&self) -> u64 {
+        self.incidents_forgotten
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -3,6 +3,15 @@
 use super::*;
 
 impl Process {
+    /// Moves the process's pointers into the incident list after it was compacted (`map`:
+    /// each old index's new one, `usize::MAX` for one forgotten).
+    pub(super) fn remap_incidents(&mut self, map: &[usize]) {
+        let remap = |i: usize| map.get(i).copied().filter(|n| *n != usize::MAX);
+        self.open_incident = self.open_incident.and_then(remap);
+        self.awaiting_sample = self.awaiting_sample.and_then(|(i, tid)| remap(i).map(|n| (n, tid)));
+        self.lens_segments_for = self.lens_segments_for.and_then(|(i, d, c)| remap(i).map(|n| (n, d, c)));
+    }
+
     #[inline]
     pub(super) fn new(pid: u32, start_time: u64) -> Process {
         Process {

@@ -258,22 +258,15 @@ impl Model {
                 next += 1;
             }
         }
-        let mut incident_map = vec![usize::MAX; self.incidents.len()];
-        let mut incidents = Vec::with_capacity(self.incidents.len());
-        for (old, mut inc) in std::mem::take(&mut self.incidents).into_iter().enumerate() {
-            if keep.get(inc.slot).copied().unwrap_or(false) {
-                inc.slot = slot_map[inc.slot];
-                incident_map[old] = incidents.len();
-                incidents.push(inc);
-            }
+        let kept: Vec<bool> = self.incidents.iter().map(|i| keep.get(i.slot).copied().unwrap_or(false)).collect();
+        let incident_map = self.retain_incidents(&kept);
+        for inc in &mut self.incidents {
+            inc.slot = slot_map[inc.slot];
         }
-        self.incidents = incidents;
-        let remap = |i: usize| incident_map.get(i).copied().filter(|n| *n != usize::MAX);
         let mut procs = Vec::with_capacity(next);
         for (old, mut p) in std::mem::take(&mut self.procs).into_iter().enumerate() {
             if keep[old] {
-                p.open_incident = p.open_incident.and_then(remap);
-                p.awaiting_sample = p.awaiting_sample.and_then(|(i, tid)| remap(i).map(|n| (n, tid)));
+                p.remap_incidents(&incident_map);
                 procs.push(p);
             }
         }
