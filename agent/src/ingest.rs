@@ -31,6 +31,10 @@ pub struct IngestConfig {
     /// Processes that exited longer ago than this are forgotten (with their incidents), so
     /// that memory does not grow with every process that ever ran on the host.
     pub forget_exited_after: Duration,
+    /// OOM incidents the live model keeps (the oldest are forgotten past it; each was
+    /// counted and exported when it happened): a process that fails on request after request
+    /// for days would otherwise grow the model and every snapshot's copy of it.
+    pub incidents_kept: usize,
     /// Largest ring file accepted (bigger ones are refused before they are mapped).
     pub max_ring_bytes: u64,
     /// eBPF mode: also trace through uprobes on libcuda (see `crate::ebpf`).
@@ -48,6 +52,7 @@ impl IngestConfig {
             batch_limit: 4096,
             include_run_rings: false,
             forget_exited_after: Duration::from_secs(600),
+            incidents_kept: 1000,
             max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
             ebpf: None,
         }
@@ -150,6 +155,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         }
         None => (Model::new(crate::model_config()), BTreeMap::new(), BTreeSet::new()),
     };
+    model.set_incident_cap(cfg.incidents_kept);
     let recovered_rings: BTreeSet<RingKey> = recorded.keys().copied().collect();
     // Writer drops recorded per ring (compared with what the ring says was reported).
     let mut drops: BTreeMap<RingKey, u64> = recorded.iter().map(|(k, c)| (*k, c.drops_reported)).collect();

@@ -2,10 +2,12 @@
 //! the counters outlive the process that failed (the model forgets an exited process with
 //! its incidents after `--forget-exited-after`; these totals stay).
 //!
-//! New incidents are found per process (pid + start time), not by incident id: the model
-//! numbers incidents by their position in its list, so once a process is forgotten a later
-//! incident can get an id already seen, and an "id above the last exported" rule missed it.
-//! A process's incidents only ever grow at its end, and go all at once when it is forgotten.
+//! New incidents are found per process (pid + start time): those with an id above the
+//! highest seen of that process. The model's ids only grow, while its list loses old
+//! incidents (a process forgotten, or the list's cap: `Model::set_incident_cap`), so neither
+//! a position in the list nor one id for the whole host would do. (After a restore the ids
+//! go on from the last kept, which may be below those of processes already forgotten: not
+//! below any of a process still kept.)
 
 use std::collections::{BTreeMap, HashMap};
 use vramhook_model::{ModelSnapshot, OomIncident, Verdict};
@@ -24,8 +26,8 @@ pub type OomTotals = BTreeMap<(i16, &'static str), u64>;
 /// Finds the incidents a snapshot has that earlier snapshots did not.
 #[derive(Debug, Default)]
 pub struct IncidentTracker {
-    /// Per process (pid, start time): how many of its incidents were already seen.
-    seen: HashMap<(u32, u64), usize>,
+    /// Per process (pid, start time): the highest incident id already seen.
+    seen: HashMap<(u32, u64), u64>,
 }
 
 impl IncidentTracker {
@@ -40,17 +42,19 @@ impl IncidentTracker {
     /// The incidents of `snap` not seen before, oldest first; forgets processes that are
     /// no longer in the snapshot.
     pub fn new_incidents<'a>(&mut self, snap: &'a ModelSnapshot) -> Vec<&'a OomIncident> {
-        let mut count: HashMap<(u32, u64), usize> = HashMap::new();
+        let mut highest: HashMap<(u32, u64), u64> = HashMap::new();
         let mut fresh = Vec::new();
         for i in &snap.incidents {
             let key = (i.pid, i.start_time);
-            let n = count.entry(key).or_default();
-            if *n >= self.seen.get(&key).copied().unwrap_or(0) {
+            if i.id > self.seen.get(&key).copied().unwrap_or(0) {
                 fresh.push(i);
             }
-            *n += 1;
+            let h = highest.entry(key).or_default();
+            *h = (*h).max(i.id);
         }
-        self.seen = count;
+        // (A process none of whose incidents is left loses its mark: its next one has a
+        // higher id than any it had, fresh either way.)
+        self.seen = highest;
         fresh
     }
 }
@@ -77,8 +81,8 @@ mod tests {
         m.apply(&e.with_result(CUDA_ERROR_OUT_OF_MEMORY));
     }
 
-    /// Process A fails, exits and is forgotten; process B then fails. The model gives B's
-    /// incident A's old id; it is still counted, and A's count stays.
+    /// Process A fails, exits and is forgotten; process B then fails: B's incident is
+    /// counted, and A's count stays. (The model used to give B's incident A's old id.)
     #[test]
     fn an_incident_after_a_forgotten_process_is_counted_though_its_id_was_seen() {
         let mut m = Model::default();
@@ -98,9 +102,30 @@ mod tests {
         let fresh = tracker.new_incidents(&s);
         assert_eq!(fresh.len(), 1, "B's incident is new");
         assert_eq!(fresh[0].pid, 11);
-        assert_eq!(fresh[0].id, first_id, "the model reused the id (why ids are not used)");
+        assert!(fresh[0].id > first_id, "ids only grow");
         add_to(&mut totals, &fresh);
         assert_eq!(totals.values().sum::<u64>(), 2, "{totals:?}");
+    }
+
+    /// One process fails 50 times while the model keeps at most about 5 incidents: every
+    /// incident is found new exactly once, though the list loses its oldest.
+    #[test]
+    fn every_incident_is_counted_once_under_the_models_cap() {
+        let mut m = Model::default();
+        m.set_incident_cap(5);
+        let mut tracker = IncidentTracker::default();
+        let mut totals = OomTotals::new();
+        for i in 0..50u64 {
+            // Each 3 s after the last: an incident of its own.
+            oom(&mut m, 10, 100 + i * 3_000_000_000);
+            let s = m.snapshot();
+            assert!(s.incidents.len() <= 6, "{} kept", s.incidents.len());
+            let fresh = tracker.new_incidents(&s);
+            assert_eq!(fresh.len(), 1, "failure {i}");
+            add_to(&mut totals, &fresh);
+        }
+        assert_eq!(totals.values().sum::<u64>(), 50, "{totals:?}");
+        assert!(m.incidents_forgotten() >= 44);
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub struct AgentArgs {
     /// that the agent's memory stays bounded on a host where processes come and go.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub forget_exited_after: u64,
+    /// OOM incidents kept in the live model (each is counted and exported when it happens;
+    /// past this many the oldest are forgotten), so that a process failing request after
+    /// request for days does not grow the agent's memory and its every snapshot.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub incidents_kept: usize,
     /// Largest ring to drain, in MiB of slots (plus its 4 KiB header); bigger ones are
     /// refused before they are mapped (the interposer's default ring is 4 MiB).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
@@ -89,6 +94,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     ingest.snapshot_interval = Duration::from_millis(args.snapshot_ms.max(10));
     ingest.checkpoint_interval = Duration::from_secs_f64(args.checkpoint_interval.max(0.1));
     ingest.forget_exited_after = Duration::from_secs(args.forget_exited_after);
+    ingest.incidents_kept = args.incidents_kept.max(1);
     ingest.max_ring_bytes = args.max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
     if args.ebpf || !args.pids.is_empty() {
         use vramhook_agent::ebpf::{EbpfConfig, EbpfTargets};
