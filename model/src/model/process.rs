@@ -148,6 +148,16 @@ impl Process {
     }
 }
 
+/// What [`Model::attach`] does with a (pid, start time).
+enum AttachTo {
+    /// The process in this slot.
+    Slot(usize),
+    /// Nothing: the process in this slot has exited.
+    Exited(usize),
+    /// A new process; one of the same pid in `replaces` is closed first if still alive.
+    New { replaces: Option<usize> },
+}
+
 impl Model {
     #[inline]
     pub(super) fn process_start(&mut self, pid: u32, start_time: u64, ppid: u32, ts: u64) {
@@ -168,30 +178,49 @@ impl Model {
     /// (the old image's memory went with its address space).
     #[inline]
     pub(super) fn attach(&mut self, pid: u32, start_time: u64, ts: u64, new_image: bool) -> Option<usize> {
-        match self.by_pid.get(&pid).copied() {
-            Some(s) => {
+        match self.attach_target(pid, start_time, new_image) {
+            AttachTo::Slot(s) => {
                 let p = &mut self.procs[s];
-                if p.start_time == start_time || start_time == 0 {
-                    if !p.alive && new_image && start_time != 0 {
-                        return Some(self.new_process(pid, start_time));
-                    }
-                    if !p.alive {
-                        self.anomaly(Some(s), Anomaly::EventAfterExit);
-                        return None;
-                    }
-                    Some(s)
-                } else if p.start_time == 0 && p.alive {
+                if p.start_time == 0 {
                     p.start_time = start_time;
-                    Some(s)
-                } else {
-                    if p.alive {
-                        self.close_process(s, ts);
-                    }
-                    Some(self.new_process(pid, start_time))
                 }
+                Some(s)
             }
-            None => Some(self.new_process(pid, start_time)),
+            AttachTo::Exited(s) => {
+                self.anomaly(Some(s), Anomaly::EventAfterExit);
+                None
+            }
+            AttachTo::New { replaces } => {
+                if let Some(s) = replaces.filter(|&s| self.procs[s].alive) {
+                    self.close_process(s, ts);
+                }
+                Some(self.new_process(pid, start_time))
+            }
         }
+    }
+
+    /// Where [`Model::attach`] would take (pid, start_time), without changing anything.
+    fn attach_target(&self, pid: u32, start_time: u64, new_image: bool) -> AttachTo {
+        let Some(&s) = self.by_pid.get(&pid) else { return AttachTo::New { replaces: None } };
+        let p = &self.procs[s];
+        if p.start_time == start_time || start_time == 0 {
+            match (p.alive, new_image && start_time != 0) {
+                (true, _) => AttachTo::Slot(s),
+                (false, true) => AttachTo::New { replaces: Some(s) },
+                (false, false) => AttachTo::Exited(s),
+            }
+        } else if p.start_time == 0 && p.alive {
+            AttachTo::Slot(s)
+        } else {
+            AttachTo::New { replaces: Some(s) }
+        }
+    }
+
+    /// Whether a process start of (pid, start_time), or what a reader knows of it, would
+    /// open a process beside the one the model already has under that pid (the pid reused,
+    /// or a new image after `exec`): a replay that bounds its processes counts it.
+    pub fn opens_another_process(&self, pid: u32, start_time: u64) -> bool {
+        matches!(self.attach_target(pid, start_time, true), AttachTo::New { replaces: Some(_) })
     }
 
     /// Attaches what the reader knows about a process (command line, exe, parent).
