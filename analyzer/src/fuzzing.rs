@@ -3,7 +3,12 @@
 
 use crate::{analyze_bytes, InputStatus, Options};
 use std::io::Cursor;
-use vramhook_protocol::capture::{Bytes, CaptureError, CaptureReader, Frame, Piped, SeekSource};
+use vramhook_model::{Model, ModelConfig};
+use vramhook_protocol::capture::{
+    Bytes, CaptureError, CaptureHeader, CaptureReader, CaptureWriter, Frame, FrameType, Piped, SeekSource,
+};
+use vramhook_protocol::record::{Event, RawRecord, RECORD_SIZE};
+use zerocopy::{FromBytes, IntoBytes};
 
 /// The capture reader alone: read every frame, resync after corruption, never loop forever;
 /// and the two ways of reading (a stream through a buffer, bytes lent in place as from a
@@ -94,4 +99,59 @@ pub fn analyze_bytes_target(data: &[u8]) {
             let _ = serde_json::to_string(&report);
         }
     }
+}
+
+/// A checkpoint frame: a rotated capture starts with one and the replay resumes from it, so
+/// its bytes are whoever wrote the file's. Whatever restores must be safe to drive on with
+/// events and to report. The input: a little-endian u32 length, that many checkpoint bytes,
+/// then 64-byte records; framed here with valid checksums, so every mutation reaches the
+/// restore instead of dying at a frame's checksum.
+pub fn model_checkpoint(data: &[u8]) {
+    let Some((len, rest)) = data.split_first_chunk::<4>() else { return };
+    let (checkpoint, records) = rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len()));
+    analyze_bytes_target(&checkpoint_capture(checkpoint, records));
+}
+
+/// A capture of a checkpoint frame and then events (whole records of `records`).
+pub fn checkpoint_capture(checkpoint: &[u8], records: &[u8]) -> Vec<u8> {
+    let events: Vec<Event> = records
+        .chunks_exact(RECORD_SIZE)
+        .filter_map(|r| RawRecord::ref_from_bytes(r).ok())
+        .map(Event::from_raw)
+        .collect();
+    let framed = CaptureWriter::new(Vec::new(), &CaptureHeader::default()).and_then(|mut w| {
+        w.write_frame(FrameType::Checkpoint, checkpoint)?;
+        w.write_events(&events)?;
+        w.finish()
+    });
+    framed.unwrap_or_default()
+}
+
+/// An input for [`model_checkpoint`] made from a capture: the model after the first half
+/// of its events, then the other half. `None` for bytes that hold no events.
+pub fn model_checkpoint_seed(capture: &[u8]) -> Option<Vec<u8>> {
+    let mut reader = CaptureReader::from_source(Bytes::new(capture)).ok()?;
+    let mut model = Model::new(ModelConfig::default());
+    let mut events: Vec<Event> = Vec::new();
+    let mut infos = Vec::new();
+    while let Ok(Some(frame)) = reader.next_frame() {
+        match frame {
+            Frame::Events(recs) => events.extend(recs.iter().map(Event::from_raw)),
+            Frame::Process(info) => infos.push(info),
+            _ => {}
+        }
+    }
+    if events.is_empty() {
+        return None;
+    }
+    for info in &infos {
+        model.process_info(info);
+    }
+    let (before, after) = events.split_at(events.len() / 2);
+    before.iter().for_each(|e| model.apply(e));
+    let checkpoint = model.checkpoint();
+    let mut out = (checkpoint.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&checkpoint);
+    after.iter().for_each(|e| out.extend_from_slice(e.to_raw().as_bytes()));
+    Some(out)
 }

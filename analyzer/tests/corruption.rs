@@ -138,6 +138,10 @@ fn seed_corpus_through_the_fuzz_target_bodies() {
             }
         }
     }
+    // Inputs of the checkpoint target: from each capture, the model after half its events.
+    let checkpoints: Vec<Vec<u8>> = corpus.iter().filter_map(|c| fuzzing::model_checkpoint_seed(c)).collect();
+    assert!(checkpoints.len() >= 2, "the scenario and the seed captures give checkpoints");
+    corpus.extend(checkpoints);
     let mut rng = Rng(7);
     let n = corpus.len();
     for k in 0..n {
@@ -156,6 +160,7 @@ fn seed_corpus_through_the_fuzz_target_bodies() {
         fuzzing::capture_reader(c);
         fuzzing::pytorch_snapshot(c);
         fuzzing::analyze_bytes_target(c);
+        fuzzing::model_checkpoint(c);
     }
 }
 
@@ -284,4 +289,58 @@ fn framework_failures_past_the_incident_limit_are_folded_once() {
     let seed = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/seeds/framework_ooms_past_the_limit.vhc"));
     let r = analyze_bytes("seed.vhc", &seed.expect("seed"), &Options { max_items: 2, ..Options::default() });
     assert_eq!(r.expect("seed").ooms.len(), 2);
+}
+
+/// A capture that starts with a checkpoint resumes from it, and what the checkpoint holds
+/// counts against `--max-items`: one holding more devices than the limit is refused with a
+/// note instead of reporting them all (found by cargo fuzz: 22 devices kept at a limit of 2).
+#[test]
+fn a_checkpoint_counts_against_the_limits() {
+    let mut model = vramhook_model::Model::new(Default::default());
+    for device in 0..5i16 {
+        let e = Event::alloc(Api::cuMemAlloc_v2, 0x7000_0000_0000 + (device as u64) * (1 << 32), 1 << 20);
+        model.apply(&vramhook_testkit::events::made(e, 300, 1_000 + device as u64, device));
+    }
+    let later = ev(300, 2_000, Event::free(Api::cuMemFree_v2, 0x7000_0000_0000)).to_raw();
+    let capture = fuzzing::checkpoint_capture(&model.checkpoint(), zerocopy::IntoBytes::as_bytes(&later));
+    let devices = |r: &vramhook_analyzer::Report| r.devices.iter().filter(|d| d.device != -1).count();
+    let resumed = |r: &vramhook_analyzer::Report| r.notes.iter().any(|n| n.contains("resumed from a model checkpoint"));
+
+    let within = analyze_bytes("ck.vhc", &capture, &Options { max_items: 5, ..Options::default() }).expect("report");
+    assert!(resumed(&within), "{:?}", within.notes);
+    assert_eq!(devices(&within), 5);
+    assert_eq!(within.processes.iter().map(|p| p.final_live_bytes).sum::<u64>(), 4 << 20, "the free after it applies");
+
+    let past = analyze_bytes("ck.vhc", &capture, &Options { max_items: 2, ..Options::default() }).expect("report");
+    assert!(!resumed(&past), "{:?}", past.notes);
+    assert!(
+        past.notes.iter().any(|n| n.contains("checkpoint ignored: it holds 5 devices, more than the limit of 2")),
+        "{:?}",
+        past.notes
+    );
+    assert!(devices(&past) <= 2);
+}
+
+/// A pid the system reused (or a process's new image after `exec`) is another process:
+/// it counts against `--max-items` as a new pid does. Before, three processes of pid 5
+/// were all kept at a limit of 1 (a container's main process restarting in a loop keeps
+/// its pid in its namespace).
+#[test]
+fn a_reused_pid_counts_against_the_process_limit() {
+    let mut evs = Vec::new();
+    for (i, start) in [11u64, 22, 33].into_iter().enumerate() {
+        let t = 1_000 + i as u64 * 100;
+        evs.push(ev(5, t, Event::process_start(1, start)));
+        evs.push(ev(5, t + 1, Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 * (i as u64 + 1), 4096)));
+    }
+    let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    w.write_events(&evs).expect("write");
+    let capture = w.finish().expect("finish");
+    let starts = |max_items: usize| {
+        let r = analyze_bytes("reuse.vhc", &capture, &Options { max_items, ..Options::default() }).expect("report");
+        (r.processes.iter().map(|p| p.start_time).collect::<Vec<_>>(), r.folded.processes, r.folded.process_events)
+    };
+    assert_eq!(starts(10), (vec![11, 22, 33], 0, 0));
+    assert_eq!(starts(2), (vec![11, 22], 1, 2));
+    assert_eq!(starts(1), (vec![11], 2, 4));
 }

@@ -56,10 +56,10 @@ impl Replayer {
                             // A capture that starts mid-stream (a rotated file): resume from
                             // the writer's model. Later checkpoints add nothing to a full replay.
                             if self.model.events() == 0 && self.applied == 0 {
-                                match Model::restore(bytes) {
-                                    Ok(m) => {
-                                        self.model = m;
-                                        self.notes.push(format!("{path}: replay resumed from a model checkpoint"));
+                                match Model::restore(bytes).map_err(|e| e.to_string()).and_then(|m| self.resume_from(m))
+                                {
+                                    Ok(()) => {
+                                        self.notes.push(format!("{path}: replay resumed from a model checkpoint"))
                                     }
                                     Err(e) => self.notes.push(format!("{path}: checkpoint ignored: {e}")),
                                 }

@@ -14,7 +14,7 @@ pub(crate) use layout::layout_item;
 use crate::report::*;
 use crate::series::Series;
 use crate::Options;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use timelines::{dev_track, Grid};
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
@@ -133,9 +133,13 @@ pub struct Replayer {
     dev_index: FastMap<i16, usize>,
     /// What was past the per-category limits.
     pub(crate) folded: Folded,
-    /// Pids replayed (at most `max_items`), and pids folded.
+    /// Pids replayed, and pids folded.
     admitted: FastMap<u32, ()>,
-    folded_pids: FastMap<u32, ()>,
+    /// Processes replayed (at most `max_items`): a pid reused, or its new image after an
+    /// `exec`, is another process of an admitted pid.
+    processes_admitted: usize,
+    /// Each folded pid's latest start time (0: not known), to count its processes.
+    folded_pids: FastMap<u32, u64>,
     /// The (pid, time) of the last driver failure folded past the incident limit: the
     /// framework's failure that follows it is the same incident, not counted again.
     last_folded_oom: Option<(u32, u64)>,
@@ -202,6 +206,7 @@ impl Replayer {
             devs: Vec::new(),
             dev_index: FastMap::default(),
             admitted: FastMap::default(),
+            processes_admitted: 0,
             folded_pids: FastMap::default(),
             last_folded_oom: None,
             dev_admitted: vec![0; 1024],
@@ -294,19 +299,84 @@ impl Replayer {
         true
     }
 
+    /// Resumes from a model checkpoint (a capture that starts mid-stream). Its processes,
+    /// devices and incidents count against the limits as replayed ones do; a checkpoint that
+    /// holds more of any than `max_items` is refused, and the replay starts empty instead.
+    pub(crate) fn resume_from(&mut self, model: Model) -> Result<(), String> {
+        let snap = model.snapshot_numbers();
+        let devices: BTreeSet<i16> = (snap.devices.iter().map(|d| d.ordinal))
+            .chain(snap.processes.iter().flat_map(|p| p.devices.iter().map(|d| d.device)))
+            .chain(snap.arenas.iter().map(|a| a.device))
+            .filter(|&d| d != -1)
+            .collect();
+        let max = self.opts.max_items;
+        let dev_bit = |d: i16| (i32::from(d) + 32_768) as usize;
+        let new_devices =
+            devices.iter().filter(|&&d| self.dev_admitted[dev_bit(d) / 64] & (1 << (dev_bit(d) % 64)) == 0).count();
+        let counts = [
+            ("processes", self.processes_admitted + snap.processes.len()),
+            ("devices", self.dev_admitted_count + new_devices),
+            ("incidents", snap.incidents.len()),
+        ];
+        for (what, n) in counts {
+            if n > max {
+                return Err(format!("it holds {n} {what}, more than the limit of {max} (--max-items)"));
+            }
+        }
+        for p in &snap.processes {
+            self.admitted.insert(p.pid, ());
+        }
+        self.processes_admitted += snap.processes.len();
+        for d in devices {
+            self.dev_admitted[dev_bit(d) / 64] |= 1 << (dev_bit(d) % 64);
+        }
+        self.dev_admitted_count += new_devices;
+        self.model = model;
+        Ok(())
+    }
+
     /// Whether the process exists within the limit of processes (admitting it if there is
     /// room); a pid past the limit is counted as folded.
-    fn admit_pid(&mut self, pid: u32) -> bool {
+    fn admit_pid(&mut self, pid: u32, start_time: u64) -> bool {
         if self.admitted.contains_key(&pid) {
             return true;
         }
-        if self.admitted.len() < self.opts.max_items {
+        if self.processes_admitted < self.opts.max_items {
             self.admitted.insert(pid, ());
+            self.processes_admitted += 1;
             return true;
         }
-        if self.folded_pids.insert(pid, ()).is_none() {
+        self.fold_pid(pid, start_time);
+        false
+    }
+
+    /// Counts a process past the limit: a pid not seen before, or a folded pid started
+    /// again (`start_time`, 0 where the caller does not know it).
+    fn fold_pid(&mut self, pid: u32, start_time: u64) {
+        let last = self.folded_pids.entry(pid).or_insert(u64::MAX);
+        let known_before = *last != u64::MAX;
+        if !known_before || (start_time != 0 && *last != 0 && *last != start_time) {
             self.folded.processes += 1;
         }
+        if start_time != 0 || !known_before {
+            *last = start_time;
+        }
+    }
+
+    /// Whether a start of (pid, start_time) of an admitted pid stays within the limit of
+    /// processes: one that opens another process under the pid (pid reuse, `exec`) counts
+    /// as a new one, and past the limit the pid is folded from then on.
+    fn admit_another_process(&mut self, pid: u32, start_time: u64) -> bool {
+        if !self.model.opens_another_process(pid, start_time) {
+            return true;
+        }
+        if self.processes_admitted < self.opts.max_items {
+            self.processes_admitted += 1;
+            return true;
+        }
+        self.admitted.remove(&pid);
+        self.last_ok = None;
+        self.fold_pid(pid, start_time);
         false
     }
 
@@ -315,7 +385,8 @@ impl Replayer {
     #[cold]
     fn admit(&mut self, ev: &Event) -> bool {
         let bytes = if ev.result == 0 && ev.kind == EventKind::Alloc as u8 { ev.size } else { 0 };
-        if !self.admit_pid(ev.pid) {
+        let start_time = if ev.kind == EventKind::ProcessStart as u8 { ev.start_time() } else { 0 };
+        if !self.admit_pid(ev.pid, start_time) {
             self.folded.process_events += 1;
             self.folded.process_bytes = self.folded.process_bytes.saturating_add(bytes);
             return false;
@@ -354,6 +425,10 @@ impl Replayer {
                 self.capture_layout(at, LayoutReason::At);
                 self.layout_fixed = true;
             }
+        }
+        if ev.kind == EventKind::ProcessStart as u8 && !self.admit_another_process(ev.pid, ev.start_time()) {
+            self.folded.process_events += 1;
+            return false;
         }
         if ev.kind == EventKind::FrameworkOom as u8
             && ev.result == 0
@@ -500,7 +575,10 @@ impl Replayer {
     }
 
     pub fn process_info(&mut self, info: &ProcessInfo) {
-        if !self.stopped && self.admit_pid(info.pid) {
+        if !self.stopped
+            && self.admit_pid(info.pid, info.start_time)
+            && self.admit_another_process(info.pid, info.start_time)
+        {
             self.model.process_info(info);
             // It may name a new process: learn its index at the next event.
             self.force_sample(self.applied);
@@ -523,7 +601,7 @@ impl Replayer {
     }
 
     pub fn process_end(&mut self, end: &ProcessEnd) {
-        if self.stopped || !self.admit_pid(end.pid) {
+        if self.stopped || !self.admit_pid(end.pid, 0) {
             return;
         }
         let e = self.ends.entry(end.pid).or_default();
