@@ -1,7 +1,7 @@
 //! Bodies of the fuzz targets in `fuzz/` (cargo-fuzz), here so that ordinary tests run
 //! them over a seed corpus. Each must return normally on any input: a panic is a bug.
 
-use crate::{analyze_bytes, InputStatus, Options};
+use crate::{analyze_bytes, analyze_bytes_many, InputStatus, Options};
 use std::io::Cursor;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::capture::{
@@ -154,4 +154,27 @@ pub fn model_checkpoint_seed(capture: &[u8]) -> Option<Vec<u8>> {
     out.extend_from_slice(&checkpoint);
     after.iter().for_each(|e| out.extend_from_slice(e.to_raw().as_bytes()));
     Some(out)
+}
+
+/// A PyTorch snapshot analysed with a capture, as `vramhook analyze run.vhc snap.pickle`
+/// does: the snapshot's segments are looked up among the capture's allocations and, where
+/// one process holds them, joined to it. The input: a little-endian u32 length, that many
+/// bytes of pickle, then the capture's bytes.
+pub fn snapshot_join(data: &[u8]) {
+    let Some((len, rest)) = data.split_first_chunk::<4>() else { return };
+    let (pickle, capture) = rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len()));
+    let mut snapshot = Vec::with_capacity(pickle.len() + 1);
+    if pickle.first() != Some(&0x80) {
+        snapshot.push(0x80);
+    }
+    snapshot.extend_from_slice(pickle);
+    for max_items in [crate::DEFAULT_MAX_ITEMS, 2] {
+        let opts = Options { max_points: 64, max_items, ..Options::default() };
+        if let Ok(report) = analyze_bytes_many(&[("fuzz.vhc", capture), ("fuzz.pickle", &snapshot)], &opts) {
+            check_bounds(&report, max_items);
+            let _ = crate::render::text::render(&report);
+            let _ = crate::render::html::render(&report);
+            let _ = serde_json::to_string(&report);
+        }
+    }
 }

@@ -209,11 +209,25 @@ fn read_bounded(file: &File, len: u64, max: u64) -> Result<Vec<u8>, String> {
 
 /// Analyses one in-memory input (a capture or a snapshot pickle). For tests and fuzzing.
 pub fn analyze_bytes(name: &str, bytes: &[u8], opts: &Options) -> Result<Report, AnalyzeError> {
+    analyze_bytes_many(&[(name, bytes)], opts)
+}
+
+/// Analyses in-memory inputs as [`analyze`] does files (logs aside): the captures in order,
+/// then the snapshots, which the replay expects first when there is something to join them
+/// with. For tests and fuzzing.
+pub fn analyze_bytes_many(inputs: &[(&str, &[u8])], opts: &Options) -> Result<Report, AnalyzeError> {
     let mut r = Replayer::new(opts.clone());
-    if is_pickle(bytes) {
-        torch::import(&mut r, name, bytes)?;
-    } else {
+    let (snapshots, captures): (Vec<_>, Vec<_>) = inputs.iter().partition(|(_, bytes)| is_pickle(bytes));
+    if inputs.len() > 1 {
+        for (name, bytes) in &snapshots {
+            r.expect_snapshot(name, &torch::segment_keys(name, bytes)?);
+        }
+    }
+    for (name, bytes) in captures {
         r.capture(name, Bytes::new(bytes))?;
+    }
+    for (name, bytes) in snapshots {
+        torch::import(&mut r, name, bytes)?;
     }
     Ok(finish(r))
 }
