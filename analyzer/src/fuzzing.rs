@@ -156,25 +156,49 @@ pub fn model_checkpoint_seed(capture: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// A PyTorch snapshot analysed with a capture, as `vramhook analyze run.vhc snap.pickle`
-/// does: the snapshot's segments are looked up among the capture's allocations and, where
-/// one process holds them, joined to it. The input: a little-endian u32 length, that many
-/// bytes of pickle, then the capture's bytes.
-pub fn snapshot_join(data: &[u8]) {
-    let Some((len, rest)) = data.split_first_chunk::<4>() else { return };
-    let (pickle, capture) = rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len()));
-    let mut snapshot = Vec::with_capacity(pickle.len() + 1);
-    if pickle.first() != Some(&0x80) {
-        snapshot.push(0x80);
+/// Inputs analysed together, as `vramhook analyze run.vhc snap.pickle server.log` does: a
+/// snapshot's segments are looked up among the captures' allocations, a log's failures
+/// among their incidents. The input: up to three parts, each but the last a little-endian
+/// u32 length and that many bytes; each part is read as what it looks like (capture,
+/// PyTorch snapshot or log), in both orders of the first two. An empty last part is none.
+pub fn joined_inputs(data: &[u8]) {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut rest = data;
+    while parts.len() < 2 {
+        let Some((len, tail)) = rest.split_first_chunk::<4>() else { break };
+        let (part, tail) = tail.split_at((u32::from_le_bytes(*len) as usize).min(tail.len()));
+        parts.push(part);
+        rest = tail;
     }
-    snapshot.extend_from_slice(pickle);
-    for max_items in [crate::DEFAULT_MAX_ITEMS, 2] {
-        let opts = Options { max_points: 64, max_items, ..Options::default() };
-        if let Ok(report) = analyze_bytes_many(&[("fuzz.vhc", capture), ("fuzz.pickle", &snapshot)], &opts) {
-            check_bounds(&report, max_items);
-            let _ = crate::render::text::render(&report);
-            let _ = crate::render::html::render(&report);
-            let _ = serde_json::to_string(&report);
+    if !rest.is_empty() || parts.is_empty() {
+        parts.push(rest);
+    }
+    let names = ["fuzz-1", "fuzz-2", "fuzz-3"];
+    let mut inputs: Vec<(&str, &[u8])> = names.iter().copied().zip(parts).collect();
+    for round in 0..inputs.len().min(2) {
+        if round == 1 {
+            inputs.swap(0, 1);
+        }
+        for max_items in [crate::DEFAULT_MAX_ITEMS, 2] {
+            let opts = Options { max_points: 64, max_items, ..Options::default() };
+            if let Ok(report) = analyze_bytes_many(&inputs, &opts) {
+                check_bounds(&report, max_items);
+                let _ = crate::render::text::render(&report);
+                let _ = crate::render::html::render(&report);
+                let _ = serde_json::to_string(&report);
+            }
         }
     }
+}
+
+/// An input for [`joined_inputs`] of two or three parts.
+pub fn joined_inputs_seed(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i < 2 {
+            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+        }
+        out.extend_from_slice(part);
+    }
+    out
 }

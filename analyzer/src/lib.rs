@@ -207,27 +207,38 @@ fn read_bounded(file: &File, len: u64, max: u64) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Analyses one in-memory input (a capture or a snapshot pickle). For tests and fuzzing.
+/// Analyses one in-memory input (a capture, a snapshot pickle or a log). For tests and fuzzing.
 pub fn analyze_bytes(name: &str, bytes: &[u8], opts: &Options) -> Result<Report, AnalyzeError> {
     analyze_bytes_many(&[(name, bytes)], opts)
 }
 
-/// Analyses in-memory inputs as [`analyze`] does files (logs aside): the captures in order,
-/// then the snapshots, which the replay expects first when there is something to join them
-/// with. For tests and fuzzing.
+/// Analyses in-memory inputs as [`analyze`] does files: logs and captures in order, then the
+/// snapshots, which the replay expects first when there is something to join them with.
+/// For tests and fuzzing.
 pub fn analyze_bytes_many(inputs: &[(&str, &[u8])], opts: &Options) -> Result<Report, AnalyzeError> {
     let mut r = Replayer::new(opts.clone());
-    let (snapshots, captures): (Vec<_>, Vec<_>) = inputs.iter().partition(|(_, bytes)| is_pickle(bytes));
+    let mut logs = logs::LogInputs::default();
+    let is_log = |bytes: &[u8]| logs::is_log(&bytes[..bytes.len().min(4096)]);
+    let snapshots: Vec<_> = inputs.iter().filter(|(_, b)| !is_log(b) && is_pickle(b)).collect();
     if inputs.len() > 1 {
         for (name, bytes) in &snapshots {
             r.expect_snapshot(name, &torch::segment_keys(name, bytes)?);
         }
     }
-    for (name, bytes) in captures {
-        r.capture(name, Bytes::new(bytes))?;
+    for (name, bytes) in inputs {
+        if is_log(bytes) {
+            let read = logs.read(name, *bytes, logs::is_gzip(bytes));
+            if !read.map_err(|e| AnalyzeError::Open { path: name.to_string(), message: e.to_string() })? {
+                r.inputs.push(logs::unrecognised(name, bytes.len() as u64));
+            }
+        } else if !is_pickle(bytes) {
+            r.capture(name, Bytes::new(bytes))?;
+        }
     }
     for (name, bytes) in snapshots {
         torch::import(&mut r, name, bytes)?;
     }
-    Ok(finish(r))
+    let mut report = finish(r);
+    logs.attach(&mut report);
+    Ok(report)
 }

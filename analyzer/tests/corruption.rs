@@ -161,7 +161,7 @@ fn seed_corpus_through_the_fuzz_target_bodies() {
         fuzzing::pytorch_snapshot(c);
         fuzzing::analyze_bytes_target(c);
         fuzzing::model_checkpoint(c);
-        fuzzing::snapshot_join(c);
+        fuzzing::joined_inputs(c);
     }
 }
 
