@@ -337,11 +337,14 @@ fn a_reused_pid_counts_against_the_process_limit() {
     let mut w = vramhook_protocol::capture::CaptureWriter::new(Vec::new(), &header()).expect("writer");
     w.write_events(&evs).expect("write");
     let capture = w.finish().expect("finish");
-    let starts = |max_items: usize| {
+    // (start time, exited) of each process kept; processes and events folded.
+    let kept = |max_items: usize| {
         let r = analyze_bytes("reuse.vhc", &capture, &Options { max_items, ..Options::default() }).expect("report");
-        (r.processes.iter().map(|p| p.start_time).collect::<Vec<_>>(), r.folded.processes, r.folded.process_events)
+        let procs: Vec<_> = r.processes.iter().map(|p| (p.start_time, p.exited)).collect();
+        (procs, r.folded.processes, r.folded.process_events)
     };
-    assert_eq!(starts(10), (vec![11, 22, 33], 0, 0));
-    assert_eq!(starts(2), (vec![11, 22], 1, 2));
-    assert_eq!(starts(1), (vec![11], 2, 4));
+    assert_eq!(kept(10), (vec![(11, true), (22, true), (33, false)], 0, 0));
+    // The last process kept ends where the pid's next start was folded, as it would have.
+    assert_eq!(kept(2), (vec![(11, true), (22, true)], 1, 2));
+    assert_eq!(kept(1), (vec![(11, true)], 2, 4));
 }

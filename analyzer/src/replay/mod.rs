@@ -363,10 +363,11 @@ impl Replayer {
         }
     }
 
-    /// Whether a start of (pid, start_time) of an admitted pid stays within the limit of
-    /// processes: one that opens another process under the pid (pid reuse, `exec`) counts
-    /// as a new one, and past the limit the pid is folded from then on.
-    fn admit_another_process(&mut self, pid: u32, start_time: u64) -> bool {
+    /// Whether a start of (pid, start_time) of an admitted pid at `ts` stays within the limit
+    /// of processes: one that opens another process under the pid (pid reuse, `exec`) counts
+    /// as a new one. Past the limit the pid is folded from then on, and its process before
+    /// ends there, as the start would have ended it.
+    fn admit_another_process(&mut self, pid: u32, start_time: u64, ts: u64) -> bool {
         if !self.model.opens_another_process(pid, start_time) {
             return true;
         }
@@ -377,6 +378,7 @@ impl Replayer {
         self.admitted.remove(&pid);
         self.last_ok = None;
         self.fold_pid(pid, start_time);
+        self.model.process_exit(pid, 0, None, ts);
         false
     }
 
@@ -426,7 +428,7 @@ impl Replayer {
                 self.layout_fixed = true;
             }
         }
-        if ev.kind == EventKind::ProcessStart as u8 && !self.admit_another_process(ev.pid, ev.start_time()) {
+        if ev.kind == EventKind::ProcessStart as u8 && !self.admit_another_process(ev.pid, ev.start_time(), ev.ts_ns) {
             self.folded.process_events += 1;
             return false;
         }
@@ -577,7 +579,7 @@ impl Replayer {
     pub fn process_info(&mut self, info: &ProcessInfo) {
         if !self.stopped
             && self.admit_pid(info.pid, info.start_time)
-            && self.admit_another_process(info.pid, info.start_time)
+            && self.admit_another_process(info.pid, info.start_time, self.last_ts)
         {
             self.model.process_info(info);
             // It may name a new process: learn its index at the next event.
