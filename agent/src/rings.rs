@@ -919,9 +919,7 @@ pub fn parse_ring_name(name: &str) -> Option<RingKey> {
 /// pid and its /proc entry), if there is one.
 fn proc_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = stat.iter().rposition(|b| *b == b')')?;
-    let fields: Vec<&[u8]> = stat[close + 1..].split(|b| *b == b' ').filter(|f| !f.is_empty()).collect();
-    fields.get(19).and_then(|f| std::str::from_utf8(f).ok()).and_then(|s| s.parse::<u64>().ok())
+    vramhook_protocol::ringdir::parse_stat_start(&stat).map(|(_, start)| start)
 }
 
 /// Field 4 of /proc/PID/stat: the parent's pid, as this reader sees it.
