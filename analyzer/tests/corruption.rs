@@ -293,33 +293,44 @@ fn framework_failures_past_the_incident_limit_are_folded_once() {
 }
 
 /// A capture that starts with a checkpoint resumes from it, and what the checkpoint holds
-/// counts against `--max-items`: one holding more devices than the limit is refused with a
-/// note instead of reporting them all (found by cargo fuzz: 22 devices kept at a limit of 2).
+/// counts against `--max-items`: one holding more processes than the limit is refused with
+/// a note, and its devices past the limit are folded as they reach the timelines (found by
+/// cargo fuzz: 22 devices kept at a limit of 2, then 3, from an allocation of the checkpoint
+/// freed later).
 #[test]
 fn a_checkpoint_counts_against_the_limits() {
-    let mut model = vramhook_model::Model::new(Default::default());
-    for device in 0..5i16 {
-        let e = Event::alloc(Api::cuMemAlloc_v2, 0x7000_0000_0000 + (device as u64) * (1 << 32), 1 << 20);
-        model.apply(&vramhook_testkit::events::made(e, 300, 1_000 + device as u64, device));
-    }
-    let later = ev(300, 2_000, Event::free(Api::cuMemFree_v2, 0x7000_0000_0000)).to_raw();
-    let capture = fuzzing::checkpoint_capture(&model.checkpoint(), zerocopy::IntoBytes::as_bytes(&later));
+    // pids 300.. each hold 1 MiB on device 0..; `pids` of them.
+    let capture = |pids: u32| {
+        let mut model = vramhook_model::Model::new(Default::default());
+        for device in 0..5i16 {
+            let pid = 300 + device as u32 % pids;
+            let e = Event::alloc(Api::cuMemAlloc_v2, 0x7000_0000_0000 + (device as u64) * (1 << 32), 1 << 20);
+            model.apply(&vramhook_testkit::events::made(e, pid, 1_000 + device as u64, device));
+        }
+        let later = ev(300, 2_000, Event::free(Api::cuMemFree_v2, 0x7000_0000_0000)).to_raw();
+        fuzzing::checkpoint_capture(&model.checkpoint(), zerocopy::IntoBytes::as_bytes(&later))
+    };
+    let analyze = |pids: u32, max_items: usize| {
+        analyze_bytes("ck.vhc", &capture(pids), &Options { max_items, ..Options::default() }).expect("report")
+    };
     let devices = |r: &vramhook_analyzer::Report| r.devices.iter().filter(|d| d.device != -1).count();
     let resumed = |r: &vramhook_analyzer::Report| r.notes.iter().any(|n| n.contains("resumed from a model checkpoint"));
 
-    let within = analyze_bytes("ck.vhc", &capture, &Options { max_items: 5, ..Options::default() }).expect("report");
+    let within = analyze(5, 5);
     assert!(resumed(&within), "{:?}", within.notes);
-    assert_eq!(devices(&within), 5);
+    assert_eq!((devices(&within), within.processes.len()), (5, 5));
     assert_eq!(within.processes.iter().map(|p| p.final_live_bytes).sum::<u64>(), 4 << 20, "the free after it applies");
 
-    let past = analyze_bytes("ck.vhc", &capture, &Options { max_items: 2, ..Options::default() }).expect("report");
+    let past = analyze(5, 2);
     assert!(!resumed(&past), "{:?}", past.notes);
-    assert!(
-        past.notes.iter().any(|n| n.contains("checkpoint ignored: it holds 5 devices, more than the limit of 2")),
-        "{:?}",
-        past.notes
-    );
-    assert!(devices(&past) <= 2);
+    let refused = "checkpoint ignored: it holds 5 processes, more than the limit of 2 (--max-items)";
+    assert!(past.notes.iter().any(|n| n.contains(refused)), "{:?}", past.notes);
+    assert!(devices(&past) <= 2 && past.processes.len() <= 2);
+
+    // One process on five devices: resumed, two devices kept, three folded.
+    let one = analyze(1, 2);
+    assert!(resumed(&one), "{:?}", one.notes);
+    assert_eq!((devices(&one), one.folded.devices), (2, 3));
 }
 
 /// A pid the system reused (or a process's new image after `exec`) is another process:

@@ -14,7 +14,7 @@ pub(crate) use layout::layout_item;
 use crate::report::*;
 use crate::series::Series;
 use crate::Options;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use timelines::{dev_track, Grid};
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
@@ -299,38 +299,23 @@ impl Replayer {
         true
     }
 
-    /// Resumes from a model checkpoint (a capture that starts mid-stream). Its processes,
-    /// devices and incidents count against the limits as replayed ones do; a checkpoint that
-    /// holds more of any than `max_items` is refused, and the replay starts empty instead.
+    /// Resumes from a model checkpoint (a capture that starts mid-stream). Its processes and
+    /// incidents count against the limits as replayed ones do; a checkpoint that holds more
+    /// of either than `max_items` is refused, and the replay starts empty instead. Its
+    /// devices are admitted as they reach the timelines ([`Replayer::device_track`]).
     pub(crate) fn resume_from(&mut self, model: Model) -> Result<(), String> {
-        let snap = model.snapshot_numbers();
-        let devices: BTreeSet<i16> = (snap.devices.iter().map(|d| d.ordinal))
-            .chain(snap.processes.iter().flat_map(|p| p.devices.iter().map(|d| d.device)))
-            .chain(snap.arenas.iter().map(|a| a.device))
-            .filter(|&d| d != -1)
-            .collect();
         let max = self.opts.max_items;
-        let dev_bit = |d: i16| (i32::from(d) + 32_768) as usize;
-        let new_devices =
-            devices.iter().filter(|&&d| self.dev_admitted[dev_bit(d) / 64] & (1 << (dev_bit(d) % 64)) == 0).count();
-        let counts = [
-            ("processes", self.processes_admitted + snap.processes.len()),
-            ("devices", self.dev_admitted_count + new_devices),
-            ("incidents", snap.incidents.len()),
-        ];
+        let counts =
+            [("processes", self.processes_admitted + model.process_count()), ("incidents", model.incident_count())];
         for (what, n) in counts {
             if n > max {
                 return Err(format!("it holds {n} {what}, more than the limit of {max} (--max-items)"));
             }
         }
-        for p in &snap.processes {
-            self.admitted.insert(p.pid, ());
+        for pid in model.pids() {
+            self.admitted.insert(pid, ());
         }
-        self.processes_admitted += snap.processes.len();
-        for d in devices {
-            self.dev_admitted[dev_bit(d) / 64] |= 1 << (dev_bit(d) % 64);
-        }
-        self.dev_admitted_count += new_devices;
+        self.processes_admitted += model.process_count();
         self.model = model;
         Ok(())
     }
@@ -393,26 +378,46 @@ impl Replayer {
             self.folded.process_bytes = self.folded.process_bytes.saturating_add(bytes);
             return false;
         }
-        if ev.device != -1 {
-            let bit = (i32::from(ev.device) + 32_768) as usize;
-            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
-            if self.dev_admitted[word] & mask == 0 {
-                if self.dev_admitted_count < self.opts.max_items {
-                    self.dev_admitted[word] |= mask;
-                    self.dev_admitted_count += 1;
-                } else {
-                    if self.dev_folded[word] & mask == 0 {
-                        self.dev_folded[word] |= mask;
-                        self.folded.devices += 1;
-                    }
-                    self.folded.device_events += 1;
-                    self.folded.device_bytes = self.folded.device_bytes.saturating_add(bytes);
-                    return false;
-                }
-            }
+        if !self.admit_device(ev.device) {
+            self.folded.device_events += 1;
+            self.folded.device_bytes = self.folded.device_bytes.saturating_add(bytes);
+            return false;
         }
         self.last_ok = Some((ev.pid, ev.device));
         true
+    }
+
+    /// Whether the device is within the limit of devices (admitting it if there is room;
+    /// -1, the device not known, always is); a device past the limit is counted as folded.
+    fn admit_device(&mut self, device: i16) -> bool {
+        if device == -1 {
+            return true;
+        }
+        let bit = (i32::from(device) + 32_768) as usize;
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        if self.dev_admitted[word] & mask != 0 {
+            return true;
+        }
+        if self.dev_admitted_count < self.opts.max_items {
+            self.dev_admitted[word] |= mask;
+            self.dev_admitted_count += 1;
+            return true;
+        }
+        if self.dev_folded[word] & mask == 0 {
+            self.dev_folded[word] |= mask;
+            self.folded.devices += 1;
+        }
+        false
+    }
+
+    /// The timeline track of a device the model reports, created on first use. A device
+    /// can reach the model without an event of its own (an allocation in a resumed
+    /// checkpoint, freed later): it is admitted here too, and past the limit has no track.
+    pub(super) fn device_track(&mut self, device: i16) -> Option<usize> {
+        if let Some(&i) = self.dev_index.get(&device) {
+            return Some(i);
+        }
+        self.admit_device(device).then(|| dev_track(&mut self.devs, &mut self.dev_index, device))
     }
 
     /// Returns false when the event must not be applied (past `--to`).
@@ -476,8 +481,8 @@ impl Replayer {
             // A new process (or a new image after exec): learn its index after this event.
             self.force_sample(self.applied + 1);
         }
-        if ev.kind == EventKind::MemInfo as u8 && ev.result == 0 {
-            let i = dev_track(&mut self.devs, &mut self.dev_index, ev.device);
+        let sample = ev.kind == EventKind::MemInfo as u8 && ev.result == 0;
+        if let Some(i) = if sample { self.device_track(ev.device) } else { None } {
             let d = &mut self.devs[i];
             d.total = Some(ev.size);
             d.free_latest = Some(ev.addr);

@@ -22,7 +22,7 @@ impl Replayer {
             }
         }
         for w in self.model.take_device_windows() {
-            let i = dev_track(&mut self.devs, &mut self.dev_index, w.device);
+            let Some(i) = self.device_track(w.device) else { continue };
             let dt = &mut self.devs[i];
             if let Some(window) = w.window {
                 if dt.live.is_empty() {
@@ -82,7 +82,7 @@ impl Replayer {
             t.last = p.live_bytes;
         }
         for d in &snap.devices {
-            let i = dev_track(&mut self.devs, &mut self.dev_index, d.ordinal);
+            let Some(i) = self.device_track(d.ordinal) else { continue };
             let t = &mut self.devs[i];
             if d.total.is_some() {
                 t.total = d.total;

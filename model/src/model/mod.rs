@@ -490,6 +490,11 @@ impl Model {
         self.procs.len()
     }
 
+    /// The pids of the processes known (each once).
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_pid.keys().copied()
+    }
+
     /// Number of live allocations held in the address map (all processes).
     pub fn live_allocation_count(&self) -> usize {
         self.allocs.len()
