@@ -145,7 +145,7 @@ fn process_reports(
             continue;
         }
         let (device, devices) = r.proc_main_device(slot);
-        let (ring_dropped, lost) = r.ends.get(&view.pid).copied().unwrap_or((0, 0));
+        let (ring_dropped, lost) = r.ends.get(&slot).copied().unwrap_or((0, 0));
         // Every loss is in the stream as a `Dropped` marker (the model's count: writer drops,
         // slots lost in flight, slots an agent restart skipped), and the process-end frame
         // counts the same losses again as writer drops + lost in flight. Adding the two

@@ -281,3 +281,25 @@ fn vmm_reservations_name_their_device_in_real_captures() {
     assert_eq!(r.fragmentation[0].device, -1, "nothing was mapped: no device to name");
     assert!(text::render(&r).contains("pid 555 dev ? VmmReservation"));
 }
+
+/// A pid reused is another process with its own losses: each process-end frame's drops go
+/// to the process it ends, not to every process of that pid (before: both processes of pid
+/// 5 reported 10 + 20 dropped events).
+#[test]
+fn a_reused_pid_keeps_each_process_losses_apart() {
+    use vramhook_protocol::capture::{CaptureWriter, ProcessEnd};
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    for (i, (start, dropped)) in [(11u64, 10u64), (22, 20)].into_iter().enumerate() {
+        let t = 1_000 + i as u64 * 100;
+        let evs = [
+            ev(5, t, Event::process_start(1, start)),
+            ev(5, t + 1, Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 * (i as u64 + 1), 4096)),
+        ];
+        w.write_events(&evs).expect("events");
+        let end = ProcessEnd { pid: 5, start_time: start, ts_ns: t + 50, dropped, ..ProcessEnd::default() };
+        w.write_process_end(&end).expect("end");
+    }
+    let r = analyze_bytes("reuse.vhc", &w.finish().expect("finish"), &Options::default()).expect("report");
+    let drops: Vec<_> = r.processes.iter().map(|p| (p.start_time, p.dropped_events)).collect();
+    assert_eq!(drops, vec![(11, 10), (22, 20)]);
+}

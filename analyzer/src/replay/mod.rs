@@ -170,7 +170,8 @@ pub struct Replayer {
     pub(crate) layout: Option<LayoutReport>,
     layout_fixed: bool,
     peak_captured: u64,
-    pub(crate) ends: BTreeMap<u32, (u64, u64)>,
+    /// Losses from process-end frames (writer drops, lost in flight), by model process index.
+    pub(crate) ends: BTreeMap<usize, (u64, u64)>,
     pub(crate) inputs: Vec<InputReport>,
     pub(crate) notes: Vec<String>,
     /// (monotonic, wall) ns anchor of the first capture: puts PyTorch snapshot times (wall
@@ -611,9 +612,12 @@ impl Replayer {
         if self.stopped || !self.admit_pid(end.pid, 0) {
             return;
         }
-        let e = self.ends.entry(end.pid).or_default();
-        e.0 = e.0.saturating_add(end.dropped);
-        e.1 = e.1.saturating_add(end.lost_in_flight);
+        // Per process, not per pid: a pid reused is another process with its own losses.
+        if let Some(slot) = self.model.process_slot(end.pid, end.start_time) {
+            let e = self.ends.entry(slot).or_default();
+            e.0 = e.0.saturating_add(end.dropped);
+            e.1 = e.1.saturating_add(end.lost_in_flight);
+        }
         // The reader closes a stream after the process is gone: its time is an upper bound.
         let ts = end.ts_ns.min(self.last_ts);
         self.remember_exit(end.pid, end.start_time, ts);

@@ -254,17 +254,10 @@ impl Model {
     /// releases everything it held. Idempotent; a `start_time` of 0 matches the current
     /// process of that pid.
     pub fn process_exit(&mut self, pid: u32, start_time: u64, exit_status: Option<i32>, ts_ns: u64) {
-        let slot = self.procs.iter().rposition(|p| p.pid == pid && (start_time == 0 || p.start_time == start_time));
-        let slot = match slot {
-            Some(s) => s,
-            None => match self.by_pid.get(&pid).copied() {
-                Some(s) if self.procs[s].start_time == 0 && self.procs[s].alive => {
-                    self.procs[s].start_time = start_time;
-                    s
-                }
-                _ => return,
-            },
-        };
+        let Some(slot) = self.process_slot(pid, start_time) else { return };
+        if self.procs[slot].start_time == 0 {
+            self.procs[slot].start_time = start_time;
+        }
         if ts_ns > self.now {
             self.now = ts_ns;
         }
@@ -274,6 +267,17 @@ impl Model {
         if exit_status.is_some() {
             self.procs[slot].exit_status = exit_status;
         }
+    }
+
+    /// The index of process (pid, start_time), alive or not (`start_time` 0: the latest of
+    /// that pid), as [`Model::process_exit`] finds it: a process whose start time is not
+    /// known yet, still alive, is the one a known start time names.
+    pub fn process_slot(&self, pid: u32, start_time: u64) -> Option<usize> {
+        let exact = self.procs.iter().rposition(|p| p.pid == pid && (start_time == 0 || p.start_time == start_time));
+        exact.or_else(|| {
+            let s = self.by_pid.get(&pid).copied()?;
+            (self.procs[s].start_time == 0 && self.procs[s].alive).then_some(s)
+        })
     }
 
     #[inline]
