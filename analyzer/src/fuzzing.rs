@@ -107,9 +107,22 @@ pub fn analyze_bytes_target(data: &[u8]) {
 /// then 64-byte records; framed here with valid checksums, so every mutation reaches the
 /// restore instead of dying at a frame's checksum.
 pub fn model_checkpoint(data: &[u8]) {
-    let Some((len, rest)) = data.split_first_chunk::<4>() else { return };
-    let (checkpoint, records) = rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len()));
-    analyze_bytes_target(&checkpoint_capture(checkpoint, records));
+    if let Some((checkpoint, records)) = split_prefixed(data) {
+        analyze_bytes_target(&checkpoint_capture(checkpoint, records));
+    }
+}
+
+/// A part of a fuzz input given by its length (little-endian u32, cut to what is there),
+/// and what follows it.
+fn split_prefixed(data: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = data.split_first_chunk::<4>()?;
+    Some(rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len())))
+}
+
+/// `part` with its length before it, as [`split_prefixed`] reads it.
+fn push_prefixed(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+    out.extend_from_slice(part);
 }
 
 /// A capture of a checkpoint frame and then events (whole records of `records`).
@@ -149,9 +162,8 @@ pub fn model_checkpoint_seed(capture: &[u8]) -> Option<Vec<u8>> {
     }
     let (before, after) = events.split_at(events.len() / 2);
     before.iter().for_each(|e| model.apply(e));
-    let checkpoint = model.checkpoint();
-    let mut out = (checkpoint.len() as u32).to_le_bytes().to_vec();
-    out.extend_from_slice(&checkpoint);
+    let mut out = Vec::new();
+    push_prefixed(&mut out, &model.checkpoint());
     after.iter().for_each(|e| out.extend_from_slice(e.to_raw().as_bytes()));
     Some(out)
 }
@@ -165,8 +177,7 @@ pub fn joined_inputs(data: &[u8]) {
     let mut parts: Vec<&[u8]> = Vec::new();
     let mut rest = data;
     while parts.len() < 2 {
-        let Some((len, tail)) = rest.split_first_chunk::<4>() else { break };
-        let (part, tail) = tail.split_at((u32::from_le_bytes(*len) as usize).min(tail.len()));
+        let Some((part, tail)) = split_prefixed(rest) else { break };
         parts.push(part);
         rest = tail;
     }
@@ -196,9 +207,10 @@ pub fn joined_inputs_seed(parts: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
     for (i, part) in parts.iter().enumerate() {
         if i < 2 {
-            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            push_prefixed(&mut out, part);
+        } else {
+            out.extend_from_slice(part);
         }
-        out.extend_from_slice(part);
     }
     out
 }

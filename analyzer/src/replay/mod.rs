@@ -14,8 +14,9 @@ pub(crate) use layout::layout_item;
 use crate::report::*;
 use crate::series::Series;
 use crate::Options;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use timelines::{dev_track, Grid};
+use timelines::Grid;
 use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::record::{Event, EventKind};
@@ -339,13 +340,18 @@ impl Replayer {
     /// Counts a process past the limit: a pid not seen before, or a folded pid started
     /// again (`start_time`, 0 where the caller does not know it).
     fn fold_pid(&mut self, pid: u32, start_time: u64) {
-        let last = self.folded_pids.entry(pid).or_insert(u64::MAX);
-        let known_before = *last != u64::MAX;
-        if !known_before || (start_time != 0 && *last != 0 && *last != start_time) {
-            self.folded.processes += 1;
-        }
-        if start_time != 0 || !known_before {
-            *last = start_time;
+        match self.folded_pids.entry(pid) {
+            Entry::Vacant(v) => {
+                v.insert(start_time);
+                self.folded.processes += 1;
+            }
+            Entry::Occupied(mut last) if start_time != 0 => {
+                if *last.get() != 0 && *last.get() != start_time {
+                    self.folded.processes += 1;
+                }
+                last.insert(start_time);
+            }
+            Entry::Occupied(_) => {}
         }
     }
 
@@ -418,7 +424,12 @@ impl Replayer {
         if let Some(&i) = self.dev_index.get(&device) {
             return Some(i);
         }
-        self.admit_device(device).then(|| dev_track(&mut self.devs, &mut self.dev_index, device))
+        if !self.admit_device(device) {
+            return None;
+        }
+        self.devs.push(DevTrack { device, ..DevTrack::default() });
+        self.dev_index.insert(device, self.devs.len() - 1);
+        Some(self.devs.len() - 1)
     }
 
     /// Returns false when the event must not be applied (past `--to`).

@@ -269,11 +269,3 @@ pub(super) fn push_window(series: &mut Series, w: vramhook_model::Window, live: 
     series.push(w.since_ns, w.max as f64);
     series.push(w.since_ns, live as f64);
 }
-
-/// Index of the device's track, created on first use.
-pub(super) fn dev_track(devs: &mut Vec<DevTrack>, index: &mut FastMap<i16, usize>, device: i16) -> usize {
-    *index.entry(device).or_insert_with(|| {
-        devs.push(DevTrack { device, ..DevTrack::default() });
-        devs.len() - 1
-    })
-}
