@@ -286,6 +286,19 @@ pub struct ProcessView {
     /// What a framework lens last said about its cache, per device (empty without a lens).
     #[serde(default)]
     pub framework_caches: Vec<FrameworkCache>,
+    /// Per device, what it holds by how it could be had (a live process's; empty after exit).
+    #[serde(default)]
+    pub device_memory: Vec<ProcessDeviceMemory>,
+}
+
+/// What a process holds on one device, by how it could be had (see [`Holder`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessDeviceMemory {
+    pub device: i16,
+    pub held_bytes: u64,
+    pub releasable_bytes: u64,
+    pub stranded_bytes: u64,
+    pub not_visible_bytes: u64,
 }
 
 /// A framework's cache on one device, as its lens measured it.
@@ -304,6 +317,14 @@ pub struct FrameworkCache {
     /// not known, 0 when nothing is free.
     pub fragmentation: Option<f64>,
     pub ts_ns: u64,
+    /// Of `reserved − allocated`, the free bytes inside split blocks (PyTorch's
+    /// `inactive_split_bytes`): not given back by `empty_cache()`. `None`: not measured.
+    #[serde(default)]
+    pub stranded_bytes: Option<u64>,
+    /// The framework's own limit for this process on the device (PyTorch's
+    /// `set_per_process_memory_fraction` × total, JAX's `bytes_limit`, CuPy's `set_limit`).
+    #[serde(default)]
+    pub limit_bytes: Option<u64>,
 }
 
 impl FrameworkCache {
@@ -494,6 +515,58 @@ pub struct VerdictInputs {
     /// driver then had it): whatever was free in its cache was not stranded.
     #[serde(default)]
     pub recovered: bool,
+    /// Other processes' memory on the device at the failure, most bytes first.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// The framework's own limit for this process on the device, when its lens knows one.
+    #[serde(default)]
+    pub framework_limit: Option<u64>,
+}
+
+impl VerdictInputs {
+    /// Other processes' bytes by how they could be had: (releasable, stranded, not visible,
+    /// live, untraced).
+    pub fn others(&self) -> OthersBytes {
+        let mut o = OthersBytes::default();
+        for h in &self.holders {
+            o.releasable = o.releasable.saturating_add(h.releasable_bytes);
+            o.stranded = o.stranded.saturating_add(h.stranded_bytes);
+            o.not_visible = o.not_visible.saturating_add(h.not_visible_bytes);
+            if h.sight == HolderSight::UntracedUnnamed {
+                o.unnamed = o.unnamed.saturating_add(h.live_bytes);
+            } else if h.sight == HolderSight::Untraced {
+                o.untraced = o.untraced.saturating_add(h.live_bytes);
+            } else {
+                o.live = o.live.saturating_add(h.live_bytes);
+            }
+        }
+        o
+    }
+}
+
+/// Other processes' bytes on a device, summed by how they could be had.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OthersBytes {
+    pub releasable: u64,
+    pub stranded: u64,
+    pub not_visible: u64,
+    pub live: u64,
+    pub untraced: u64,
+    /// The device's bytes no traced process holds, with no NVML to name their holders:
+    /// stated, never counted as another's (they may be this process's own context, or
+    /// reserves it has that were not sampled).
+    pub unnamed: u64,
+}
+
+impl OthersBytes {
+    /// What named other processes held (the unnamed remainder is not in it).
+    pub fn total(&self) -> u64 {
+        self.releasable
+            .saturating_add(self.stranded)
+            .saturating_add(self.not_visible)
+            .saturating_add(self.live)
+            .saturating_add(self.untraced)
+    }
 }
 
 /// A lens's periodic sample as a verdict uses it.
@@ -513,6 +586,66 @@ impl LensSample {
         self.reserved.saturating_sub(self.allocated)
     }
 }
+
+/// How another process's bytes on the failing device were seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderSight {
+    /// Traced, with its framework's lens or segments: releasable and stranded are measured.
+    #[default]
+    Lens,
+    /// Traced, no caching framework: its bytes are its allocations (and pool reserves).
+    Driver,
+    /// Traced, a caching framework with no lens: its held bytes may be idle, not visible.
+    CacheNotVisible,
+    /// Not traced: NVML's per-process figure (context included).
+    Untraced,
+    /// Not traced and not named: the device's bytes no traced process holds (no NVML).
+    UntracedUnnamed,
+}
+
+impl HolderSight {
+    pub fn name(self) -> &'static str {
+        match self {
+            HolderSight::Lens => "lens",
+            HolderSight::Driver => "driver",
+            HolderSight::CacheNotVisible => "cache_not_visible",
+            HolderSight::Untraced => "untraced",
+            HolderSight::UntracedUnnamed => "untraced_unnamed",
+        }
+    }
+}
+
+/// Another process's memory on the failing device at a failure: "is it me, or is it them?"
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// 0 for the device's unnamed untraced bytes.
+    pub pid: u32,
+    pub command: String,
+    pub sight: HolderSight,
+    /// Bytes it held on the device (traced: allocations and pool reserves; untraced: NVML's
+    /// figure, or the unnamed remainder).
+    pub held_bytes: u64,
+    /// What it could give back without stopping: its pools' idle reserve, its whole free
+    /// framework segments, a lens's `reserved − allocated − stranded`.
+    pub releasable_bytes: u64,
+    /// Free inside its split framework segments: only a restart (or the end of the blocks
+    /// that split them) gives these back.
+    pub stranded_bytes: u64,
+    /// A caching framework's bytes with no lens: possibly idle, not visible from the driver.
+    pub not_visible_bytes: u64,
+    /// In use: held − releasable − stranded − not visible.
+    pub live_bytes: u64,
+    pub framework: Option<FrameworkId>,
+    /// NVML's per-process figure (context and libraries included), when NVML was read.
+    pub nvml_bytes: Option<u64>,
+}
+
+/// The device bytes that no traced process holds, when NVML does not name their holders,
+/// count as another's only past this allowance per traced process on the device: each
+/// process's CUDA context, modules and library workspaces are there too (520 to 590 MiB
+/// for a PyTorch or ollama process on the H200, cuBLAS's 64 MiB included).
+pub const CONTEXT_ALLOWANCE: u64 = 768 << 20;
 
 /// A lens sample older than this at a failure says too little about the cache then.
 pub const LENS_SAMPLE_FRESH_NS: u64 = 5_000_000_000;
@@ -565,6 +698,13 @@ pub struct OomIncident {
     /// free bytes in the cache` (`None`: no segments known).
     #[serde(default)]
     pub cache_fragmentation: Option<f64>,
+    /// Other processes' memory on the device at the failure (traced, and untraced from NVML
+    /// or as the device's remainder), most bytes first.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// The framework's own limit for the process on the device, when its lens knows one.
+    #[serde(default)]
+    pub framework_limit: Option<u64>,
 }
 
 /// The full state, for an operator.

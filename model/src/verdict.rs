@@ -6,15 +6,23 @@ use vramhook_protocol::{Api, FrameworkId};
 /// Decides a verdict from what was known at the failure.
 ///
 /// Precedence (the first that holds wins), with `R` the request, `F` the device's free bytes,
-/// `G` the granularity:
+/// `G` the granularity, `L` the framework's own limit for the process (a lens's), `A` the
+/// framework's allocated bytes (its lens's, at the failure or in a fresh sample), and the
+/// other processes' bytes on the device split as their holders list says (releasable,
+/// stranded, not visible, live, untraced; see [`crate::Holder`]):
+/// L. **Capacity** (of the limit) — `A + R > L`: even with its whole free cache given back
+///    the framework could not have served the request under its own limit.
 /// 0. **FrameworkFragmentation** (a lens) — the framework's lens saw it give up on its own
 ///    request `R'` with `C = reserved − allocated`: `C ≥ R'` and its largest free block
 ///    `< R'` (or unknown), or `F + C ≥ R'`. PyTorch gives back its whole free segments and
 ///    retries before it gives up, so what is left of `C` then is stranded in split segments.
 /// 1. **Unknown** — no device sample: "no device memory sample".
 /// 2. **Granularity** — `R ≤ F < round_up(R, G)`: the bytes were there, not once rounded to pages.
-/// 3. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
-///    memory counts (limits, MIG, a concurrent allocation by another process since the sample).
+/// 3. **Capacity** (full) — `round_up(R, G) ≤ F < round_up(R, G) + DRIVER_RESERVE` and the
+///    framework's lens saw its cache fully allocated: the driver keeps a reserve it does not
+///    hand out, and nothing was cached to give back.
+/// 3'. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
+///    memory counts (MIG, a concurrent allocation by another process since the sample).
 /// 4. **ArenaFragmentation** — `F < R` and one of this process's pools or segments on the device had
 ///    `free_in_arena ≥ R` but `largest_free_span < R`: the process had the bytes but in pieces,
 ///    so it had to ask the driver for more. Checked before the idle-byte rules because it says
@@ -27,14 +35,24 @@ use vramhook_protocol::{Api, FrameworkId};
 ///    with `F + C ≥ R`, its largest free block `< R` or not reported, and the request did not
 ///    succeed on a retry: the framework went to the driver because no free block held `R`.
 /// 7. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
-/// 8. **OtherProcess** — `F + own_idle < R ≤ F + own_idle + other_idle`.
+/// 8. **OtherProcess** (idle) — `R ≤ F + own_idle + others' releasable + stranded`.
 /// 9. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
 ///    process held enough from the driver that `F + held ≥ R`, and nothing says how much of
 ///    it was free inside its cache (no lens, no segments, no recent sample): not capacity
 ///    until the cache is seen.
-/// 10. **Capacity** — otherwise: even every idle traced byte would not cover it.
+/// 10. **OtherProcess** (held) — `R ≤ F + own_idle + everything other processes held`
+///    (not visible, live, untraced too): it would have fit with the device to itself.
+/// 11. **Capacity** — otherwise: the request would not have fit even alone on the device.
+///
+/// This process's own context and live bytes are its own, never another's: without NVML,
+/// the device's bytes no traced process holds beyond [`crate::CONTEXT_ALLOWANCE`] per traced
+/// process on the device are stated as untraced but counted for no one (they may be this
+/// process's own: its context, reserves not sampled, allocations before tracing began).
 pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     let r = i.requested;
+    if over_limit(i).is_some() {
+        return (Verdict::Capacity, None);
+    }
     if let Some(l) = &i.lens {
         let (r, c) = (l.requested.max(1), l.cached_free());
         let in_pieces = l.largest_free_block.is_none_or(|b| b < r);
@@ -49,12 +67,15 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     if r <= f && f < rounded {
         return (Verdict::Granularity, None);
     }
+    if f >= rounded && f < rounded.saturating_add(DRIVER_RESERVE) && cache_full(i) {
+        return (Verdict::Capacity, None);
+    }
     if f >= rounded {
         return (
             Verdict::Unknown,
             Some(format!(
                 "the device reported {} free, enough for the request even rounded to {}; the failure is not explained \
-                 by memory counts (a limit, MIG, or another allocation after the sample)",
+                 by memory counts (MIG, or another allocation after the sample)",
                 fmt_bytes(f),
                 fmt_bytes(rounded)
             )),
@@ -86,7 +107,41 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
     if i.framework.is_some_and(|fw| fw.caches()) && cache_unseen && f.saturating_add(i.framework_held) >= r {
         return (Verdict::FrameworkCache, None);
     }
+    if needed(i) <= f.saturating_add(i.own_idle).saturating_add(i.others().total()) {
+        return (Verdict::OtherProcess, None);
+    }
     (Verdict::Capacity, None)
+}
+
+/// The bytes the program needed: the framework's own request when its lens spoke (with
+/// expandable segments the driver refused one 20 MiB chunk of it), else the driver's.
+fn needed(i: &VerdictInputs) -> u64 {
+    i.lens.as_ref().map_or(i.requested, |l| l.requested.max(i.requested))
+}
+
+/// What the real driver keeps back: it refuses a request that would leave less than this
+/// free (on the H200, a 2 MiB `cudaMalloc` failed with 3.12 MiB reported free).
+pub const DRIVER_RESERVE: u64 = 8 << 20;
+
+/// `(limit, allocated, request)` when the framework's own limit could not have served the
+/// request even with its whole free cache given back: `allocated + request > limit`.
+fn over_limit(i: &VerdictInputs) -> Option<(u64, u64, u64)> {
+    let limit = i.framework_limit?;
+    let (allocated, request) = match (&i.lens, &i.lens_sample) {
+        (Some(l), _) => (l.allocated, l.requested.max(1)),
+        (None, Some(s)) => (s.allocated, i.requested),
+        (None, None) => return None,
+    };
+    (allocated.saturating_add(request) > limit).then_some((limit, allocated, request))
+}
+
+/// The framework's lens saw its cache fully allocated (nothing cached to give back).
+fn cache_full(i: &VerdictInputs) -> bool {
+    match (&i.lens, &i.lens_sample) {
+        (Some(l), _) => l.reserved > 0 && l.cached_free() == 0,
+        (None, Some(s)) => s.reserved > 0 && s.cached_free() == 0,
+        (None, None) => false,
+    }
 }
 
 /// An arena whose free space is device memory already held (a pool's reserve, a framework
@@ -188,21 +243,52 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
         }
         (None, _) => s += "no device memory sample was known",
     }
-    s += &format!(
-        "; this process held {} idle (pool reserve and framework cache) and other traced processes {} on that device. ",
-        fmt_bytes(i.own_idle),
-        fmt_bytes(i.other_idle)
-    );
+    let o = i.others();
+    s += &format!("; this process held {} idle (pool reserve and framework cache)", fmt_bytes(i.own_idle));
+    if i.holders.is_empty() {
+        s += " and no other process was seen holding memory on that device. ";
+    } else {
+        s += &format!(
+            "; other processes held {} on that device ({}). ",
+            fmt_bytes(o.total().saturating_add(o.unnamed)),
+            others_split(&o)
+        );
+    }
     let f = i.device_free.unwrap_or(0);
     match c.verdict {
-        Verdict::Capacity => {
-            s += &format!(
-                "Verdict: capacity. Even with every idle traced byte given back the device would have had {}, less than \
-                 the {} requested: the workload needs a larger GPU, less memory, or other processes stopped.",
-                fmt_bytes(f.saturating_add(i.own_idle).saturating_add(i.other_idle)),
-                fmt_bytes(i.requested)
-            )
-        }
+        Verdict::Capacity => match over_limit(i) {
+            Some((limit, allocated, request)) => {
+                s += &format!(
+                    "Verdict: capacity (of the framework's limit). {} allows this process {}: {} were allocated, so the \
+                     {} request could not fit under the limit even with its whole free cache given back (the device had \
+                     {} free). Fix: raise the limit ({}), or need less memory.",
+                    i.framework.map(FrameworkId::display_name).unwrap_or("The framework"),
+                    with_bytes(limit),
+                    with_bytes(allocated),
+                    fmt_bytes(request),
+                    fmt_bytes(f),
+                    limit_fix(i.framework)
+                )
+            }
+            None if cache_full(i) && f >= round_up(i.requested, i.granularity) => {
+                s += &format!(
+                    "Verdict: capacity. The framework's cache was fully allocated (nothing cached to give back) and the \
+                     {} free is within the {} the driver keeps back: the device was full. Fix: a larger GPU or less \
+                     memory (smaller batches, a smaller model).",
+                    fmt_bytes(f),
+                    fmt_bytes(DRIVER_RESERVE)
+                )
+            }
+            None => {
+                s += &format!(
+                    "Verdict: capacity. Even with the device to itself (every idle byte of its own and all that other \
+                     processes held given back) the request would not have fit: at most {} for the {} requested. The \
+                     workload needs a larger GPU or less memory.",
+                    fmt_bytes(f.saturating_add(i.own_idle).saturating_add(o.total())),
+                    fmt_bytes(needed(i))
+                )
+            }
+        },
         Verdict::Reclaimable => {
             s += &format!(
                 "Verdict: reclaimable. The process's own idle bytes ({}) plus the free {} would have covered the \
@@ -212,11 +298,21 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
             )
         }
         Verdict::OtherProcess => {
+            let base = f.saturating_add(i.own_idle);
+            let need = needed(i).saturating_sub(base);
+            let tier = if need <= o.releasable {
+                "with their releasable bytes given back"
+            } else if need <= o.releasable.saturating_add(o.stranded) {
+                "only with their stranded bytes given back too (a restart of the holder)"
+            } else {
+                "only with memory they were using (or could not show) given back"
+            };
             s += &format!(
-                "Verdict: other process. Its own idle bytes were not enough, but other traced processes held {} idle \
-                 on the device, which would have covered it.",
-                fmt_bytes(i.other_idle)
-            )
+                "Verdict: other process. Its own idle bytes were not enough; the request would have fit {tier}: {} \
+                 more were needed. ",
+                fmt_bytes(need)
+            );
+            s += &holders_advice(&i.holders);
         }
         Verdict::ArenaFragmentation => {
             let a = i.arenas.iter().find(|a| holds_bytes(a) && a.free_in_arena >= i.requested && a.largest_free_span < i.requested);
@@ -327,4 +423,113 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
         }
     }
     s
+}
+
+/// "12.00 GiB releasable, 2.00 GiB stranded, …": the parts that are not zero.
+fn others_split(o: &OthersBytes) -> String {
+    let parts = [
+        (o.releasable, "releasable"),
+        (o.stranded, "stranded"),
+        (o.not_visible, "in caches not visible"),
+        (o.live, "live"),
+        (o.untraced, "untraced"),
+        (o.unnamed, "not held by any traced process, holders not named: NVML was not read"),
+    ];
+    let v: Vec<String> =
+        parts.iter().filter(|(b, _)| *b > 0).map(|(b, what)| format!("{} {what}", fmt_bytes(*b))).collect();
+    if v.is_empty() {
+        "nothing".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// How a process's framework limit is raised.
+fn limit_fix(fw: Option<FrameworkId>) -> &'static str {
+    match fw {
+        Some(FrameworkId::PyTorch) => "torch.cuda.set_per_process_memory_fraction",
+        Some(FrameworkId::Jax) => "XLA_PYTHON_CLIENT_MEM_FRACTION",
+        Some(FrameworkId::CuPy) => "cupy.get_default_memory_pool().set_limit",
+        Some(FrameworkId::TensorFlow) => "tf.config.set_logical_device_configuration's memory_limit",
+        _ => "the framework's memory limit setting",
+    }
+}
+
+/// One line per holder, most bytes first: who, what of it could be had, and what gives it back.
+pub fn holders_advice(holders: &[Holder]) -> String {
+    let mut s = String::from("Holders:");
+    for h in holders {
+        if h.sight == HolderSight::UntracedUnnamed && h.pid == 0 && h.command.is_empty() {
+            s += &format!(
+                " {} on the device that no traced process holds (not named: NVML was not read; part of it may be this \
+                 process's own context; not counted as another's);",
+                fmt_bytes(h.held_bytes)
+            );
+            continue;
+        }
+        let who = match (h.pid, h.command.is_empty()) {
+            (0, true) => "untraced processes".to_string(),
+            (0, false) => h.command.clone(),
+            (p, true) => format!("pid {p}"),
+            (p, false) => format!("pid {p} ({})", h.command),
+        };
+        s += &format!(" {who}: {} held", fmt_bytes(h.held_bytes));
+        let fw = h.framework.map(FrameworkId::display_name).unwrap_or("its allocator");
+        if h.releasable_bytes > 0 {
+            s += &format!(", {} releasable ({})", fmt_bytes(h.releasable_bytes), release_fix(h.framework));
+        }
+        if h.stranded_bytes > 0 {
+            s += &format!(
+                ", {} stranded in split {fw} segments (not given back by empty_cache: a restart, or \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True there)",
+                fmt_bytes(h.stranded_bytes)
+            );
+        }
+        if h.not_visible_bytes > 0 {
+            s += &format!(
+                ", {} in a {fw} cache not visible (no lens in that process: possibly idle; run it with vramhook's lens \
+                 to see)",
+                fmt_bytes(h.not_visible_bytes)
+            );
+        }
+        if h.live_bytes > 0 {
+            let what = match h.sight {
+                HolderSight::Untraced => "in use (untraced; NVML's figure, its context included)",
+                HolderSight::UntracedUnnamed => "in use (untraced; the device's bytes beyond the traced processes')",
+                _ => "in use",
+            };
+            s += &format!(", {} {what}", fmt_bytes(h.live_bytes));
+            s += &format!(" ({})", live_fix(&h.command));
+        }
+        s.push(';');
+    }
+    if s.ends_with(';') {
+        s.pop();
+        s.push('.');
+    }
+    s
+}
+
+/// What gives a holder's releasable bytes back.
+fn release_fix(fw: Option<FrameworkId>) -> &'static str {
+    match fw {
+        Some(FrameworkId::PyTorch) => {
+            "torch.cuda.empty_cache() in that process; PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6 makes it \
+             give cached blocks back on its own"
+        }
+        Some(FrameworkId::CuPy) => "cupy.get_default_memory_pool().free_all_blocks() in that process",
+        Some(FrameworkId::Jax) | Some(FrameworkId::TensorFlow) => {
+            "XLA keeps its pool: XLA_PYTHON_CLIENT_PREALLOCATE=false or XLA_PYTHON_CLIENT_ALLOCATOR=platform there"
+        }
+        _ => "a pool trim (cudaMemPoolTrimTo) or a release threshold in that process",
+    }
+}
+
+/// What frees memory another process is using.
+fn live_fix(command: &str) -> &'static str {
+    if command.contains("ollama") {
+        "ollama: a shorter keep_alive (or unloading the model) frees it, OLLAMA_MAX_LOADED_MODELS limits it; or a smaller model"
+    } else {
+        "stop it, move it to another GPU, or give it a smaller model"
+    }
 }

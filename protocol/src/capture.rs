@@ -28,7 +28,9 @@ use std::io::{self, Read, Write};
 use zerocopy::{FromBytes, IntoBytes};
 
 pub const CAPTURE_MAGIC: [u8; 8] = *b"VRHKCAPT";
-pub const CAPTURE_VERSION: u16 = 1;
+/// 2: `gpu_process` and `framework_stats` records (a version-1 reader would count them as
+/// unknown kinds).
+pub const CAPTURE_VERSION: u16 = 2;
 pub const ENDIAN_MARK: u16 = 0xFEFF;
 pub const FRAME_MAGIC: [u8; 4] = *b"VRFM";
 pub const FRAME_HEADER_SIZE: usize = 16;

@@ -29,6 +29,8 @@
 //! | `framework_sample` | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) | segments |
 //! | `framework_oom` | requested bytes | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) |
 //! | `framework_segment` | segment address | segment bytes | allocated bytes in it | its largest free block |
+//! | `framework_stats` | stranded bytes (free in split blocks; `u64::MAX`: unknown) | the framework's limit (`u64::MAX`: none known) | 0 | 0 |
+//! | `gpu_process` | holder pid | its bytes (NVML, context included) | command name, bytes 0..8 | command name, bytes 8..16 |
 //!
 //! The three lens kinds keep the framework (`FrameworkId`) in `caller`, except
 //! `framework_segment`, which keeps there its number of free pieces (saturated to 255): a
@@ -212,6 +214,31 @@ impl Event {
     ) -> Event {
         let mut e = Event::words(EventKind::FrameworkSegment, Api::Lens, base, size, allocated, largest_free_block);
         e.caller = if free_pieces > 255 { 255 } else { free_pieces as u8 };
+        e
+    }
+
+    /// What a lens knows of `framework`'s cache beyond its totals: the free bytes inside
+    /// split blocks (stranded) and the framework's own limit for the process, each
+    /// [`UNKNOWN_BYTES`] when not known.
+    pub const fn framework_stats(framework: FrameworkId, stranded: u64, limit: u64) -> Event {
+        Event::words(EventKind::FrameworkStats, Api::Lens, stranded, limit, 0, 0).with_framework(framework)
+    }
+
+    /// NVML's usage of process `holder` on one device (`bytes`, context included), entry
+    /// `index` of `count` of sample `sample`; `name` is its command (cut to 16 bytes).
+    pub fn gpu_process(sample: u64, count: u32, holder: u32, bytes: u64, name: &[u8]) -> Event {
+        let mut packed = [0u8; 16];
+        let n = name.len().min(16);
+        packed[..n].copy_from_slice(&name[..n]);
+        let (lo, hi) = packed.split_at(8);
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(b);
+            u64::from_le_bytes(w)
+        };
+        let mut e = Event::words(EventKind::GpuProcess, Api::Interposer, holder as u64, bytes, word(lo), word(hi));
+        e.seq = sample;
+        e.tid = count;
         e
     }
 
@@ -450,6 +477,33 @@ impl Event {
     #[inline]
     pub fn framework_request(&self) -> u64 {
         self.addr
+    }
+
+    /// The stranded bytes of a `framework_stats` (`None`: not measured).
+    #[inline]
+    pub fn framework_stranded(&self) -> Option<u64> {
+        (self.addr != UNKNOWN_BYTES).then_some(self.addr)
+    }
+
+    /// The framework's own limit in a `framework_stats` (`None`: none known).
+    #[inline]
+    pub fn framework_limit(&self) -> Option<u64> {
+        (self.size != UNKNOWN_BYTES && self.size != 0).then_some(self.size)
+    }
+
+    /// The holder's pid in a `gpu_process` (0: the sample found no process on the device).
+    #[inline]
+    pub fn gpu_holder(&self) -> u32 {
+        self.addr.min(u64::from(u32::MAX)) as u32
+    }
+
+    /// The holder's command name in a `gpu_process` (up to 16 bytes, lossy UTF-8).
+    pub fn gpu_holder_name(&self) -> String {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.aux.to_le_bytes());
+        b[8..].copy_from_slice(&self.stream.to_le_bytes());
+        let n = b.iter().position(|c| *c == 0).unwrap_or(16);
+        String::from_utf8_lossy(&b[..n]).into_owned()
     }
 
     /// The free pieces of a `framework_segment` (saturated to 255).

@@ -124,6 +124,17 @@ code_enum! {
         StreamCreate = 22 => "stream_create",
         /// A stream destroyed (`cuStreamDestroy`, `cuStreamDestroy_v2`): the stream in `stream`.
         StreamDestroy = 23 => "stream_destroy",
+        /// A lens's figures beside its sample or OOM record that the cache's totals do not
+        /// give: the free bytes inside split blocks (stranded: `empty_cache()` cannot give
+        /// them back) in `addr`, the framework's own limit for the process in `size`
+        /// (`u64::MAX`: unknown or none), the framework in `caller`.
+        FrameworkStats = 24 => "framework_stats",
+        /// NVML's per-process usage on one device, written by a reader (the agent, `vramhook
+        /// run`), never by a traced process: the holder's pid in `addr`, its bytes in `size`
+        /// (with its context and libraries), its 16-byte command name in `aux` and `stream`,
+        /// the sample's number in `seq`, the processes in the sample in `tid`. A sample with no
+        /// process on the device is one record with pid 0 and `tid` 0.
+        GpuProcess = 25 => "gpu_process",
     }
 }
 

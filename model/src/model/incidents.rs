@@ -155,19 +155,15 @@ impl Model {
         // Idle bytes live only in pools and framework segments: summed over those (not over
         // every process, most of which hold neither: a capture of 50,000 processes with an
         // OOM each made this quadratic).
-        let g = self.config.granularity;
-        let other = |p: u32| p != pid && self.by_pid.get(&p).is_some_and(|s| self.procs[*s].alive);
-        let dev = device;
-        let pool_idle = self
-            .pools
-            .iter()
-            .filter(|((p, _, _), pool)| (dev < 0 || pool.device == dev) && other(*p))
-            .fold(0u64, |acc, (_, pool)| acc.saturating_add(pool.idle(g)));
-        let other_idle: u64 = self
-            .segments
-            .iter()
-            .filter(|((p, _), s)| (dev < 0 || s.device == dev) && other(*p))
-            .fold(pool_idle, |acc, (_, s)| acc.saturating_add(s.size - s.allocated));
+        let holders = self.holders_at(slot, device, ts);
+        let other_idle = if device < 0 {
+            // No device known: every other process's idle bytes, on any device.
+            let others = self.by_pid.iter().filter(|(p, s)| **p != pid && self.procs[**s].alive);
+            others.fold(0u64, |acc, (p, _)| acc.saturating_add(self.idle_of(*p, -1)))
+        } else {
+            holders.iter().fold(0u64, |acc, h| acc.saturating_add(h.releasable_bytes).saturating_add(h.stranded_bytes))
+        };
+        let framework_limit = self.limit_of(slot, device);
         let arenas = self.arenas_of(pid, device);
         let cache = self.cache_of(pid, device);
         let sample = self.devices.get(&device).cloned();
@@ -205,6 +201,8 @@ impl Model {
             lens: None,
             lens_sample,
             recovered: false,
+            holders: holders.clone(),
+            framework_limit,
         };
         let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
         let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
@@ -242,6 +240,8 @@ impl Model {
             framework: inputs.framework,
             framework_oom: None,
             cache_fragmentation: (cache.segments > 0).then(|| fragmentation(cache.largest, cache.free)),
+            holders,
+            framework_limit,
         };
         let idx = self.incidents.len();
         self.incidents.push(IncidentState { view, inputs, slot, freed_mark: p.freed_total, events_since: 0 });

@@ -49,6 +49,9 @@ impl Model {
                 if cache.segments == 0 {
                     cache.segments = old.segments;
                 }
+                // Its `framework_stats` follows the sample: until then, the last ones known.
+                cache.stranded_bytes = cache.stranded_bytes.or(old.stranded_bytes);
+                cache.limit_bytes = cache.limit_bytes.or(old.limit_bytes);
                 cache.fragmentation = cache_fragmentation(&cache);
                 *old = cache;
             }
@@ -76,6 +79,8 @@ impl Model {
                 segments: ev.framework_segments(),
                 fragmentation: None,
                 ts_ns: ts,
+                stranded_bytes: None,
+                limit_bytes: None,
             },
         );
     }
@@ -112,6 +117,8 @@ impl Model {
                 segments: 0,
                 fragmentation: None,
                 ts_ns: ts,
+                stranded_bytes: None,
+                limit_bytes: None,
             },
         );
         let idx = match self.lens_incident(slot, ts) {
@@ -123,11 +130,14 @@ impl Model {
         };
         let pid = self.procs[slot].pid;
         let own_idle = self.idle_of(pid, device);
+        let limit = self.limit_of(slot, device);
         let inc = &mut self.incidents[idx];
         inc.inputs.framework = framework.caches().then_some(framework).or(inc.inputs.framework);
         inc.inputs.own_idle = own_idle;
         inc.inputs.lens = Some(lens.clone());
         inc.view.own_idle_bytes = own_idle;
+        inc.inputs.framework_limit = limit;
+        inc.view.framework_limit = limit;
         inc.view.framework = inc.inputs.framework;
         inc.view.framework_oom = Some(lens);
         inc.view.outcome = Outcome::Failed;

@@ -15,6 +15,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 mod allocs;
 mod checkpoint;
+mod holders;
 mod incidents;
 mod lens;
 mod pools;
@@ -382,7 +383,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 4;
+pub const CHECKPOINT_VERSION: u8 = 5;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -423,6 +424,8 @@ pub struct Model {
     /// Incidents forgotten under `incident_cap`.
     #[serde(skip)]
     incidents_forgotten: u64,
+    /// NVML's latest per-process usage, per device.
+    gpu_samples: BTreeMap<i16, holders::GpuSample>,
 }
 
 fn no_origin() -> u64 {
@@ -453,6 +456,7 @@ impl Model {
             incident_cap: 0,
             last_incident_id: 0,
             incidents_forgotten: 0,
+            gpu_samples: BTreeMap::new(),
         }
     }
 
@@ -564,6 +568,11 @@ impl Model {
             self.anomaly(self.by_pid.get(&ev.pid).copied(), Anomaly::UnknownApi);
             return;
         };
+        if kind == EventKind::GpuProcess {
+            // A reader's NVML sample, not any process's event.
+            self.on_gpu_process(ev);
+            return;
+        }
         if kind == EventKind::ProcessStart {
             self.process_start(ev.pid, ev.start_time(), ev.ppid(), ev.ts_ns);
             return;
@@ -649,7 +658,8 @@ impl Model {
                 EventKind::FrameworkSample => self.on_framework_sample(slot, ev, ts),
                 EventKind::FrameworkOom => self.on_framework_oom(slot, ev, ts),
                 EventKind::FrameworkSegment => self.on_framework_segment(slot, ev, ts),
-                EventKind::ProcessStart | EventKind::HookMiss => {}
+                EventKind::FrameworkStats => self.on_framework_stats(slot, ev),
+                EventKind::ProcessStart | EventKind::HookMiss | EventKind::GpuProcess => {}
             }
         }
         let p = &mut self.procs[slot];

@@ -374,5 +374,6 @@ pub(super) fn process_view_of(
         traced_since_ns: p.traced_since,
         frameworks: FrameworkId::in_mask(p.frameworks).collect(),
         framework_caches: p.lens.clone(),
+        device_memory: Vec::new(),
     }
 }

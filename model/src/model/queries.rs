@@ -44,7 +44,11 @@ impl Model {
         if current {
             si = si.saturating_add(self.lens_idle(p, -1));
         }
-        Some((slot, process_view_of(p, pi.saturating_add(si), (pi, pr), self.config.stream_bytes, sizes, ages)))
+        let mut view = process_view_of(p, pi.saturating_add(si), (pi, pr), self.config.stream_bytes, sizes, ages);
+        if current {
+            view.device_memory = self.device_memory_of(slot);
+        }
+        Some((slot, view))
     }
 
     /// The full state. O(live allocations + arenas).
@@ -93,7 +97,7 @@ impl Model {
         }
         let mut processes = Vec::with_capacity(self.procs.len());
         let mut dev_resident: BTreeMap<i16, u64> = BTreeMap::new();
-        for p in &self.procs {
+        for (slot, p) in self.procs.iter().enumerate() {
             let current = p.alive && self.by_pid.get(&p.pid).is_some_and(|s| self.procs[*s].start_time == p.start_time);
             let (pi, pr) = if current { pool_idle.get(&p.pid).copied().unwrap_or((0, 0)) } else { (0, 0) };
             let si = if current {
@@ -119,14 +123,18 @@ impl Model {
             } else {
                 Histogram::new(&self.config.age_buckets_ns)
             };
-            processes.push(process_view_of(
+            let mut view = process_view_of(
                 p,
                 pi.saturating_add(si),
                 (pi, pr),
                 self.config.stream_bytes,
                 size_histogram,
                 age_histogram,
-            ));
+            );
+            if current {
+                view.device_memory = self.device_memory_of(slot);
+            }
+            processes.push(view);
         }
         let mut ordinals: Vec<i16> = self.devices.keys().copied().collect();
         ordinals.extend(dev_resident.keys().copied());

@@ -307,6 +307,114 @@ impl Reference {
         v
     }
 
+    /// What `pid` holds on `device`: (held, releasable, stranded, not visible), by the rule
+    /// of `Holder`: pools' idle reserve and wholly free segments are releasable, free bytes
+    /// of split segments stranded, a caching framework's bytes with no segments not visible.
+    fn held_on(&self, pid: u32, device: i16) -> (u64, u64, u64, u64) {
+        let resident: u64 = self
+            .allocs
+            .iter()
+            .filter(|a| a.pid == pid && a.device == device && a.class.resident())
+            .map(|a| a.size)
+            .chain(
+                self.handles
+                    .iter()
+                    .filter(|h| h.pid == pid && h.device == device && h.class.resident())
+                    .map(|h| h.size),
+            )
+            .fold(0u64, u64::saturating_add);
+        let raw = self.arenas_raw(Some(pid));
+        let pool_idle: u64 =
+            raw.iter().filter(|a| a.1 == ArenaKind::Pool && a.3 == device).map(|a| a.6).fold(0, u64::saturating_add);
+        let segs: Vec<_> = raw.iter().filter(|a| a.1 == ArenaKind::FrameworkSegment && a.3 == device).collect();
+        let whole: u64 = segs.iter().filter(|a| a.6 == a.4).map(|a| a.4).sum();
+        let split: u64 = segs.iter().filter(|a| a.6 != a.4).map(|a| a.6).sum();
+        let held = resident.saturating_add(pool_idle);
+        let caches = FrameworkId::in_mask(self.cur(pid).map_or(0, |s| self.procs[s].frameworks)).any(|f| f.caches());
+        let not_visible = if segs.is_empty() && caches { held - pool_idle } else { 0 };
+        let releasable = pool_idle + whole;
+        (held.max(releasable + split + not_visible), releasable, split, not_visible)
+    }
+
+    /// Other processes' memory on `device` at a failure of `me` (no NVML in these streams).
+    fn holders(&self, me: u32, device: i16) -> Vec<Holder> {
+        if device < 0 {
+            return vec![];
+        }
+        let mut v = vec![];
+        let (mut all, mut count) = (0u64, 1u64);
+        for (i, p) in self.procs.iter().enumerate() {
+            if !p.alive || self.cur(p.pid) != Some(i) {
+                continue;
+            }
+            let (held, releasable, stranded, not_visible) = self.held_on(p.pid, device);
+            all += held;
+            if p.pid == me || held == 0 {
+                continue;
+            }
+            count += 1;
+            let framework = FrameworkId::in_mask(p.frameworks).find(|f| f.caches());
+            v.push(Holder {
+                pid: p.pid,
+                command: p.command.clone(),
+                sight: if segs_on(self, p.pid, device) {
+                    HolderSight::Lens
+                } else if framework.is_some() {
+                    HolderSight::CacheNotVisible
+                } else {
+                    HolderSight::Driver
+                },
+                held_bytes: held,
+                releasable_bytes: releasable,
+                stranded_bytes: stranded,
+                not_visible_bytes: not_visible,
+                live_bytes: held - releasable - stranded - not_visible,
+                framework,
+                nvml_bytes: None,
+            });
+        }
+        if let Some(s) = self.samples.iter().find(|s| s.0 == device) {
+            let rest = s.1.saturating_sub(s.2).saturating_sub(all).saturating_sub(CONTEXT_ALLOWANCE * count);
+            if rest > 0 {
+                v.push(Holder {
+                    sight: HolderSight::UntracedUnnamed,
+                    held_bytes: rest,
+                    live_bytes: rest,
+                    ..Holder::default()
+                });
+            }
+        }
+        v.sort_by(|a, b| b.held_bytes.cmp(&a.held_bytes).then(a.pid.cmp(&b.pid)));
+        v
+    }
+
+    fn device_memory(&self, pid: u32) -> Vec<ProcessDeviceMemory> {
+        let mut devices: Vec<i16> = self
+            .allocs
+            .iter()
+            .filter(|a| a.pid == pid)
+            .map(|a| a.device)
+            .chain(self.handles.iter().filter(|h| h.pid == pid).map(|h| h.device))
+            .chain(self.pools.iter().filter(|p| p.pid == pid).map(|p| p.device))
+            .chain(self.segs.iter().filter(|s| s.pid == pid).map(|s| s.device))
+            .filter(|d| *d >= 0)
+            .collect();
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+            .into_iter()
+            .map(|device| (device, self.held_on(pid, device)))
+            .filter(|(_, h)| h.0 > 0)
+            .map(|(device, (held, releasable, stranded, not_visible))| ProcessDeviceMemory {
+                device,
+                held_bytes: held,
+                releasable_bytes: releasable,
+                stranded_bytes: stranded,
+                not_visible_bytes: not_visible,
+            })
+            .collect()
+    }
+
     fn idle_of(&self, pid: u32, device: i16) -> u64 {
         self.arenas_raw(Some(pid))
             .into_iter()
@@ -484,6 +592,8 @@ impl Reference {
                 // Lens records are checked by the model's scenario tests, not generated here.
                 EventKind::FrameworkSample | EventKind::FrameworkOom | EventKind::FrameworkSegment => {}
                 EventKind::ProcessStart | EventKind::HookMiss => {}
+                // NVML samples and lens statistics are checked by the model's scenario tests.
+                EventKind::FrameworkStats | EventKind::GpuProcess => {}
             }
         }
         self.settle(slot, ts);
@@ -935,6 +1045,8 @@ impl Reference {
             lens: None,
             lens_sample: None,
             recovered: false,
+            holders: self.holders(pid, ev.device),
+            framework_limit: None,
         };
         let (verdict, reason) = decide_verdict(&inputs);
         let p = &self.procs[slot];
@@ -968,6 +1080,8 @@ impl Reference {
             framework_oom: None,
             cache_fragmentation: (inputs.cache_segments > 0)
                 .then(|| fragmentation(inputs.cache_largest_free, inputs.cache_free)),
+            holders: inputs.holders.clone(),
+            framework_limit: None,
         };
         self.incidents.push(I { view, inputs, freed_mark: p.freed_total, events_since: 0 });
         let idx = self.incidents.len() - 1;
@@ -1067,6 +1181,7 @@ impl Reference {
                 traced_since_ns: None,
                 frameworks: FrameworkId::in_mask(p.frameworks).collect(),
                 framework_caches: Vec::new(),
+                device_memory: if current { self.device_memory(p.pid) } else { vec![] },
             });
         }
         // devices
@@ -1174,4 +1289,8 @@ impl Reference {
     pub fn largest_free_span(&self, pid: u32) -> u64 {
         self.arenas_raw(Some(pid)).iter().map(|a| a.7).max().unwrap_or(0)
     }
+}
+
+fn segs_on(r: &Reference, pid: u32, device: i16) -> bool {
+    r.segs.iter().any(|s| s.pid == pid && s.device == device)
 }
