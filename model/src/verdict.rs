@@ -21,28 +21,28 @@ use vramhook_protocol::{Api, FrameworkId};
 /// 3. **Capacity** (full) — `round_up(R, G) ≤ F < round_up(R, G) + DRIVER_RESERVE` and the
 ///    framework's lens saw its cache fully allocated: the driver keeps a reserve it does not
 ///    hand out, and nothing was cached to give back.
-/// 3'. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
+/// 4. **Unknown** — `F ≥ round_up(R, G)`: the device had room; the failure is not explained by
 ///    memory counts (MIG, a concurrent allocation by another process since the sample).
-/// 4. **ArenaFragmentation** — `F < R` and one of this process's pools or segments on the device had
+/// 5. **ArenaFragmentation** — `F < R` and one of this process's pools or segments on the device had
 ///    `free_in_arena ≥ R` but `largest_free_span < R`: the process had the bytes but in pieces,
 ///    so it had to ask the driver for more. Checked before the idle-byte rules because it says
 ///    why the process went to the driver at all.
-/// 5. **FrameworkFragmentation** (cache-wide) — the process's framework segments (a snapshot's
+/// 6. **FrameworkFragmentation** (cache-wide) — the process's framework segments (a snapshot's
 ///    or a lens's) held free bytes with `F + free ≥ R`, but none of their free blocks was `≥ R`.
 ///    Each segment alone may look whole; only the cache-wide figure shows the pieces.
-/// 6. **FrameworkFragmentation** (a lens's sample) — no lens spoke at the OOM (CuPy, JAX),
+/// 7. **FrameworkFragmentation** (a lens's sample) — no lens spoke at the OOM (CuPy, JAX),
 ///    but its latest sample on the device (at most 5 s old) had `C = reserved − allocated > 0`
 ///    with `F + C ≥ R`, its largest free block `< R` or not reported, and the request did not
 ///    succeed on a retry: the framework went to the driver because no free block held `R`.
-/// 7. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
-/// 8. **OtherProcess** (idle) — `R ≤ F + own_idle + others' releasable + stranded`.
-/// 9. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
-///    process held enough from the driver that `F + held ≥ R`, and nothing says how much of
-///    it was free inside its cache (no lens, no segments, no recent sample): not capacity
-///    until the cache is seen.
-/// 10. **OtherProcess** (held) — `R ≤ F + own_idle + everything other processes held`
-///    (not visible, live, untraced too): it would have fit with the device to itself.
-/// 11. **Capacity** — otherwise: the request would not have fit even alone on the device.
+/// 8. **Reclaimable** — `F < R ≤ F + own_idle`: releasing this process's idle cache would have covered it.
+/// 9. **OtherProcess** (idle) — `R ≤ F + own_idle + others' releasable + stranded`.
+/// 10. **FrameworkCache** — a caching framework (PyTorch, CuPy, JAX, TensorFlow) of this
+///     process held enough from the driver that `F + held ≥ R`, and nothing says how much of
+///     it was free inside its cache (no lens, no segments, no recent sample): not capacity
+///     until the cache is seen.
+/// 11. **OtherProcess** (held) — `R ≤ F + own_idle + everything other processes held`
+///     (not visible, live, untraced too): it would have fit with the device to itself.
+/// 12. **Capacity** — otherwise: the request would not have fit even alone on the device.
 ///
 /// This process's own context and live bytes are its own, never another's: without NVML,
 /// the device's bytes no traced process holds beyond [`crate::CONTEXT_ALLOWANCE`] per traced

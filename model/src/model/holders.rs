@@ -131,7 +131,7 @@ impl Model {
             return Vec::new(); // bytes of no known device: nobody to compare them with
         }
         let nvml = self.gpu_samples.get(&device).filter(|s| {
-            let age = if s.ts >= ts { s.ts - ts } else { ts - s.ts };
+            let age = s.ts.abs_diff(ts);
             (s.ts >= ts && age <= GPU_SAMPLE_AFTER_FAILURE_NS) || (s.ts < ts && age <= GPU_SAMPLE_FRESH_NS)
         });
         let nvml_of = |pid: u32| nvml.and_then(|s| s.entries.iter().find(|e| e.0 == pid)).map(|e| e.1);
