@@ -10,7 +10,7 @@
 //! processes × devices × kinds.
 
 use crate::stats::StatsView;
-use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessView};
+use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessDeviceMemory, ProcessView};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -116,6 +116,11 @@ fn per_cache(snap: &ModelSnapshot, f: impl Fn(&FrameworkCache) -> Option<f64>) -
             })
         })
         .collect()
+}
+
+/// One point per live process and device it holds memory on (`device_memory`).
+fn per_device_memory(snap: &ModelSnapshot, f: impl Fn(&ProcessDeviceMemory) -> u64) -> Vec<Point> {
+    live(snap).flat_map(|p| p.device_memory.iter().map(|m| (who_on(p, m.device.to_string()), f(m) as f64))).collect()
 }
 
 fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
@@ -302,6 +307,24 @@ pub const ALL: &[MetricDef] = &[
         labels: PROCESS,
         help: "Device bytes the process holds: its live bytes plus the idle reserve of its stream-ordered pools (the driver's figure where sampled). NVML's per-process usage adds the context and libraries.",
         values: |s, _| per_process(s, |p| p.held_bytes as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.releasable",
+        unit: "By",
+        prom: "vramhook_process_memory_releasable_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Device bytes the process holds on this device that it could give back without stopping: its stream-ordered pools' idle reserve, its wholly free framework segments, and a lens's reserved - allocated - stranded (torch.cuda.empty_cache() gives these back).",
+        values: |s, _| per_device_memory(s, |m| m.releasable_bytes),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.stranded",
+        unit: "By",
+        prom: "vramhook_process_memory_stranded_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Device bytes free inside the process's split framework segments on this device (PyTorch's inactive_split_bytes): not given back by empty_cache(), only by a restart or the end of the blocks that split them.",
+        values: |s, _| per_device_memory(s, |m| m.stranded_bytes),
     },
     MetricDef {
         otel: "vramhook.process.streams",

@@ -504,6 +504,35 @@ pub fn incident_attributes(i: &OomIncident) -> Vec<KeyValue> {
         KeyValue::new("vramhook.oom.arena_free_bytes", i.arena_free_bytes as i64),
         KeyValue::new("vramhook.oom.arena_largest_free_span", i.arena_largest_free_span as i64),
     ];
+    if !i.holders.is_empty() {
+        let o = vramhook_model::VerdictInputs { holders: i.holders.clone(), ..Default::default() }.others();
+        a.push(KeyValue::new("vramhook.oom.others_releasable_bytes", o.releasable as i64));
+        a.push(KeyValue::new("vramhook.oom.others_stranded_bytes", o.stranded as i64));
+        a.push(KeyValue::new("vramhook.oom.others_not_visible_bytes", o.not_visible as i64));
+        a.push(KeyValue::new("vramhook.oom.others_live_bytes", o.live as i64));
+        a.push(KeyValue::new("vramhook.oom.others_untraced_bytes", o.untraced.saturating_add(o.unnamed) as i64));
+        // The top holders, one string each: "pid command sight held releasable stranded live".
+        let holders: Vec<opentelemetry::StringValue> = i
+            .holders
+            .iter()
+            .take(8)
+            .map(|h| {
+                format!(
+                    "{} {} {} held={} releasable={} stranded={} not_visible={} live={}",
+                    h.pid,
+                    if h.command.is_empty() { "-" } else { &h.command },
+                    h.sight.name(),
+                    h.held_bytes,
+                    h.releasable_bytes,
+                    h.stranded_bytes,
+                    h.not_visible_bytes,
+                    h.live_bytes
+                )
+                .into()
+            })
+            .collect();
+        a.push(KeyValue::new("vramhook.oom.holders", opentelemetry::Value::Array(holders.into())));
+    }
     if let Some(v) = i.device_free_bytes {
         a.push(KeyValue::new("vramhook.oom.device_free_bytes", v as i64));
     }

@@ -303,6 +303,8 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             framework: i.framework.map(|f| f.name().to_string()),
             framework_oom: i.framework_oom.clone(),
             cache_fragmentation: i.cache_fragmentation,
+            holders: i.holders.clone(),
+            framework_limit: i.framework_limit,
             lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
             from_snapshot: r.snapshot_pids.get(&i.pid).map(|s| s.0.clone()),
             same_failure_as: same_failure(snap, i, r.view_pid(i.pid), window),

@@ -366,6 +366,10 @@ pub struct OomReport {
     pub framework_oom: Option<vramhook_model::LensOom>,
     /// `1 − largest free block / all free bytes` over the framework's segments, when known.
     pub cache_fragmentation: Option<f64>,
+    /// Other processes' memory on the device at the failure, most bytes first.
+    pub holders: Vec<vramhook_model::Holder>,
+    /// The framework's own limit for the process on the device, when its lens knew one.
+    pub framework_limit: Option<u64>,
     /// The process's last events before the failure, oldest first.
     pub lead_up: Vec<EventLine>,
     /// The PyTorch snapshot the incident comes from (`None`: from a capture). A snapshot that

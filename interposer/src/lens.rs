@@ -132,6 +132,7 @@ pub fn after_load() {
 const LENS_SAMPLE: u32 = 1;
 const LENS_OOM: u32 = 2;
 const LENS_SEGMENT: u32 = 3;
+const LENS_STATS: u32 = 4;
 
 /// One framework-lens record as a lens hands it over (a ctypes `Structure` of the same
 /// layout in `lens/vramhook_lens/ring.py`).
@@ -141,7 +142,9 @@ const LENS_SEGMENT: u32 = 3;
 /// - `kind` 2, the framework gave up: `a` its request, `b` reserved, `c` allocated, `d`
 ///   largest free block;
 /// - `kind` 3, one of its segments right after: `a` address, `b` bytes, `c` allocated,
-///   `d` its largest free block, `pieces` its free pieces.
+///   `d` its largest free block, `pieces` its free pieces;
+/// - `kind` 4, after a sample or an OOM: `a` the free bytes inside split blocks (stranded),
+///   `b` the framework's own limit for the process (`u64::MAX`: unknown or none).
 ///
 /// `framework` is a `FrameworkId` code, `device` the CUDA ordinal.
 #[repr(C)]
@@ -178,6 +181,7 @@ pub unsafe extern "C" fn vramhook_lens_emit(record: *const LensRecord) -> i32 {
             LENS_SAMPLE => Event::framework_sample(fw, r.a, r.b, r.c, r.d),
             LENS_OOM => Event::framework_oom(fw, r.a, r.b, r.c, r.d),
             LENS_SEGMENT => Event::framework_segment(r.a, r.b, r.c, r.d, r.pieces),
+            LENS_STATS => Event::framework_stats(fw, r.a, r.b),
             _ => return 2,
         };
         if config::disabled() {

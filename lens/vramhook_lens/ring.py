@@ -10,6 +10,7 @@ JAX = 3
 SAMPLE = 1
 OOM = 2
 SEGMENT = 3
+STATS = 4
 UNKNOWN = (1 << 64) - 1
 
 

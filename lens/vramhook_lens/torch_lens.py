@@ -113,6 +113,25 @@ def _stats(torch, device):
     return reserved, allocated, segments
 
 
+def _emit_stats(torch, device):
+    """The free bytes inside split blocks (stranded: `empty_cache()` cannot give them back)
+    and the per-process limit `set_per_process_memory_fraction` sets, after a sample or an
+    OOM record of the same device."""
+    try:
+        st = torch.cuda.memory_stats(device)
+        stranded = st.get("inactive_split_bytes.all.current", ring.UNKNOWN)
+        limit = ring.UNKNOWN
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if fraction is not None:
+            f = float(fraction(device))
+            if 0.0 < f < 1.0:
+                # PyTorch's own rounding of the allowed bytes ("X allowed" in its message).
+                limit = int(f * torch.cuda.get_device_properties(device).total_memory)
+        ring.emit(ring.STATS, ring.PYTORCH, device, stranded, limit, 0, 0)
+    except Exception:
+        pass  # an older PyTorch without these numbers: the samples still count
+
+
 def _on_oom(torch, device, alloc, device_allocated, device_free):
     try:
         reserved, allocated, _ = _stats(torch, device)
@@ -143,6 +162,7 @@ def _sampler(torch, interval, snapshot_every):
                     if segs is not None:
                         largest = max((s[3] for s in segs), default=0)
                 ring.emit(ring.SAMPLE, ring.PYTORCH, device, reserved, allocated, largest, segments)
+                _emit_stats(torch, device)
             if take_snapshot:
                 last_snapshot = now
         except Exception:

@@ -228,6 +228,29 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.retries,
             fmt_bytes(o.freed_bytes_between)
         ));
+        if !o.holders.is_empty() {
+            h.push_str(&format!(
+                "<table class=holders><caption>Other processes on device {} at the failure</caption>\
+                 <tr><th>pid</th><th>command</th><th>held</th><th>releasable</th><th>stranded</th><th>not visible</th>\
+                 <th>live</th><th>seen</th><th>NVML</th></tr>\n",
+                o.device
+            ));
+            for x in &o.holders {
+                h.push_str(&format!(
+                    "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                    if x.pid == 0 { "-".to_string() } else { x.pid.to_string() },
+                    esc(&x.command),
+                    fmt_bytes(x.held_bytes),
+                    fmt_bytes(x.releasable_bytes),
+                    fmt_bytes(x.stranded_bytes),
+                    fmt_bytes(x.not_visible_bytes),
+                    fmt_bytes(x.live_bytes),
+                    x.sight.name(),
+                    x.nvml_bytes.map_or("-".into(), fmt_bytes),
+                ));
+            }
+            h.push_str("</table>\n");
+        }
         let live = crate::render::text::live_at_oom_lines(r, o);
         if !live.is_empty() {
             h.push_str(&format!("<details class=live-stacks open><summary>{}</summary><pre>", esc(&live[0])));

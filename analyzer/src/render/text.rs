@@ -238,6 +238,9 @@ pub fn render(r: &Report) -> String {
             fmt_bytes(i.own_idle_bytes),
             fmt_bytes(i.other_idle_bytes)
         );
+        for line in holders_lines(i) {
+            let _ = writeln!(o, "     {line}");
+        }
         for line in live_at_oom_lines(r, i) {
             let _ = writeln!(o, "     {line}");
         }
@@ -467,4 +470,30 @@ pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
         }
     }
     out
+}
+
+/// The other processes holding memory on the failing device, one line each, most first.
+pub(crate) fn holders_lines(i: &OomReport) -> Vec<String> {
+    if i.holders.is_empty() {
+        return Vec::new();
+    }
+    let mut v = vec![format!(
+        "other processes on GPU {} at the failure: {:>7} {:>11} {:>11} {:>11} {:>11} {:>11}  {}",
+        i.device, "pid", "held", "releasable", "stranded", "not visible", "live", "command (how seen)"
+    )];
+    for h in &i.holders {
+        let nvml = h.nvml_bytes.map(|b| format!(", NVML {}", fmt_bytes(b))).unwrap_or_default();
+        v.push(format!(
+            "  {:>44} {:>11} {:>11} {:>11} {:>11} {:>11}  {} ({}{nvml})",
+            if h.pid == 0 { "-".to_string() } else { h.pid.to_string() },
+            fmt_bytes(h.held_bytes),
+            fmt_bytes(h.releasable_bytes),
+            fmt_bytes(h.stranded_bytes),
+            fmt_bytes(h.not_visible_bytes),
+            fmt_bytes(h.live_bytes),
+            if h.command.is_empty() { "?".to_string() } else { short(&h.command, 40) },
+            h.sight.name()
+        ));
+    }
+    v
 }
