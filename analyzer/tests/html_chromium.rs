@@ -313,7 +313,7 @@ fn verdicts_and_log_incidents_come_before_the_plots() {
         "912.00 MiB",
         "missing: ",
         "joins capture incident #",
-        "judged from the driver alone: capacity",
+        "judged from the driver alone: other_process",
         "matched by size alone",
         "cudaMalloc failed: out of memory",
     ] {

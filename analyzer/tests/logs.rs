@@ -168,7 +168,14 @@ fn ollama_default_engine_h200_failures_with_the_plan_and_no_second_incident_for_
 fn ollama_default_engine_log_joins_the_capture_of_the_same_h200_run() {
     let r = run(&[fixture("logs/ollama_v0.24.0_oom.h200.vhc"), fixture("logs/ollama_v0.24.0_oom.h200.log")]);
     assert_eq!(r.ooms.len(), 2, "{:#?}", r.ooms);
-    assert!(r.ooms.iter().all(|o| o.verdict_name == "capacity"), "{:#?}", r.ooms);
+    // Scenario 5: a traced holder (probe.py hold) kept 138.04 GiB live. Both failures name
+    // it, with its live bytes: the runner alone on the device would have had the memory.
+    for o in &r.ooms {
+        assert_eq!(o.verdict_name, "other_process", "{}", o.explanation);
+        let h = &o.holders[0];
+        assert_eq!((h.pid, h.live_bytes), (1989, 148_216_217_600), "138.04 GiB: {:?}", o.holders);
+        assert!(h.command.contains("probe.py hold"), "{:?}", h);
+    }
     // ggml wrote 912.00 MiB; the driver saw the exact 956,303,360 bytes.
     let oom = r.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB cudaMalloc");
     assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
@@ -378,4 +385,32 @@ fn two_capture_incidents_within_the_window_are_ambiguous_and_the_window_tells_ot
     let r = run(&[capture, log]);
     let first = r.ooms.iter().find(|o| o.pid == 100).expect("pid 100's incident");
     assert_eq!(only(&r).capture_incident, Some(first.id), "{:?}", only(&r).join);
+}
+
+/// PyTorch under `set_per_process_memory_fraction`: its message (as c10's
+/// CUDACachingAllocator formats it, "X allowed; ") names the limit that was the ceiling.
+#[test]
+fn a_pytorch_memory_fraction_in_the_message_is_the_ceiling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("fraction.log");
+    let message = |request: &str, allocated: &str, cached: &str| {
+        format!(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {request}. GPU 0 has a total capacity of \
+             139.80 GiB of which 135.21 GiB is free. Including non-PyTorch memory, this process has 4.22 GiB memory \
+             in use. 4.19 GiB allowed; Of the allocated memory {allocated} is allocated by PyTorch, and {cached} is \
+             reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n"
+        )
+    };
+    std::fs::write(&log, message("648.00 MiB", "3.84 GiB", "96.11 MiB")).expect("write");
+    let r = run(std::slice::from_ref(&log));
+    let i = only(&r);
+    assert_eq!(quoted(i, "framework_limit"), "4.19 GiB");
+    assert_eq!(i.verdict_name, "capacity", "{}", i.explanation);
+    assert!(i.explanation.contains("capacity (of the framework's limit)"), "{}", i.explanation);
+    assert!(i.fix.as_deref().is_some_and(|f| f.contains("set_per_process_memory_fraction")), "{:?}", i.fix);
+    // Under the limit with the cache given back: the stranded cache decides.
+    std::fs::write(&log, message("322.00 MiB", "3.00 GiB", "840.85 MiB")).expect("write");
+    let r = run(&[log]);
+    assert_eq!(only(&r).verdict_name, "framework_fragmentation", "{}", only(&r).explanation);
 }

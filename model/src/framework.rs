@@ -50,6 +50,10 @@ pub struct FrameworkOom {
     pub pool_limit: Option<u64>,
     /// Other processes named with their usage: (pid, bytes).
     pub other_processes: Vec<(u32, u64)>,
+    /// The framework's own limit for the process (PyTorch's "X allowed" under
+    /// `set_per_process_memory_fraction`).
+    #[serde(default)]
+    pub framework_limit: Option<u64>,
 }
 
 /// A framework OOM judged: the verdict, what the judgement lacked (empty when nothing),
@@ -63,7 +67,8 @@ pub struct FrameworkJudgement {
 
 /// Decides a framework OOM's verdict. With `R` the request, `C` the framework's cached free
 /// bytes, `B` its largest free block, `F` the device's free bytes, `O` other processes' bytes:
-/// 0. **Capacity** — `R` exceeds the device's total.
+/// 0. **Capacity** — `R` exceeds the device's total, or the framework's own limit `L` with
+///    what it had allocated (`A + R > L`): its whole free cache would not have helped.
 /// 1. **FrameworkFragmentation** — `C ≥ R` and (`B < R` or `B` unknown): the framework held
 ///    the bytes, in pieces. (PyTorch only reports an OOM after giving back its whole free
 ///    segments and retrying, so `C ≥ R` at its OOM means no block fitted.)
@@ -82,6 +87,11 @@ pub fn judge_framework_oom(o: &FrameworkOom) -> FrameworkJudgement {
     if o.device_total.is_some_and(|t| r > t) {
         // Larger than the whole device: nothing the framework or anyone else held matters.
         return FrameworkJudgement { verdict: Verdict::Capacity, missing, unknown_reason: None };
+    }
+    if let (Some(l), Some(a)) = (o.framework_limit, o.allocated) {
+        if a.saturating_add(r) > l {
+            return FrameworkJudgement { verdict: Verdict::Capacity, missing, unknown_reason: None };
+        }
     }
     let unknown = |missing: Vec<String>, reason: String| FrameworkJudgement {
         verdict: Verdict::Unknown,
@@ -196,6 +206,19 @@ mod tests {
         assert_eq!(judge_framework_oom(&pool(3 * GIB, 118 * MIB)).verdict, Verdict::FrameworkFragmentation);
         assert_eq!(judge_framework_oom(&pool(256, 256)).verdict, Verdict::Capacity);
         assert_eq!(judge_framework_oom(&pool(3 * GIB, GIB)).verdict, Verdict::Unknown);
+    }
+
+    #[test]
+    fn a_request_over_the_frameworks_own_limit_is_capacity() {
+        // set_per_process_memory_fraction(0.03): "4.19 GiB allowed", 3.84 GiB allocated.
+        let mut o = torch(648 * MIB, 135 * GIB, 96 * MIB);
+        o.allocated = Some(3932 * MIB);
+        o.framework_limit = Some(4290 * MIB);
+        assert_eq!(judge_framework_oom(&o).verdict, Verdict::Capacity);
+        // Under the limit with the cache given back: the cache's pieces decide.
+        o.requested = 322 * MIB;
+        o.cached_free = Some(840 * MIB);
+        assert_eq!(judge_framework_oom(&o).verdict, Verdict::FrameworkFragmentation);
     }
 
     #[test]

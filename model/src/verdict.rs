@@ -527,7 +527,8 @@ fn release_fix(fw: Option<FrameworkId>) -> &'static str {
 
 /// What frees memory another process is using.
 fn live_fix(command: &str) -> &'static str {
-    if command.contains("ollama") {
+    let program = command.split_whitespace().next().unwrap_or("");
+    if program.rsplit('/').next().is_some_and(|name| name.starts_with("ollama")) {
         "ollama: a shorter keep_alive (or unloading the model) frees it, OLLAMA_MAX_LOADED_MODELS limits it; or a smaller model"
     } else {
         "stop it, move it to another GPU, or give it a smaller model"

@@ -238,6 +238,17 @@ fn explain(i: &LogIncident, framework: Framework) -> String {
             },
             q(i, "requested", Some(n.requested))
         ),
+        "capacity"
+            if n.framework_limit.is_some_and(|l| n.allocated.is_some_and(|a| a.saturating_add(n.requested) > l)) =>
+        {
+            format!(
+                "Verdict: capacity (of the framework's limit). It allowed the process {}, of which {} was allocated: the \
+                 {} request could not fit under the limit even with its whole free cache given back.",
+                q(i, "framework_limit", n.framework_limit),
+                q(i, "allocated", n.allocated),
+                q(i, "requested", Some(n.requested))
+            )
+        }
         "capacity" if n.pool_limit.is_some() => format!(
             "Verdict: capacity (of the pool). The pool had less than {} free in all: its fixed limit of {} was too \
              small for this workload.",
@@ -289,6 +300,9 @@ fn fix(i: &LogIncident, framework: Framework) -> Option<String> {
                      cache gets what is left of its share after the weights."
                 .to_string(),
         }),
+        ("capacity", Framework::PyTorch) if i.numbers.framework_limit.is_some() => {
+            Some("Raise the limit (torch.cuda.set_per_process_memory_fraction), or need less memory.".into())
+        }
         ("capacity", Framework::XlaBfc) => Some(
             "Raise XLA_PYTHON_CLIENT_MEM_FRACTION (the pool's share of the GPU), or make the workload smaller.".into(),
         ),

@@ -106,6 +106,14 @@ fn parse_message(line: &LogLine<'_>, msg: &str) -> LogIncident {
             }
         }
         i.numbers.process_in_use = set(&mut i, "process_in_use", between(msg, "this process has ", " memory in use"));
+        // Under set_per_process_memory_fraction: "… memory in use. 4.19 GiB allowed; Of the …".
+        if let Some(at) = msg.find(" allowed;").or_else(|| msg.find(" allowed.")) {
+            let words: Vec<&str> = msg[..at].split_whitespace().rev().take(2).collect();
+            if let [unit, value] = words[..] {
+                let text = format!("{value} {unit}");
+                i.numbers.framework_limit = set(&mut i, "framework_limit", Some(&text));
+            }
+        }
         i.numbers.allocated =
             set(&mut i, "allocated", between(msg, "Of the allocated memory ", " is allocated by PyTorch"));
         i.numbers.cached_free = set(
