@@ -205,6 +205,54 @@ fn lens_lines(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.contains("vramhook lens:")).collect()
 }
 
+/// PyTorch with a slow snapshot (its memory history on: 6.6 s on the H200; the stand-in's
+/// `_snapshot` sleeps 2.5 s, longer than the 2 s incident window): the lens writes its OOM
+/// record first, stamped at the observer's call, and the segments after; one incident, the
+/// segments joined to it and its largest free block from them.
+#[test]
+fn a_slow_snapshot_does_not_move_the_pytorch_lens_oom_record() {
+    const SLEEP_NS: u64 = 2_500_000_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_torch");
+    let path = fake.to_string_lossy().into_owned();
+    let s = fake.join("fragment.py").to_string_lossy().into_owned();
+    let envs =
+        [("VRAMHOOK_SIM_VRAM_BYTES", "1073741824"), ("PYTHONPATH", &path), ("FAKE_TORCH_SNAPSHOT_SLEEP_S", "2.5")];
+    let (cap, out) = run(dir.path(), "slow-snapshot", &["python3", &s], &envs);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let failed = dump_kind(&cap, "alloc")
+        .into_iter()
+        .filter(|e| e["result"] != 0)
+        .filter_map(|e| e["ts_ns"].as_u64())
+        .max()
+        .expect("the driver's failures");
+    let oom = dump_kind(&cap, "framework_oom");
+    assert_eq!(oom.len(), 1);
+    let oom_ts = oom[0]["ts_ns"].as_u64().expect("ts");
+    assert_eq!(oom[0]["stream"].as_u64(), Some(u64::MAX), "largest free block unknown in the record");
+    // Stamped at the observer's call, before the snapshot's sleep ends (not after it).
+    assert!(oom_ts >= failed && oom_ts - failed < SLEEP_NS / 5, "record {} ns after the failure", oom_ts - failed);
+    let segs = dump_kind(&cap, "framework_segment");
+    assert_eq!(segs.len(), 10);
+    assert!(
+        segs.iter().all(|e| e["ts_ns"].as_u64().is_some_and(|t| t >= oom_ts + SLEEP_NS)),
+        "segments after the snapshot"
+    );
+    let r = report(&cap);
+    let ooms = r["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{ooms:#?}");
+    let o = &ooms[0];
+    assert_eq!((o["verdict_name"].as_str(), o["outcome"].as_str()), (Some("framework_fragmentation"), Some("Failed")));
+    let l = &o["framework_oom"];
+    assert_eq!((l["largest_free_block"].as_u64(), l["segments_listed"].as_u64()), (Some(40 * MIB), Some(10)));
+    assert!(
+        o["explanation"].as_str().is_some_and(|t| t.contains("largest free block was 40.00 MiB")),
+        "{}",
+        o["explanation"]
+    );
+    assert_eq!(r["anomalies"].as_object().map(|a| a.len()).unwrap_or(0), 0, "{}", r["anomalies"]);
+}
+
 /// The lens's one note, on a Python without sys.monitoring, that it saw the framework's error
 /// only when uncaught (its record stamped at exit).
 fn late_note(stderr: &str) -> Vec<&str> {
