@@ -343,6 +343,65 @@ fn each_frameworks_raised_oom_is_one_incident_with_its_own_numbers() {
     }
 }
 
+/// A Python with sys.monitoring (3.12+): `VRAMHOOK_TEST_PYTHON312`, else `python3.12`, else
+/// `python3` when it is one (the GPU machine's).
+fn python_with_monitoring() -> Option<String> {
+    let mut candidates: Vec<String> = std::env::var("VRAMHOOK_TEST_PYTHON312").into_iter().collect();
+    candidates.extend(["python3.12".to_string(), "python3.13".to_string(), "python3".to_string()]);
+    candidates.into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import sys; sys.exit(0 if hasattr(sys, 'monitoring') else 1)"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Python 3.12's sys.monitoring path, end to end: the lens records JAX's error where it is
+/// raised (before the program's later calls, with no note of lateness), also when the
+/// program catches it and goes on, which the 3.11 fallback (uncaught only) cannot see.
+#[test]
+fn on_python_312_the_raise_is_recorded_where_it_happens_even_when_caught() {
+    let Some(py) = python_with_monitoring() else {
+        let line = "not run: on_python_312_the_raise_is_recorded_where_it_happens_even_when_caught: no Python 3.12+ \
+                    here (set VRAMHOOK_TEST_PYTHON312)";
+        eprintln!("{line}");
+        if let Ok(log) = std::env::var("VRAMHOOK_NOT_RUN_LOG") {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = repo_root().join("tests/fixtures/fake_frameworks");
+    let pythonpath = fake.display().to_string();
+    let script = fake.join("jax_prealloc.py");
+    let envs = [("VRAMHOOK_SIM_VRAM_BYTES", "1073741824"), ("PYTHONPATH", pythonpath.as_str())];
+    for (name, args, code) in [("py312-uncaught", &[][..], 1), ("py312-caught", &["catch"][..], 0)] {
+        let mut argv = vec![py.as_str(), script.to_str().expect("path")];
+        argv.extend_from_slice(args);
+        let (cap, out) = run(dir.path(), name, &argv, &envs);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{name}: {stderr}");
+        assert!(lens_lines(&stderr).is_empty(), "{name}: no note, no complaint: {stderr}");
+        let r = report(&cap);
+        let ooms = r["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "{name}: {ooms:#?}");
+        assert_eq!((ooms[0]["api"].as_str(), ooms[0]["outcome"].as_str()), (Some("lens"), Some("Failed")));
+        assert_eq!(ooms[0]["verdict_name"], "framework_fragmentation", "{name}");
+        let oom = dump_kind(&cap, "framework_oom");
+        assert_eq!(oom.len(), 1, "{name}: RAISE fires in each frame; one record");
+        if args.is_empty() {
+            continue;
+        }
+        // Stamped at the raise: before the program's 0.5 s wait and its exit after it.
+        let marker = dump_kind(&cap, "process_exit").iter().filter_map(|e| e["ts_ns"].as_u64()).max().expect("exit");
+        let t = oom[0]["ts_ns"].as_u64().expect("ts");
+        assert!(t + 400_000_000 < marker, "{name}: record {t}, marker {marker}");
+    }
+}
+
 /// CuPy gives memory back: ~100 cached 10 MiB blocks freed by free_all_blocks (more than
 /// the incident window's 64 events), then its retry of the same 300 MiB succeeds: the
 /// incident ends `Recovered`, and CuPy raised nothing (no lens record).
