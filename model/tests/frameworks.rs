@@ -225,6 +225,23 @@ fn an_incident_never_stays_open_past_the_process_exit() {
     }
 }
 
+/// The program moved on without the bytes: its retry window closed with no retry (a
+/// same-size allocation 3 s later is a new request, not the retry), or another request
+/// failed: the incident ends `Failed`, never `Open` past that.
+#[test]
+fn an_incident_ends_failed_when_the_program_moves_on_without_the_bytes() {
+    let mut p = torch_cache(4, 100 * MIB, 2 * GIB);
+    p.ts += 3_000_000_000;
+    p.alloc(Api::cuMemAlloc_v2, 0x7e00_0000_0000, 2 * GIB);
+    let s = model_of(&p).snapshot();
+    assert_eq!((s.incidents[0].outcome, s.incidents[0].retries), (Outcome::Failed, 0));
+    let mut p = torch_cache(4, 100 * MIB, 2 * GIB);
+    p.oom(Api::cuMemAlloc_v2, GIB);
+    let s = model_of(&p).snapshot();
+    let outcomes: Vec<_> = s.incidents.iter().map(|i| i.outcome).collect();
+    assert_eq!(outcomes, vec![Outcome::Failed, Outcome::Open]);
+}
+
 /// PyTorch with its memory history on: the lens's record is late (its snapshot took
 /// seconds, in the old lens) with nothing of the program between: it still joins the
 /// driver's failure by the order of events, and the segments listed after it join it too

@@ -56,8 +56,12 @@ impl Model {
             if inc.events_since > self.config.incident_window_events
                 || ts.saturating_sub(inc.view.ts_ns) > self.config.incident_window_ns
             {
-                // No retry within the window: the incident stays open (its outcome is
-                // settled when the process exits, see `settle_at_exit`).
+                // No retry within the window (2 s, 64 events of the program): the program
+                // moved on without the bytes. This event itself may be the same size served
+                // later: not a retry of this request any more.
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 p.open_incident = None;
                 return;
             }
@@ -81,7 +85,11 @@ impl Model {
                 }
             } else if kind != EventKind::MemInfo && ev.is_oom() {
                 // Another request failing (other size or API) is a new incident, not a
-                // retry: the program moved on, and this may be the failure that kills it.
+                // retry: the program moved on (without this request's bytes), and this may
+                // be the failure that kills it.
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 p.open_incident = None;
             }
         }
@@ -90,9 +98,10 @@ impl Model {
         }
     }
 
-    /// The process at `slot` ended: its incidents still open (no retry of the request
-    /// succeeded, and no lens said the framework gave up) end `Failed`: the request was never
-    /// served. A scan of the incidents, only for a process that had an out-of-memory error.
+    /// The process at `slot` ended: its incident still open (no retry of the request
+    /// succeeded, no lens said the framework gave up, and its window had not closed) ends
+    /// `Failed`: the request was never served. A scan of the incidents, only for a process
+    /// that had an out-of-memory error.
     pub(super) fn settle_at_exit(&mut self, slot: usize) {
         if self.procs[slot].oom_count == 0 {
             return;

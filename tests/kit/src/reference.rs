@@ -882,6 +882,9 @@ impl Reference {
             if inc.events_since > self.cfg.incident_window_events
                 || ts.saturating_sub(inc.view.ts_ns) > self.cfg.incident_window_ns
             {
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed; // moved on without the bytes
+                }
                 self.procs[slot].open = None;
                 return;
             }
@@ -899,6 +902,9 @@ impl Reference {
                     self.procs[slot].open = None;
                 }
             } else if kind != EventKind::MemInfo && ev.is_oom() {
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 self.procs[slot].open = None; // another request failed: a new incident
             }
         }
