@@ -5,13 +5,14 @@ Every VRAMHOOK_LENS_INTERVAL_S (default 1 s), per device whose CUDA context is a
 driver), allocated = `used_bytes()` (what arrays use); CuPy does not say its largest free
 block (recorded as unknown). Only the default pool (`cupy.get_default_memory_pool()`) is
 seen: a program that set another allocator (`set_allocator`, `MemoryAsyncPool`, RMM) shows
-an empty pool and no samples. At CuPy's `cupy.cuda.memory.OutOfMemoryError` (raised after CuPy freed its
-wholly free blocks and retried), seen as it is raised (raise_watch.py; on Python < 3.12
-only when uncaught, at exit), a `framework_oom`: the request read from CuPy's message and
-the current device's pool then (`total_bytes()`, `used_bytes()`; no largest free block).
-The pool's numbers for a device are read with that
-device current on the lens's own thread; a device with no active context is never made
+an empty pool and no samples. The pool's numbers for a device are read with that device
+current on the lens's own thread; a device with no active context is never made
 current (that would create a context on it).
+
+At CuPy's `cupy.cuda.memory.OutOfMemoryError` (raised after CuPy freed its wholly free
+blocks and retried), seen as it is raised (raise_watch.py; on Python < 3.12 only when
+uncaught, at exit), a `framework_oom`: the request read from CuPy's message and the current
+device's pool then (`total_bytes()`, `used_bytes()`; no largest free block).
 """
 
 import ctypes

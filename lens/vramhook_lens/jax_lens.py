@@ -4,7 +4,9 @@ Every VRAMHOOK_LENS_INTERVAL_S (default 1 s), once JAX's backends exist (the len
 starts them: that would create a CUDA context and, by default, preallocate), per local GPU
 device, a `framework_sample`: reserved = `pool_bytes` (what the BFC allocator holds from the
 driver; `bytes_reserved` when there is no pool_bytes), allocated = `bytes_in_use`, largest
-free block = `largest_free_block_bytes`. At XLA's out-of-memory error (`JaxRuntimeError`, `XlaRuntimeError` in older jaxlib, with
+free block = `largest_free_block_bytes`.
+
+At XLA's out-of-memory error (`JaxRuntimeError`, `XlaRuntimeError` in older jaxlib, with
 RESOURCE_EXHAUSTED), seen as it is raised (raise_watch.py; on Python < 3.12 only when uncaught,
 at exit), a `framework_oom`: the request read from XLA's message, and `memory_stats()` of that
 device then (`bytes_in_use`, `pool_bytes` or `bytes_reserved`, `largest_free_block_bytes`).
