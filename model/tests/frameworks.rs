@@ -283,6 +283,17 @@ fn a_lens_record_joins_only_a_failure_that_can_be_its_request() {
     assert_eq!((s.incidents[1].api, s.incidents[1].requested_bytes), (Api::Lens, 2 * GIB));
     assert!(s.incidents[0].framework_oom.is_none());
 
+    // A driver failure whose device the interposer could not name: still this request's.
+    let mut p = Proc::new(709, 0);
+    p.push(Event::frameworks(FrameworkId::CuPy.bit()));
+    p.device = -1;
+    p.oom(Api::cuMemAlloc_v2, GIB);
+    p.device = 0;
+    p.push(Event::framework_oom(FrameworkId::CuPy, GIB, 4 * GIB, 4 * GIB, vramhook_protocol::kinds::UNKNOWN_BYTES));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1, "{:#?}", s.incidents);
+    assert!(s.incidents[0].framework_oom.is_some());
+
     // Moved on: more than the window's events of the program, within 2 s.
     let mut p = torch_cache(8, 100 * MIB, 2 * GIB);
     for i in 0..70u64 {

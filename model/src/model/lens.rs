@@ -148,15 +148,16 @@ impl Model {
     /// still open (no other failure and no successful retry since, and at most the incident
     /// window's events or time of the program: a lens record never closes the window, however
     /// late it comes, as after a slow snapshot), when no lens spoke for it yet, on the same
-    /// device, and for a driver request that can be this one's (at least its bytes, or a VMM
-    /// chunk of it: PyTorch's expandable segments and XLA's growth map a request chunk by
-    /// chunk). Not by time alone: a failure the program moved on from is not joined.
+    /// device (or one the driver's call did not name), and for a driver request that can be
+    /// this one's (at least its bytes, or a VMM chunk of it: PyTorch's expandable segments and
+    /// XLA's growth map a request chunk by chunk). Not by time alone: a failure the program
+    /// moved on from is not joined.
     fn lens_incident(&self, slot: usize, device: i16, requested: u64) -> Option<usize> {
         let idx = self.procs[slot].open_incident?;
         let i = self.incidents.get(idx)?;
         let fits = i.slot == slot
             && i.inputs.lens.is_none()
-            && i.view.device == device
+            && (i.view.device == device || i.view.device < 0)
             && matches!(i.view.outcome, Outcome::Open | Outcome::FailedAgain)
             && (i.view.requested_bytes >= requested || i.view.api == Api::cuMemCreate);
         fits.then_some(idx)
