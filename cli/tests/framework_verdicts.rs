@@ -435,12 +435,12 @@ fn cupys_retry_after_freeing_its_cached_blocks_ends_recovered() {
     assert!(dump_kind(&cap, "framework_oom").is_empty());
 }
 
-/// The raise watcher's own unit tests (lens/tests/test_raise_watch.py): its type filter, its
+/// The raise watcher's own unit tests (lens/unit-tests/test_raise_watch.py): its type filter, its
 /// once-per-exception mark, the sys.monitoring registration (with a stand-in monitoring
 /// namespace on a Python without it) and the excepthook chain, and the message parsers.
 #[test]
 fn the_raise_watchers_python_unit_tests_pass() {
-    let test = repo_root().join("lens/tests/test_raise_watch.py");
+    let test = repo_root().join("lens/unit-tests/test_raise_watch.py");
     let out = Command::new("python3").arg(&test).env_remove("PYTHONPATH").output().expect("python3");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");

@@ -1,6 +1,7 @@
 """Unit tests of the raise watcher (vramhook_lens.raise_watch) and the OOM message parsers,
 runnable on any Python (3.11 has no sys.monitoring: its registration is tested against a
-stand-in namespace with the same calls). Run: python3 lens/tests/test_raise_watch.py"""
+stand-in namespace with the same calls). Run: python3 lens/unit-tests/test_raise_watch.py
+(a directory name Python cannot import: lens/ is on the traced program's PYTHONPATH)."""
 
 import importlib
 import os
