@@ -400,6 +400,20 @@ fn on_python_312_the_raise_is_recorded_where_it_happens_even_when_caught() {
         let t = oom[0]["ts_ns"].as_u64().expect("ts");
         assert!(t + 400_000_000 < marker, "{name}: record {t}, marker {marker}");
     }
+    // CuPy's fill loop, its OutOfMemoryError caught: the lens's numbers (a pool fully used)
+    // join the driver's failure, and the full device is `capacity`.
+    let script = fake.join("cupy_fill.py");
+    let (cap, out) = run(dir.path(), "py312-cupy-fill", &[py.as_str(), script.to_str().expect("path")], &envs);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = report(&cap);
+    let ooms = r["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{ooms:#?}");
+    let o = &ooms[0];
+    assert_eq!((o["api"].as_str(), o["outcome"].as_str()), (Some("cuMemAlloc_v2"), Some("Failed")));
+    assert_eq!(o["verdict_name"], "capacity", "{}", o["explanation"]);
+    let l = &o["framework_oom"];
+    assert_eq!((l["requested"].as_u64(), l["allocated"].as_u64()), (Some(100 * MIB), Some(1000 * MIB)), "{l}");
+    assert_eq!(l["reserved"], l["allocated"], "nothing cached: {l}");
 }
 
 /// CuPy gives memory back: ~100 cached 10 MiB blocks freed by free_all_blocks (more than
