@@ -1,8 +1,9 @@
 """vramhook's framework lenses: what a framework's own allocator knows and the driver cannot.
 
 `install()` (called by the lens directory's sitecustomize) watches for `import torch`,
-`import cupy` and `import jax` and attaches the lens of each (`torch_lens`, `cupy_lens`,
-`jax_lens`) once the module is imported. Nothing happens in a program that imports none of
+`import cupy`, `import jax` and `import tensorflow` and attaches the lens of each
+(`torch_lens`, `cupy_lens`, `jax_lens`, `tf_lens`) once the module is imported; the last
+three watch their framework's out-of-memory exception as it is raised (`raise_watch`). Nothing happens in a program that imports none of
 them, or that runs without libvramhook.so.
 """
 
@@ -76,7 +77,13 @@ def _on_jax(jax):
     jax_lens.attach(jax)
 
 
-_LENSES = (("torch", _on_torch), ("cupy", _on_cupy), ("jax", _on_jax))
+def _on_tensorflow(tf):
+    from . import tf_lens
+
+    tf_lens.attach(tf)
+
+
+_LENSES = (("torch", _on_torch), ("cupy", _on_cupy), ("jax", _on_jax), ("tensorflow", _on_tensorflow))
 
 
 def install():

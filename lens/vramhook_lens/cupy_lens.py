@@ -5,16 +5,19 @@ Every VRAMHOOK_LENS_INTERVAL_S (default 1 s), per device whose CUDA context is a
 driver), allocated = `used_bytes()` (what arrays use); CuPy does not say its largest free
 block (recorded as unknown). Only the default pool (`cupy.get_default_memory_pool()`) is
 seen: a program that set another allocator (`set_allocator`, `MemoryAsyncPool`, RMM) shows
-an empty pool and no samples. CuPy has no out-of-memory observer (it raises
-`cupy.cuda.memory.OutOfMemoryError` after freeing its wholly free chunks and retrying): the
-latest sample is what the verdict has. The pool's numbers for a device are read with that
-device current on the lens's own thread; a device with no active context is never made
+an empty pool and no samples. The pool's numbers for a device are read with that device
+current on the lens's own thread; a device with no active context is never made
 current (that would create a context on it).
+
+At CuPy's `cupy.cuda.memory.OutOfMemoryError` (raised after CuPy freed its wholly free
+blocks and retried), seen as it is raised (raise_watch.py; on Python < 3.12 only when
+uncaught, at exit), a `framework_oom`: the request read from CuPy's message and the current
+device's pool then (`total_bytes()`, `used_bytes()`; no largest free block).
 """
 
 import ctypes
 
-from . import ring, sampling
+from . import oom_messages, raise_watch, ring, sampling
 
 
 def _active_devices(count):
@@ -50,5 +53,24 @@ def sample_once(cupy):
     return out
 
 
+def on_oom(cupy, exc, at_raise=True):
+    """CuPy's OutOfMemoryError: one `framework_oom` with the current device's pool."""
+    request, _ = oom_messages.cupy(str(exc))
+    try:
+        device = int(cupy.cuda.runtime.getDevice())
+    except Exception:
+        device = 0
+    pool = cupy.get_default_memory_pool()
+    reserved, allocated = pool.total_bytes(), pool.used_bytes()
+    ring.emit(ring.OOM, ring.CUPY, device, request if request is not None else 0, reserved, allocated, ring.UNKNOWN)
+    return device, request, reserved, allocated
+
+
+def error_types(cupy):
+    t = getattr(getattr(getattr(cupy, "cuda", None), "memory", None), "OutOfMemoryError", None)
+    return [t] if isinstance(t, type) else []
+
+
 def attach(cupy):
+    raise_watch.watch(error_types(cupy), "CuPy", lambda exc, at_raise: on_oom(cupy, exc, at_raise))
     sampling.start("cupy", lambda: sample_once(cupy))

@@ -4,14 +4,20 @@ Every VRAMHOOK_LENS_INTERVAL_S (default 1 s), once JAX's backends exist (the len
 starts them: that would create a CUDA context and, by default, preallocate), per local GPU
 device, a `framework_sample`: reserved = `pool_bytes` (what the BFC allocator holds from the
 driver; `bytes_reserved` when there is no pool_bytes), allocated = `bytes_in_use`, largest
-free block = `largest_free_block_bytes`. JAX has no out-of-memory observer (XLA raises
-RESOURCE_EXHAUSTED): the latest sample is what the verdict has. With the default
-preallocation XLA takes its whole pool up front and never asks the driver again, so an OOM
-inside the pool is no driver failure at all (vramhook sees none); with
-XLA_PYTHON_CLIENT_PREALLOCATE=false the pool grows and a failed growth is one.
+free block = `largest_free_block_bytes`.
+
+At XLA's out-of-memory error (`JaxRuntimeError`, `XlaRuntimeError` in older jaxlib, with
+RESOURCE_EXHAUSTED), seen as it is raised (raise_watch.py; on Python < 3.12 only when uncaught,
+at exit), a `framework_oom`: the request read from XLA's message, and `memory_stats()` of that
+device then (`bytes_in_use`, `pool_bytes` or `bytes_reserved`, `largest_free_block_bytes`).
+With the default preallocation XLA takes its whole pool up front and never asks the driver
+again: an OOM inside the pool is no driver failure, and this record is the incident. XLA's
+`bytes_limit` has no place in the record (the pool's size is its reserve).
 """
 
-from . import ring, sampling
+import sys
+
+from . import oom_messages, raise_watch, ring, sampling
 
 
 def _backends_ready():
@@ -25,27 +31,72 @@ def _backends_ready():
     return bool(getattr(xla_bridge, "_backends", None))
 
 
+def _device_numbers(d):
+    """(device ordinal, reserved, allocated, largest free block) of one JAX device."""
+    st = d.memory_stats() or {}
+    allocated = int(st.get("bytes_in_use", 0))
+    reserved = int(st["pool_bytes"]) if "pool_bytes" in st else int(st.get("bytes_reserved", 0))
+    reserved = max(reserved, allocated)
+    largest = int(st["largest_free_block_bytes"]) if "largest_free_block_bytes" in st else ring.UNKNOWN
+    device = getattr(d, "local_hardware_id", None)
+    device = d.id if device is None else device
+    return device, reserved, allocated, largest
+
+
+def _gpus(jax):
+    return [d for d in jax.local_devices() if getattr(d, "platform", "") in ("gpu", "cuda")]
+
+
+def on_oom(jax, exc, at_raise=True):
+    """XLA's RESOURCE_EXHAUSTED: one `framework_oom` with memory_stats() of the device."""
+    message = str(exc)
+    if "RESOURCE_EXHAUSTED" not in message:
+        return None
+    request, ordinal = oom_messages.jax(message)
+    gpus = _gpus(jax)
+    if not gpus:
+        return None
+    numbers = [_device_numbers(d) for d in gpus]
+    pick = [n for n in numbers if n[0] == ordinal] or numbers
+    device, reserved, allocated, largest = pick[0]
+    ring.emit(ring.OOM, ring.JAX, device, request if request is not None else 0, reserved, allocated, largest)
+    return device, request, reserved, allocated, largest
+
+
+def error_types(jax):
+    """XLA's runtime error classes this JAX raises (one class under several names)."""
+    out = []
+    errors = getattr(jax, "errors", None)
+    for name in ("JaxRuntimeError", "XlaRuntimeError"):
+        t = getattr(errors, name, None)
+        if isinstance(t, type):
+            out.append(t)
+    for mod in ("jaxlib.xla_extension", "jaxlib._jax", "jax._src.lib"):
+        m = sys.modules.get(mod)
+        for name in ("JaxRuntimeError", "XlaRuntimeError"):
+            t = getattr(m, name, None) if m is not None else None
+            if isinstance(t, type):
+                out.append(t)
+    t = getattr(getattr(sys.modules.get("jax._src.lib"), "xla_client", None), "XlaRuntimeError", None)
+    if isinstance(t, type):
+        out.append(t)
+    return out
+
+
 def sample_once(jax):
     """One sample of each local GPU; returns [(device, reserved, allocated, largest)]."""
     if not _backends_ready():
         return []
     out = []
-    for d in jax.local_devices():
-        if getattr(d, "platform", "") not in ("gpu", "cuda"):
-            continue
-        st = d.memory_stats() or {}
-        allocated = int(st.get("bytes_in_use", 0))
-        reserved = int(st["pool_bytes"]) if "pool_bytes" in st else int(st.get("bytes_reserved", 0))
-        reserved = max(reserved, allocated)
+    for d in _gpus(jax):
+        device, reserved, allocated, largest = _device_numbers(d)
         if reserved == 0:
             continue
-        largest = int(st["largest_free_block_bytes"]) if "largest_free_block_bytes" in st else ring.UNKNOWN
-        device = getattr(d, "local_hardware_id", None)
-        device = d.id if device is None else device
         ring.emit(ring.SAMPLE, ring.JAX, device, reserved, allocated, largest, 0)
         out.append((device, reserved, allocated, largest))
     return out
 
 
 def attach(jax):
+    raise_watch.watch(error_types(jax), "JAX", lambda exc, at_raise: on_oom(jax, exc, at_raise))
     sampling.start("jax", lambda: sample_once(jax))

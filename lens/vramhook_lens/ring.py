@@ -6,6 +6,7 @@ import ctypes
 PYTORCH = 1
 CUPY = 2
 JAX = 3
+TENSORFLOW = 4
 
 SAMPLE = 1
 OOM = 2

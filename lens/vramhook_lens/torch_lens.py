@@ -1,9 +1,10 @@
 """The PyTorch lens: the caching allocator's own numbers into the process's vramhook ring.
 
 - At every PyTorch out-of-memory error (its OOM observer, called after the allocator has
-  given back its whole free segments and before it raises): the request, reserved and
-  allocated bytes, the largest free block, then each segment of that device (bytes,
-  allocated, largest free block, free pieces) from `torch.cuda.memory._snapshot()`.
+  given back its whole free segments and before it raises): first the request, reserved and
+  allocated bytes (stamped at that moment; the largest free block unknown), then each segment
+  of that device (bytes, allocated, largest free block, free pieces) from
+  `torch.cuda.memory._snapshot()`, which takes seconds with the memory history on.
 - Periodically, per device in use: `memory_stats()`'s reserved and allocated bytes and
   segment count (every VRAMHOOK_LENS_INTERVAL_S, default 1 s: about 175 µs a call on an
   H200), and the largest free block from a snapshot at a slower interval
@@ -61,9 +62,9 @@ def _start_stacks(torch):
     _stacks_left = _int_env("VRAMHOOK_LENS_STACKS_MAX", 3)
 
 
-def _dump_stacks(torch):
+def _dump_stacks(torch, snap=None):
     """PyTorch's snapshot (with the history's stacks) into a new file: what
-    `_dump_snapshot(path)` writes, but never over an existing file."""
+    `_dump_snapshot(path)` writes, but never over an existing file. `snap`: one already taken."""
     global _stacks_left, _stacks_dumped
     if _stacks_left <= 0:
         return
@@ -71,7 +72,8 @@ def _dump_stacks(torch):
     _stacks_dumped += 1
     path = None
     try:
-        snap = torch.cuda.memory._snapshot()
+        if snap is None:
+            snap = torch.cuda.memory._snapshot()
         directory = os.environ.get("VRAMHOOK_LENS_STACKS_DIR") or os.curdir
         name = "vramhook-stacks-%d-%s-%d.pickle" % (
             os.getpid(), time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), _stacks_dumped)
@@ -88,12 +90,19 @@ def _dump_stacks(torch):
         sys.stderr.write("vramhook lens: no snapshot with stacks at this OOM (%s): %r\n" % (path, e))
 
 
-def _segments(torch, device):
-    """[(address, bytes, allocated, largest free block, free pieces)] of `device`, or None."""
+def _snapshot(torch):
     try:
-        snap = torch.cuda.memory._snapshot()
+        return torch.cuda.memory._snapshot()
     except Exception:
         return None  # cudaMallocAsync, or a PyTorch without snapshots
+
+
+def _segments(torch, device, snap=None):
+    """[(address, bytes, allocated, largest free block, free pieces)] of `device`, or None."""
+    if snap is None:
+        snap = _snapshot(torch)
+    if snap is None:
+        return None
     segs = snap.get("segments", []) if isinstance(snap, dict) else snap
     out = []
     for s in segs:
@@ -133,16 +142,24 @@ def _emit_stats(torch, device):
 
 
 def _on_oom(torch, device, alloc, device_allocated, device_free):
+    """The numbers first, stamped now (the interposer stamps a record when it is written):
+    the largest free block needs the snapshot, which takes seconds with the memory history
+    on, so it goes unknown here and the segments listed after the record say it (the model
+    joins them to this record by order). One snapshot serves the segments and the stacks."""
     try:
         reserved, allocated, _ = _stats(torch, device)
-        segs = _segments(torch, device)
-        largest = max((s[3] for s in segs), default=0) if segs is not None else ring.UNKNOWN
-        ring.emit(ring.OOM, ring.PYTORCH, device, alloc, reserved, allocated, largest)
-        for addr, size, used, big, pieces in segs or []:
+        ring.emit(ring.OOM, ring.PYTORCH, device, alloc, reserved, allocated, ring.UNKNOWN)
+    except Exception as e:
+        sys.stderr.write("vramhook lens: at PyTorch's OOM: %r\n" % (e,))
+        return
+    snap = None
+    try:
+        snap = _snapshot(torch)
+        for addr, size, used, big, pieces in _segments(torch, device, snap) or []:
             ring.emit(ring.SEGMENT, ring.PYTORCH, device, addr, size, used, big, pieces)
     except Exception as e:
         sys.stderr.write("vramhook lens: at PyTorch's OOM: %r\n" % (e,))
-    _dump_stacks(torch)
+    _dump_stacks(torch, snap)
 
 
 def _sampler(torch, interval, snapshot_every):

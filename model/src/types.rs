@@ -454,9 +454,12 @@ pub enum Outcome {
     Recovered,
     /// A retry of the same size failed too.
     FailedAgain,
-    /// No retry seen.
+    /// No retry seen yet: the process is still within the retry window (2 s and 64 of its
+    /// events after the failure; memory it gives back does not count).
     Open,
-    /// The framework gave up on the request (its lens saw its out-of-memory error).
+    /// The framework gave up on the request (its lens saw its out-of-memory error), or the
+    /// process moved on without the bytes: its window closed with no retry, another request
+    /// failed, or it exited.
     Failed,
 }
 

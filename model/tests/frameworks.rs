@@ -181,3 +181,163 @@ fn sampled_numbers_keep_the_last_largest_block_measured() {
     assert_eq!((c.allocated_bytes, c.largest_free_block), (GIB / 4, Some(GIB / 4)));
     assert_eq!(c.fragmentation, Some(fragmentation(GIB / 4, 3 * GIB / 4)));
 }
+
+/// CuPy at its OOM: the driver refuses, CuPy frees every cached block (70 on the H200, more
+/// than the incident window's 64 events) and its retry of the same size succeeds: recovered.
+#[test]
+fn a_retry_after_the_framework_freed_seventy_blocks_is_recovered() {
+    let mut p = Proc::new(706, 0);
+    p.push(Event::frameworks(FrameworkId::CuPy.bit()));
+    for i in 0..140u64 {
+        p.alloc(Api::cuMemAlloc_v2, 0x7f00_0000_0000 + i * GIB, GIB);
+    }
+    p.meminfo(GIB / 2, TOTAL).oom(Api::cuMemAlloc_v2, 3 * GIB).meminfo(GIB / 2, TOTAL);
+    for i in (0..140u64).step_by(2) {
+        p.free(Api::cuMemFree_v2, 0x7f00_0000_0000 + i * GIB);
+    }
+    p.alloc(Api::cuMemAlloc_v2, 0x7e00_0000_0000, 3 * GIB);
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1);
+    let inc = &s.incidents[0];
+    assert_eq!((inc.outcome, inc.retries), (Outcome::Recovered, 1), "{inc:#?}");
+    assert_eq!(inc.freed_bytes_between, 70 * GIB);
+}
+
+/// No retry, no lens: the incident is open while the process runs, and ends `Failed` when it
+/// exits (by the exit event or the agent's watcher); a recovered one stays recovered.
+#[test]
+fn an_incident_never_stays_open_past_the_process_exit() {
+    for by_event in [true, false] {
+        let mut p = torch_cache(4, 100 * MIB, 2 * GIB);
+        let m = model_of(&p);
+        assert_eq!(m.snapshot().incidents[0].outcome, Outcome::Open, "the process still runs");
+        p.alloc(Api::cuMemAlloc_v2, 0x7e00_0000_0000, 3 * GIB).oom(Api::cuMemAlloc_v2, 4 * GIB);
+        p.alloc(Api::cuMemAlloc_v2, 0x7d00_0000_0000, 4 * GIB); // the second one's retry
+        let mut m = model_of(&p);
+        if by_event {
+            m.apply(&vramhook_testkit::events::made(Event::process_exit(), 700, p.ts + 1, 0));
+        } else {
+            m.process_exit(700, 0, Some(1), p.ts + 1);
+        }
+        let s = m.snapshot();
+        let outcomes: Vec<_> = s.incidents.iter().map(|i| i.outcome).collect();
+        assert_eq!(outcomes, vec![Outcome::Failed, Outcome::Recovered], "by event: {by_event}");
+    }
+}
+
+/// The program moved on without the bytes: its retry window closed with no retry (a
+/// same-size allocation 3 s later is a new request, not the retry), or another request
+/// failed: the incident ends `Failed`, never `Open` past that.
+#[test]
+fn an_incident_ends_failed_when_the_program_moves_on_without_the_bytes() {
+    let mut p = torch_cache(4, 100 * MIB, 2 * GIB);
+    p.ts += 3_000_000_000;
+    p.alloc(Api::cuMemAlloc_v2, 0x7e00_0000_0000, 2 * GIB);
+    let s = model_of(&p).snapshot();
+    assert_eq!((s.incidents[0].outcome, s.incidents[0].retries), (Outcome::Failed, 0));
+    let mut p = torch_cache(4, 100 * MIB, 2 * GIB);
+    p.oom(Api::cuMemAlloc_v2, GIB);
+    let s = model_of(&p).snapshot();
+    let outcomes: Vec<_> = s.incidents.iter().map(|i| i.outcome).collect();
+    assert_eq!(outcomes, vec![Outcome::Failed, Outcome::Open]);
+}
+
+/// PyTorch with its memory history on: the lens's record is late (its snapshot took
+/// seconds, in the old lens) with nothing of the program between: it still joins the
+/// driver's failure by the order of events, and the segments listed after it join it too
+/// and refine its verdict (the OOM record's largest block was unknown).
+#[test]
+fn a_late_lens_record_and_its_later_segments_join_the_drivers_failure() {
+    let mut p = torch_cache(8, 100 * MIB, GIB);
+    p.oom(Api::cuMemAlloc_v2, GIB);
+    p.ts += 6_600_000_000;
+    let unknown = vramhook_protocol::kinds::UNKNOWN_BYTES;
+    p.push(Event::framework_oom(FrameworkId::PyTorch, GIB, 8 * GIB, 8 * 600 * MIB, unknown));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1, "one failure, one incident");
+    let inc = &s.incidents[0];
+    assert_eq!((inc.outcome, inc.verdict), (Outcome::Failed, Verdict::FrameworkFragmentation), "{}", inc.explanation);
+    assert_eq!(inc.framework_oom.as_ref().and_then(|l| l.largest_free_block), None);
+    p.ts += 3_000_000_000; // the snapshot's seconds
+    for i in 0..8 {
+        p.push(Event::framework_segment(0x7f00_0000_0000 + i * GIB, GIB, 600 * MIB, 424 * MIB, 1));
+    }
+    let m = model_of(&p);
+    let s = m.snapshot();
+    assert!(s.anomalies.is_empty(), "{:?}", s.anomalies);
+    let inc = &s.incidents[0];
+    let l = inc.framework_oom.as_ref().expect("lens");
+    assert_eq!((l.segments_listed, l.largest_free_block), (8, Some(424 * MIB)));
+    assert!(inc.explanation.contains("largest free block was 424.00 MiB"), "{}", inc.explanation);
+}
+
+/// The lens joins by the request and the order of events, not by a time window alone: a
+/// framework failure for more than the driver's open failure asked (no VMM chunk) is its own
+/// incident; an old unsettled failure the program moved on from is not joined.
+#[test]
+fn a_lens_record_joins_only_a_failure_that_can_be_its_request() {
+    let mut p = torch_cache(8, 100 * MIB, 100 * MIB);
+    p.push(Event::framework_oom(FrameworkId::Jax, 2 * GIB, 8 * GIB, 4 * GIB, GIB));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 2, "{:#?}", s.incidents);
+    assert_eq!((s.incidents[1].api, s.incidents[1].requested_bytes), (Api::Lens, 2 * GIB));
+    assert!(s.incidents[0].framework_oom.is_none());
+
+    // A driver failure whose device the interposer could not name: still this request's.
+    let mut p = Proc::new(709, 0);
+    p.push(Event::frameworks(FrameworkId::CuPy.bit()));
+    p.device = -1;
+    p.oom(Api::cuMemAlloc_v2, GIB);
+    p.device = 0;
+    p.push(Event::framework_oom(FrameworkId::CuPy, GIB, 4 * GIB, 4 * GIB, vramhook_protocol::kinds::UNKNOWN_BYTES));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1, "{:#?}", s.incidents);
+    assert!(s.incidents[0].framework_oom.is_some());
+
+    // Moved on: more than the window's events of the program, within 2 s.
+    let mut p = torch_cache(8, 100 * MIB, 2 * GIB);
+    for i in 0..70u64 {
+        p.alloc(Api::cuMemAlloc_v2, 0x7c00_0000_0000 + i * MIB, MIB);
+    }
+    p.push(Event::framework_oom(FrameworkId::PyTorch, 2 * GIB, 8 * GIB, 4 * GIB, GIB));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 2, "{:#?}", s.incidents);
+}
+
+/// JAX with its default preallocation: XLA fails inside its own pool, no driver call fails;
+/// the lens's record (memory_stats at the raise) is the incident, judged on XLA's numbers.
+#[test]
+fn a_jax_oom_inside_its_preallocated_pool_is_an_incident_with_xlas_numbers() {
+    let mut p = Proc::new(707, 0);
+    p.push(Event::frameworks(FrameworkId::Jax.bit()));
+    p.create(1, 100 * GIB).meminfo(30 * GIB, TOTAL);
+    p.push(Event::framework_oom(FrameworkId::Jax, 2 * GIB, 100 * GIB, 50 * GIB, GIB));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1);
+    let inc = &s.incidents[0];
+    assert_eq!((inc.api, inc.outcome), (Api::Lens, Outcome::Failed));
+    assert_eq!(inc.verdict, Verdict::FrameworkFragmentation, "{}", inc.explanation);
+    assert_eq!(inc.framework, Some(FrameworkId::Jax));
+    assert!(
+        inc.explanation.contains("The largest free block was 1.00 GiB, for a request of 2.00 GiB"),
+        "{}",
+        inc.explanation
+    );
+}
+
+/// TensorFlow says only the bytes in use: its reserved bytes come unknown, and the bytes
+/// the process holds from the driver on the device (its BFC pool) stand for them.
+#[test]
+fn tensorflows_unknown_reserved_bytes_are_the_process_held_bytes() {
+    let mut p = Proc::new(708, 0);
+    p.push(Event::frameworks(FrameworkId::TensorFlow.bit()));
+    p.allocs_a_gib_apart(10, GIB).meminfo(100 * MIB, TOTAL).oom(Api::cuMemAlloc_v2, 3 * GIB);
+    let unknown = vramhook_protocol::kinds::UNKNOWN_BYTES;
+    p.push(Event::framework_oom(FrameworkId::TensorFlow, 3 * GIB, unknown, 6 * GIB, unknown));
+    let s = model_of(&p).snapshot();
+    assert_eq!(s.incidents.len(), 1);
+    let inc = &s.incidents[0];
+    let l = inc.framework_oom.as_ref().expect("lens");
+    assert_eq!((l.reserved, l.allocated, l.largest_free_block), (10 * GIB, 6 * GIB, None));
+    assert_eq!((inc.verdict, inc.outcome), (Verdict::FrameworkFragmentation, Outcome::Failed), "{}", inc.explanation);
+}

@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// A successful call that gives device memory back (a free, an unmap, a release, a trim).
+fn gives_back(kind: EventKind, ev: &Event) -> bool {
+    !ev.failed()
+        && matches!(
+            kind,
+            EventKind::Free
+                | EventKind::VmmRelease
+                | EventKind::VmmUnmap
+                | EventKind::VmmAddressFree
+                | EventKind::PoolTrim
+                | EventKind::PoolDestroy
+        )
+}
+
 /// Cache-wide figures over a process's framework segments.
 #[derive(Default)]
 pub(super) struct CacheFigures {
@@ -27,11 +41,27 @@ impl Model {
             }
         }
         if let Some(idx) = p.open_incident {
+            if matches!(kind, EventKind::FrameworkOom | EventKind::FrameworkSegment | EventKind::FrameworkSample) {
+                // The framework's own account of this failure (its lens, however late it
+                // speaks: a slow snapshot after the OOM record) is not the program moving on.
+                return;
+            }
             let inc = &mut self.incidents[idx];
-            inc.events_since += 1;
+            // Memory given back (a framework freeing its cached blocks before its retry:
+            // CuPy's free_all_blocks freed 70 on the H200) is part of the recovery, not
+            // events that close the window before the retry comes.
+            if !gives_back(kind, ev) {
+                inc.events_since = inc.events_since.saturating_add(1);
+            }
             if inc.events_since > self.config.incident_window_events
                 || ts.saturating_sub(inc.view.ts_ns) > self.config.incident_window_ns
             {
+                // No retry within the window (2 s, 64 events of the program): the program
+                // moved on without the bytes. This event itself may be the same size served
+                // later: not a retry of this request any more.
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 p.open_incident = None;
                 return;
             }
@@ -55,12 +85,29 @@ impl Model {
                 }
             } else if kind != EventKind::MemInfo && ev.is_oom() {
                 // Another request failing (other size or API) is a new incident, not a
-                // retry: the program moved on, and this may be the failure that kills it.
+                // retry: the program moved on (without this request's bytes), and this may
+                // be the failure that kills it.
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 p.open_incident = None;
             }
         }
         if let Some(idx) = redecide {
             self.decide(idx);
+        }
+    }
+
+    /// The process at `slot` ended: its incident still open (no retry of the request
+    /// succeeded, no lens said the framework gave up, and its window had not closed) ends
+    /// `Failed`: the request was never served. A scan of the incidents, only for a process
+    /// that had an out-of-memory error.
+    pub(super) fn settle_at_exit(&mut self, slot: usize) {
+        if self.procs[slot].oom_count == 0 {
+            return;
+        }
+        for inc in self.incidents.iter_mut().filter(|i| i.slot == slot && i.view.outcome == Outcome::Open) {
+            inc.view.outcome = Outcome::Failed;
         }
     }
 

@@ -4,6 +4,7 @@
 //! the cache's segments at that moment.
 
 use super::*;
+use vramhook_protocol::kinds::UNKNOWN_BYTES;
 
 /// Segments after which a lens OOM's explanation is refreshed only every 1,024th segment
 /// (the numbers themselves are always kept exact).
@@ -85,13 +86,18 @@ impl Model {
         );
     }
 
-    /// The framework gave up on a request. The incident it belongs to is the process's open
-    /// one (the driver's failure that led to it, whatever its size: with expandable segments
-    /// the driver refused a 20 MiB chunk of a 1 GiB request), else one of the process's
-    /// within the incident window that no lens spoke for yet, else a new one (the framework
-    /// stopped at a limit of its own, with no driver failure).
+    /// The framework gave up on a request. The incident it belongs to is found by the
+    /// process's order of events and the request (`lens_incident`): the driver's failure that
+    /// led to it, else a new one (the framework stopped inside its own pool or at a limit of
+    /// its own, with no driver failure: JAX's preallocated pool). A lens that cannot read its
+    /// framework's reserved bytes (TensorFlow) sends them unknown: the bytes the process
+    /// holds from the driver on the device stand for them (its allocator's pool).
     pub(super) fn on_framework_oom(&mut self, slot: usize, ev: &Event, ts: u64) {
-        let (reserved, allocated) = (ev.framework_reserved(), ev.framework_allocated());
+        let allocated = ev.framework_allocated();
+        let reserved = match ev.framework_reserved() {
+            UNKNOWN_BYTES => self.procs[slot].resident_on(ev.device).max(allocated),
+            r => r,
+        };
         if allocated > reserved {
             self.anomaly(Some(slot), Anomaly::BadSegment);
             return;
@@ -121,7 +127,7 @@ impl Model {
                 limit_bytes: None,
             },
         );
-        let idx = match self.lens_incident(slot, ts) {
+        let idx = match self.lens_incident(slot, device, lens.requested) {
             Some(idx) => idx,
             None => {
                 self.procs[slot].oom_count += 1;
@@ -147,14 +153,24 @@ impl Model {
         self.decide(idx);
     }
 
-    /// The incident a framework's failure at `ts` joins (see `on_framework_oom`), if any.
-    fn lens_incident(&self, slot: usize, ts: u64) -> Option<usize> {
-        let window = self.config.incident_window_ns;
-        self.procs[slot].open_incident.or_else(|| {
-            self.incidents
-                .iter()
-                .rposition(|i| i.slot == slot && i.inputs.lens.is_none() && ts.saturating_sub(i.view.ts_ns) <= window)
-        })
+    /// The incident a framework's failure of `requested` bytes on `device` joins (see
+    /// `on_framework_oom`), if any: by the process's order of events, the driver's failure
+    /// still open (no other failure and no successful retry since, and at most the incident
+    /// window's events or time of the program: a lens record never closes the window, however
+    /// late it comes, as after a slow snapshot), when no lens spoke for it yet, on the same
+    /// device (or one the driver's call did not name), and for a driver request that can be
+    /// this one's (at least its bytes, or a VMM chunk of it: PyTorch's expandable segments and
+    /// XLA's growth map a request chunk by chunk). Not by time alone: a failure the program
+    /// moved on from is not joined.
+    fn lens_incident(&self, slot: usize, device: i16, requested: u64) -> Option<usize> {
+        let idx = self.procs[slot].open_incident?;
+        let i = self.incidents.get(idx)?;
+        let fits = i.slot == slot
+            && i.inputs.lens.is_none()
+            && (i.view.device == device || i.view.device < 0)
+            && matches!(i.view.outcome, Outcome::Open | Outcome::FailedAgain)
+            && (i.view.requested_bytes >= requested || i.view.api == Api::cuMemCreate);
+        fits.then_some(idx)
     }
 
     /// Whether applying `ev`, a framework's failure, would open a new incident rather than
@@ -163,7 +179,7 @@ impl Model {
         match self.by_pid.get(&ev.pid) {
             Some(&slot) => {
                 let p = &self.procs[slot];
-                p.alive && self.lens_incident(slot, ev.ts_ns.max(p.last_ts)).is_none()
+                p.alive && self.lens_incident(slot, ev.device, ev.framework_request()).is_none()
             }
             None => true,
         }
@@ -175,8 +191,9 @@ impl Model {
             self.anomaly(Some(slot), Anomaly::BadSegment);
             return;
         };
-        let window = self.config.incident_window_ns;
-        if self.incidents.get(idx).is_none_or(|i| ts.saturating_sub(i.view.ts_ns) > window) {
+        // Segments follow their OOM record (the lens writes the numbers first and lists the
+        // segments after, however long its snapshot takes): they belong to that record.
+        if self.incidents.get(idx).is_none() {
             self.procs[slot].lens_segments_for = None;
             self.anomaly(Some(slot), Anomaly::BadSegment);
             return;
@@ -230,6 +247,9 @@ impl Model {
         let listed = match inc.inputs.lens.as_mut() {
             Some(l) => {
                 l.segments_listed += 1;
+                // The OOM record came before the snapshot (its largest block unknown then):
+                // the listed segments say it.
+                l.largest_free_block = Some(inc.inputs.cache_largest_free);
                 l.free_pieces = l.free_pieces.saturating_add(pieces);
                 l.segments_with_free += u64::from(free > 0);
                 inc.view.framework_oom = Some(l.clone());

@@ -282,6 +282,7 @@ impl Model {
 
     #[inline]
     pub(super) fn close_process(&mut self, slot: usize, ts: u64) {
+        self.settle_at_exit(slot);
         let pid = self.procs[slot].pid;
         self.allocs.retain(|p, _, _| p != pid);
         self.alloc_pools.retain(|k, _| k.0 != pid);

@@ -762,6 +762,10 @@ impl Reference {
 
     fn close(&mut self, slot: usize, ts: u64) {
         let pid = self.procs[slot].pid;
+        // Incidents still open at exit: the request was never served.
+        for inc in self.incidents.iter_mut().filter(|i| i.view.pid == pid && i.view.outcome == Outcome::Open) {
+            inc.view.outcome = Outcome::Failed;
+        }
         self.allocs.retain(|a| a.pid != pid);
         self.handles.retain(|a| a.pid != pid);
         self.res.retain(|a| a.pid != pid);
@@ -968,11 +972,29 @@ impl Reference {
         }
         if let Some(idx) = self.procs[slot].open {
             let freed = self.procs[slot].freed_total;
+            if matches!(kind, EventKind::FrameworkOom | EventKind::FrameworkSegment | EventKind::FrameworkSample) {
+                return; // a lens's record: the framework's account, not the program moving on
+            }
             let inc = &mut self.incidents[idx];
-            inc.events_since += 1;
+            let gives_back = !ev.failed()
+                && matches!(
+                    kind,
+                    EventKind::Free
+                        | EventKind::VmmRelease
+                        | EventKind::VmmUnmap
+                        | EventKind::VmmAddressFree
+                        | EventKind::PoolTrim
+                        | EventKind::PoolDestroy
+                );
+            if !gives_back {
+                inc.events_since += 1; // memory given back before a retry is part of it
+            }
             if inc.events_since > self.cfg.incident_window_events
                 || ts.saturating_sub(inc.view.ts_ns) > self.cfg.incident_window_ns
             {
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed; // moved on without the bytes
+                }
                 self.procs[slot].open = None;
                 return;
             }
@@ -990,6 +1012,9 @@ impl Reference {
                     self.procs[slot].open = None;
                 }
             } else if kind != EventKind::MemInfo && ev.is_oom() {
+                if inc.view.outcome == Outcome::Open {
+                    inc.view.outcome = Outcome::Failed;
+                }
                 self.procs[slot].open = None; // another request failed: a new incident
             }
         }
