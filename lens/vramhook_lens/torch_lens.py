@@ -152,6 +152,7 @@ def _on_oom(torch, device, alloc, device_allocated, device_free):
     except Exception as e:
         sys.stderr.write("vramhook lens: at PyTorch's OOM: %r\n" % (e,))
         return
+    _emit_stats(torch, device)  # the limit that may have been the ceiling, and the stranded bytes
     snap = None
     try:
         snap = _snapshot(torch)
