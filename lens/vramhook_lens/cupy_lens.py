@@ -37,6 +37,18 @@ def _active_devices(count):
     return out
 
 
+def _emit_limit(cupy, pool, device):
+    """The pool's own ceiling (`set_limit`, `CUPY_GPU_MEMORY_LIMIT`), as a `framework_stats`
+    record; none when unlimited (0)."""
+    try:
+        with cupy.cuda.Device(device):
+            limit = int(pool.get_limit())
+    except Exception:
+        return
+    if limit > 0:
+        ring.emit(ring.STATS, ring.CUPY, device, ring.UNKNOWN, limit, 0, 0)
+
+
 def sample_once(cupy):
     """One sample of each active device's pool; returns [(device, reserved, allocated)]."""
     pool = cupy.get_default_memory_pool()
@@ -49,6 +61,7 @@ def sample_once(cupy):
         if reserved == 0:
             continue
         ring.emit(ring.SAMPLE, ring.CUPY, device, reserved, allocated, ring.UNKNOWN, 0)
+        _emit_limit(cupy, pool, device)
         out.append((device, reserved, allocated))
     return out
 
@@ -63,6 +76,7 @@ def on_oom(cupy, exc, at_raise=True):
     pool = cupy.get_default_memory_pool()
     reserved, allocated = pool.total_bytes(), pool.used_bytes()
     ring.emit(ring.OOM, ring.CUPY, device, request if request is not None else 0, reserved, allocated, ring.UNKNOWN)
+    _emit_limit(cupy, pool, device)
     return device, request, reserved, allocated
 
 

@@ -43,6 +43,17 @@ def _device_numbers(d):
     return device, reserved, allocated, largest
 
 
+def _emit_limit(d, device):
+    """XLA's own ceiling for this device (`bytes_limit`: the preallocated pool, or
+    XLA_PYTHON_CLIENT_MEM_FRACTION of the device), as a `framework_stats` record."""
+    try:
+        limit = int((d.memory_stats() or {}).get("bytes_limit", 0))
+    except Exception:
+        return
+    if limit > 0:
+        ring.emit(ring.STATS, ring.JAX, device, ring.UNKNOWN, limit, 0, 0)
+
+
 def _gpus(jax):
     return [d for d in jax.local_devices() if getattr(d, "platform", "") in ("gpu", "cuda")]
 
@@ -60,6 +71,9 @@ def on_oom(jax, exc, at_raise=True):
     pick = [n for n in numbers if n[0] == ordinal] or numbers
     device, reserved, allocated, largest = pick[0]
     ring.emit(ring.OOM, ring.JAX, device, request if request is not None else 0, reserved, allocated, largest)
+    for d in gpus:
+        if _device_numbers(d)[0] == device:
+            _emit_limit(d, device)
     return device, request, reserved, allocated, largest
 
 
@@ -93,6 +107,7 @@ def sample_once(jax):
         if reserved == 0:
             continue
         ring.emit(ring.SAMPLE, ring.JAX, device, reserved, allocated, largest, 0)
+        _emit_limit(d, device)
         out.append((device, reserved, allocated, largest))
     return out
 

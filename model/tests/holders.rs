@@ -222,3 +222,26 @@ fn a_full_cache_with_the_driver_reserve_left_is_capacity() {
     q.meminfo(3_271_557, TOTAL).oom(Api::cuMemAlloc_v2, 2 * MIB).meminfo(3_271_557, TOTAL);
     assert_eq!(incident(&model_of(&[&q])).verdict, Verdict::Unknown);
 }
+
+#[test]
+fn a_lens_sample_of_pytorchs_async_backend_keeps_the_pools_reserve_live() {
+    // backend:cudaMallocAsync: 20 allocations from the default pool, every other one freed;
+    // PyTorch's memory_reserved() is the pool's reserve (1,543,503,872 on the H200), which
+    // the interposer's sparse pool samples had not caught up with.
+    let mut p = Proc::new(920, 0);
+    p.push(Event::frameworks(FrameworkId::PyTorch.bit()));
+    for i in 0..20u64 {
+        p.alloc(Api::cuMemAllocAsync, 0x1000_0000_0000 + i * 64 * MIB, 40 * MIB);
+    }
+    for i in (0..20u64).step_by(2) {
+        p.free(Api::cuMemFreeAsync, 0x1000_0000_0000 + i * 64 * MIB);
+    }
+    let held = |p: &Proc| model_of(&[p]).snapshot().processes[0].held_bytes;
+    let before = held(&p);
+    assert_eq!(before, 800 * MIB, "the reserve as the high-water mark estimates it");
+    // A sample whose allocated bytes are not the pool's live bytes says nothing of the pool.
+    p.push(Event::framework_sample(FrameworkId::PyTorch, 1_543_503_872, 300 * MIB, u64::MAX, 0).on_device(0));
+    assert_eq!(held(&p), before);
+    p.push(Event::framework_sample(FrameworkId::PyTorch, 1_543_503_872, 400 * MIB, u64::MAX, 0).on_device(0));
+    assert_eq!(held(&p), 1_543_503_872, "held = memory_reserved()");
+}

@@ -84,6 +84,28 @@ impl Model {
                 limit_bytes: None,
             },
         );
+        self.pool_reserve_from_lens(slot, ev);
+    }
+
+    /// PyTorch's `backend:cudaMallocAsync` keeps its cache in the device's default pool, and
+    /// its `memory_reserved()` is that pool's reserve: a lens sample whose allocated bytes are
+    /// exactly the pool's live bytes (and no segment says otherwise) updates the pool's
+    /// reserve, so held bytes follow the pool within a lens interval even when the program
+    /// stops calling (the interposer samples pools only every 256th allocation and at an OOM).
+    fn pool_reserve_from_lens(&mut self, slot: usize, ev: &Event) {
+        let (pid, device) = (self.procs[slot].pid, ev.device);
+        if ev.framework() != FrameworkId::PyTorch || device < 0 {
+            return;
+        }
+        if self.segments.range((pid, 0)..=(pid, u64::MAX)).any(|(_, s)| s.device == device) {
+            return;
+        }
+        let key = Self::pool_key(pid, device, 0);
+        let (reserved, allocated) = (ev.framework_reserved(), ev.framework_allocated());
+        let matches = self.pools.get(&key).is_some_and(|pl| pl.live == allocated && !pl.destroyed);
+        if matches && reserved <= MAX_POOL_SAMPLE {
+            self.change_pool(slot, key, |pl| pl.sampled = Some(reserved));
+        }
     }
 
     /// The framework gave up on a request. The incident it belongs to is found by the
