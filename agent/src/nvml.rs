@@ -13,7 +13,8 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_void, CStr};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use vramhook_protocol::record::Event;
 
@@ -298,6 +299,8 @@ const MIN_GAP: Duration = Duration::from_millis(100);
 pub struct Sampler {
     requests: mpsc::Sender<()>,
     samples: mpsc::Receiver<Vec<Event>>,
+    /// Cleared when the reading thread ends (no NVML): nothing more will come.
+    running: Arc<AtomicBool>,
 }
 
 impl Sampler {
@@ -320,20 +323,28 @@ impl Sampler {
         }
         let (requests, requested) = mpsc::channel::<()>();
         let (sent, samples) = mpsc::channel();
-        let spawned = std::thread::Builder::new()
-            .name("vramhook-nvml".into())
-            .spawn(move || read_loop(interval, who, announce, library, requested, sent));
+        let running = Arc::new(AtomicBool::new(true));
+        let flag = running.clone();
+        let spawned = std::thread::Builder::new().name("vramhook-nvml".into()).spawn(move || {
+            read_loop(interval, who, announce, library, requested, sent);
+            flag.store(false, Ordering::Release);
+        });
         if let Err(e) = spawned {
             eprintln!("{who}: cannot start the NVML reader: {e}");
             return None;
         }
-        Some(Sampler { requests, samples })
+        Some(Sampler { requests, samples, running })
+    }
+
+    /// Whether the reader still reads (false once it found no NVML).
+    pub fn running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
     }
 
     /// Asks for a read now (a failure was just seen); reads are at least 100 ms apart.
     /// False when the reader is gone (no NVML).
     pub fn request(&self) -> bool {
-        self.requests.send(()).is_ok()
+        self.running() && self.requests.send(()).is_ok()
     }
 
     /// The records of every sample read since the last call (none: nothing new).
@@ -385,7 +396,7 @@ impl Feed {
 
     /// Whether a read asked for after a failure is still to come.
     pub fn owed(&mut self) -> bool {
-        if self.owed.is_some_and(|(_, until)| Instant::now() >= until) {
+        if self.owed.is_some_and(|(_, until)| Instant::now() >= until || !self.sampler.running()) {
             self.owed = None;
         }
         self.owed.is_some()
@@ -552,5 +563,16 @@ mod tests {
             .expect("spawned");
         assert!(s.wait(Duration::from_secs(5)).is_none());
         assert!(s.take().is_empty());
+        let start = Instant::now();
+        while s.running() {
+            assert!(start.elapsed() < Duration::from_secs(5), "the reader ends");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!s.request(), "nobody to ask");
+        // A failure owes no read to a reader that is gone (the agent does not hold its snapshot).
+        let mut feed = Feed { sampler: s, owed: Some((0, Instant::now() + Duration::from_secs(60))) };
+        assert!(!feed.owed());
+        assert!(feed.poll(true).is_empty());
+        assert!(!feed.owed());
     }
 }
