@@ -39,6 +39,9 @@ pub struct IngestConfig {
     pub max_ring_bytes: u64,
     /// eBPF mode: also trace through uprobes on libcuda (see `crate::ebpf`).
     pub ebpf: Option<crate::ebpf::EbpfConfig>,
+    /// NVML's per-process usage is read this often, and right after a poll that opened an
+    /// OOM incident (see `crate::nvml`); zero: never.
+    pub nvml_interval: Duration,
 }
 
 impl IngestConfig {
@@ -55,6 +58,7 @@ impl IngestConfig {
             incidents_kept: 1000,
             max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
             ebpf: None,
+            nvml_interval: Duration::from_secs(5),
         }
     }
 }
@@ -190,6 +194,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
     let mut announced: BTreeMap<u32, RingKey> = BTreeMap::new();
     let mut idle = Duration::from_millis(1);
     let mut ebpf = links.ebpf.take();
+    let mut nvml = crate::nvml::Feed::spawn(cfg.nvml_interval, "vramhook agent", true);
     while !links.stop.load(Ordering::Relaxed) {
         scan_due |= watcher.as_mut().is_some_and(Watcher::changed);
         let period = if watcher.is_some() { cfg.rescan } else { cfg.idle_poll };
@@ -229,6 +234,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             source.commit(flushed.load(Ordering::Acquire));
         }
         let mut marked = 0;
+        let opened = model.incident_count() as u64 + model.incidents_forgotten();
         let summary = {
             let marked = &mut marked;
             let model = &mut model;
@@ -307,6 +313,12 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             }
             None => 0,
         };
+        // NVML, read on its own thread: asked again when this poll opened an OOM incident,
+        // whose snapshot then waits for that read (`Feed::owed`).
+        if let Some(n) = &mut nvml {
+            let failure = model.incident_count() as u64 + model.incidents_forgotten() > opened;
+            apply_synthetic(n.poll(failure), &mut model, &capture);
+        }
         if let (Some(c), true) = (&capture, summary.delivered > 0) {
             let (flushed, generation) = (flushed.clone(), source.generation());
             let ack: Box<dyn FnOnce() + Send> = Box::new(move || {
@@ -339,7 +351,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             }
         }
         // A process that ended is published at once (its series end with it).
-        if summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval {
+        let owed = nvml.as_mut().is_some_and(crate::nvml::Feed::owed);
+        if !owed && (summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval) {
             last_snapshot = Instant::now();
             publish(&model, &links, &mut incidents);
             // Only right after a publish: whatever is forgotten (an exited process with its
@@ -418,6 +431,19 @@ fn report_refusals(source: &mut RingSource, stats: &AgentStats) {
             add(&stats.rings_refused, 1);
             eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
         }
+    }
+}
+
+/// Events the agent makes itself (NVML samples): applied and recorded like a ring's.
+fn apply_synthetic(events: Vec<Event>, model: &mut Model, capture: &Option<CaptureHandle>) {
+    if events.is_empty() {
+        return;
+    }
+    for e in &events {
+        model.apply(e);
+    }
+    if let Some(c) = capture {
+        c.send(CaptureMsg::Events(events));
     }
 }
 

@@ -5,12 +5,14 @@
 //! - [`capture`], [`http`], [`otlp`]: the sinks, each behind a bounded queue or reading
 //!   the last published snapshot, so none can stall ingestion.
 //! - [`metrics`]: the metric catalogue shared by Prometheus and OTLP.
+//! - [`nvml`]: NVML's per-process usage (processes vramhook does not trace), on a thread.
 
 pub mod capture;
 pub mod ebpf;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+pub mod nvml;
 pub mod oom_counts;
 pub mod otlp;
 pub mod rings;

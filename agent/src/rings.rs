@@ -384,9 +384,13 @@ impl RingSource {
                 t.ring.reader.set_generation(generation);
                 let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
                     // An event is the ring's verified writer's, whatever pid it names: one that
-                    // names another process (or another start of this pid) is refused.
+                    // names another process (or another start of this pid) is refused, and so
+                    // is an NVML sample, which only a reader writes (never a traced process).
                     let kind = EventKind::from_code(e.kind);
-                    if e.pid != pid || (kind == Some(EventKind::ProcessStart) && e.aux != start) {
+                    if e.pid != pid
+                        || (kind == Some(EventKind::ProcessStart) && e.aux != start)
+                        || kind == Some(EventKind::GpuProcess)
+                    {
                         foreign += 1;
                     } else if host_pid != pid {
                         // From the writer's pid namespace into this reader's.
@@ -1020,7 +1024,8 @@ mod tests {
     /// Two rings of processes that are gone with the same pid (pid reuse) are never open
     /// together: the model knows a process by its pid, so the first is drained and closed
     /// before the second is announced, and each event lands on its own process. Events
-    /// naming another pid, or another start of this pid, are refused and counted.
+    /// naming another pid, or another start of this pid, and NVML samples (a reader's
+    /// records, never a traced process's) are refused and counted.
     #[test]
     fn rings_of_one_pid_are_drained_one_after_the_other_and_foreign_events_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1034,7 +1039,9 @@ mod tests {
             ..Event::default()
         };
         let start_of_other = Event { kind: EventKind::ProcessStart.code(), aux: 2, ..ev(pid, 0) };
-        write_ring(dir.path(), pid, 1, &[ev(pid, 10), ev(1, 1 << 40), start_of_other]);
+        // An NVML sample naming a holder of 1 TiB, written by the traced process itself.
+        let nvml = Event::gpu_process(1, 1, 4242, 1 << 40, b"holder").at(1).by(pid, 0).on_device(0);
+        write_ring(dir.path(), pid, 1, &[ev(pid, 10), ev(1, 1 << 40), start_of_other, nvml]);
         write_ring(dir.path(), pid, 2, &[ev(pid, 20)]);
         let mut source = RingSource::new(dir.path(), RingFilter::default(), None);
         source.batch_limit = 1; // several polls per ring: time for the two to interleave
@@ -1051,13 +1058,13 @@ mod tests {
         let expected = [
             "process 1".to_string(),
             format!("event {pid} 10"),
-            "end 1 malformed 2".into(),
+            "end 1 malformed 3".into(),
             "process 2".into(),
             format!("event {pid} 20"),
             "end 2 malformed 0".into(),
         ];
         assert_eq!(seen, expected);
-        assert_eq!(foreign, 2);
+        assert_eq!(foreign, 3);
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0, "both rings removed");
     }
 

@@ -85,6 +85,11 @@ pub struct AgentArgs {
     /// one NVIDIA GPU in /proc/driver/nvidia/gpus, else unknown (-1).
     #[arg(long, value_name = "N")]
     pub ebpf_device: Option<i16>,
+    /// Seconds between two reads of NVML's per-process usage (libnvidia-ml.so.1, loaded when
+    /// present), which names the processes vramhook does not trace at an out-of-memory
+    /// failure; it is also read right after each failure. 0: never.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub nvml_interval: f64,
 }
 
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
@@ -96,6 +101,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     ingest.forget_exited_after = Duration::from_secs(args.forget_exited_after);
     ingest.incidents_kept = args.incidents_kept.max(1);
     ingest.max_ring_bytes = args.max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
+    ingest.nvml_interval = crate::run::nvml_interval(args.nvml_interval);
     if args.ebpf || !args.pids.is_empty() {
         use vramhook_agent::ebpf::{EbpfConfig, EbpfTargets};
         let targets = if args.pids.is_empty() { EbpfTargets::All } else { EbpfTargets::Pids(args.pids.clone()) };

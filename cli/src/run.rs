@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use vramhook_agent::nvml::Feed;
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_protocol::capture::ProcessEnd;
 use vramhook_protocol::clock::TscClock;
+use vramhook_protocol::record::Event;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
@@ -33,9 +35,35 @@ pub struct RunArgs {
     /// on PYTHONPATH otherwise).
     #[arg(long)]
     pub no_lens: bool,
+    /// Seconds between two reads of NVML's per-process usage into the capture (when
+    /// libnvidia-ml.so.1 is present), which names the processes this run does not trace at
+    /// an out-of-memory failure; it is also read right after each failure. 0: never.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub nvml_interval: f64,
     /// The command to run, after `--`.
     #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// The NVML reading interval `--nvml-interval SECS` asks for: zero (off) for 0 or nonsense,
+/// at least 100 ms otherwise.
+pub fn nvml_interval(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(secs.clamp(0.1, 365.0 * 86_400.0)).unwrap_or(Duration::ZERO)
+}
+
+/// NVML's samples into the capture and the summary's model, like the rings' events.
+fn record_samples(recorder: &mut Recorder, events: Vec<Event>) {
+    if !events.is_empty() {
+        recorder.handle(SourceItem::Events(&events));
+    }
+}
+
+/// Whether `item` holds an out-of-memory failure.
+fn has_oom(item: &SourceItem<'_>) -> bool {
+    matches!(item, SourceItem::Events(events) if events.iter().any(Event::is_oom))
 }
 
 /// A poll that delivered at least this many events is followed by the next one at once.
@@ -213,6 +241,11 @@ pub struct RunOutcome {
 }
 
 pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
+    trace_sampled(run, nvml_interval(5.0))
+}
+
+/// [`trace`], with NVML read every `nvml` (zero: never).
+pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     let lib = find_interposer()?;
     let run_id = random_run_id();
     let ring_dir = run.ring_dir.map(Path::to_path_buf).unwrap_or_else(default_ring_dir);
@@ -276,6 +309,8 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     // with the default dispositions: exec resets caught signals).
     install_signal_handlers();
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    // NVML's per-process usage into the capture: periodic, and after each failure.
+    let mut nvml = Feed::spawn(nvml, "vramhook", false);
     let child_pid = child.id() as i32;
     drop(child); // reaped below with waitpid(-1), together with every descendant
 
@@ -333,6 +368,7 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
             source.discover_now();
         }
         // Reaped first, so that a closed ring's end carries the exit status.
+        let mut oom = false;
         let summary = source.poll(&mut |item| match item {
             SourceItem::End(mut end) if end.exit_status.is_none() => match reap(end.pid) {
                 Reaped::Now(code) => {
@@ -347,15 +383,28 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
                 Reaped::Later => held.push(end),
                 Reaped::NotOurs => recorder.handle(SourceItem::End(end)),
             },
-            other => recorder.handle(other),
+            other => {
+                oom |= has_oom(&other);
+                recorder.handle(other)
+            }
         });
+        if let Some(n) = &mut nvml {
+            record_samples(&mut recorder, n.poll(oom));
+        }
         for refusal in source.take_refusals() {
             eprintln!("vramhook: ignoring ring {}: {}", refusal.path.display(), refusal.reason);
         }
         if !descendants_left && source.open_rings() == 0 {
             // A last look for rings made just before the last process exited.
             source.discover_now();
-            source.poll(&mut |item| recorder.handle(item));
+            let mut oom = false;
+            source.poll(&mut |item| {
+                oom |= has_oom(&item);
+                recorder.handle(item)
+            });
+            if let Some(n) = &mut nvml {
+                record_samples(&mut recorder, n.poll(oom));
+            }
             if source.open_rings() == 0 {
                 break;
             }
@@ -379,6 +428,10 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
         if !idle.is_zero() {
             std::thread::sleep(idle);
         }
+    }
+    if let Some(n) = &mut nvml {
+        // The read a failure asked for, when the run ended before it came.
+        record_samples(&mut recorder, n.finish());
     }
     for end in held.drain(..) {
         let exit_status = statuses.get(&end.pid).copied();
@@ -415,14 +468,17 @@ fn source_statuses_note(
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    let outcome = trace(TracedRun {
-        program: &args.command,
-        envs: Vec::new(),
-        record: args.record.as_deref(),
-        ring_dir: args.ring_dir.as_deref(),
-        ring_slots: args.ring_slots,
-        lens: !args.no_lens,
-    })?;
+    let outcome = trace_sampled(
+        TracedRun {
+            program: &args.command,
+            envs: Vec::new(),
+            record: args.record.as_deref(),
+            ring_dir: args.ring_dir.as_deref(),
+            ring_slots: args.ring_slots,
+            lens: !args.no_lens,
+        },
+        nvml_interval(args.nvml_interval),
+    )?;
     let report = outcome.recorder.report();
     if !args.quiet {
         eprint!("{}", summary::render_text(&report));
