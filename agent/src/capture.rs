@@ -51,15 +51,20 @@ pub struct CaptureConfig {
     pub queue_bytes: u64,
 }
 
+/// Test hook: the capture queue's size in bytes (default 64 MiB), so that a test can make
+/// it overflow at will. Read only when set.
+pub const QUEUE_BYTES_ENV: &str = "VRAMHOOK_AGENT_CAPTURE_QUEUE_BYTES";
+
 impl CaptureConfig {
     pub fn new(dir: impl Into<PathBuf>) -> CaptureConfig {
+        let queue_bytes = std::env::var(QUEUE_BYTES_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64 << 20);
         CaptureConfig {
             dir: dir.into(),
             max_bytes: 256 << 20,
             max_age: Duration::from_secs(3600),
             max_files: 16,
             checkpoint_interval: Duration::from_secs(10),
-            queue_bytes: 64 << 20,
+            queue_bytes,
         }
     }
 }
@@ -165,6 +170,7 @@ impl CaptureHandle {
             if let Ok(mut m) = self.missing.lock() {
                 slots_by_pid(v, &mut m);
             }
+            crate::pause_point("capture-dropped");
         }
         add(&self.stats.capture_dropped_batches, 1);
         add(&self.stats.capture_dropped_events, events);
@@ -192,6 +198,7 @@ impl CaptureHandle {
             // A failed send puts the slots back into `missing` (and counts the marker).
             self.send(CaptureMsg::Events(vec![marker]));
         }
+        crate::pause_point("marked");
     }
 
     /// Queues `f` to run once everything sent before it is in the file. When it cannot be
@@ -301,7 +308,11 @@ impl CaptureThread {
                 self.fail(e);
             }
         }
+        let waited = !self.after_flush.is_empty();
         self.run_after_flush();
+        if waited {
+            crate::pause_point("flushed");
+        }
     }
 
     fn run_after_flush(&mut self) {
@@ -350,6 +361,7 @@ impl CaptureThread {
                         eprintln!("vramhook agent: cannot start a capture file in {}: {e}", self.cfg.dir.display());
                         return;
                     }
+                    crate::pause_point("rotated");
                 }
                 let note = serde_json::to_vec(&NoteJson {
                     ring: None,
@@ -364,6 +376,7 @@ impl CaptureThread {
                     w.write_frame(FrameType::Note, &note)
                 });
                 add(&self.stats.checkpoints, 1);
+                crate::pause_point("checkpoint-written");
             }
             CaptureMsg::Then(f) => self.after_flush.push(f),
             CaptureMsg::Stop => {}

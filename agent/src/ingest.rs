@@ -175,6 +175,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             rotate: true,
         });
     }
+    crate::pause_point("first-checkpoint");
 
     let mut last_snapshot = Instant::now() - cfg.snapshot_interval;
     let mut last_checkpoint = Instant::now();
@@ -213,6 +214,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                 }
             }
             report_refusals(&mut source, &stats);
+            if !pending.is_empty() {
+                crate::pause_point("discovered");
+            }
             if first {
                 first = false;
                 // Processes the recovered model thinks alive whose ring is gone: their end
@@ -269,6 +273,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                     if let Some(c) = capture {
                         c.send(CaptureMsg::Process(info.clone()));
                     }
+                    crate::pause_point("announced");
                 }
                 SourceItem::Events(events) => {
                     for e in events {
@@ -292,10 +297,14 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                     if let Some(c) = capture {
                         c.send(CaptureMsg::End(end));
                     }
+                    crate::pause_point("ring-ended");
                 }
             })
         };
         report_refusals(&mut source, &stats);
+        if summary.delivered > 0 {
+            crate::pause_point("polled");
+        }
         // eBPF mode: the probes' events, after the rings' (a pid with a ring is the ring's).
         let ebpf_delivered = match ebpf.as_mut() {
             Some(src) => {
@@ -336,6 +345,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                     ended: ended.iter().copied().collect(),
                     rotate,
                 });
+                crate::pause_point("checkpoint-sent");
             }
         }
         // A process that ended is published at once (its series end with it).
@@ -395,7 +405,11 @@ fn remove_when_recorded(source: &mut RingSource, capture: &Option<CaptureHandle>
     for removal in source.take_removals() {
         match capture {
             Some(c) => {
-                if let Err(now) = c.then(Box::new(move || removal.run())) {
+                let remove: Box<dyn FnOnce() + Send> = Box::new(move || {
+                    removal.run();
+                    crate::pause_point("ring-removed");
+                });
+                if let Err(now) = c.then(remove) {
                     now();
                 }
             }
