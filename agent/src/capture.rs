@@ -521,7 +521,10 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                 let Some(m) = model.as_mut() else { continue };
                 for raw in records {
                     let e = Event::from_raw(raw);
-                    m.apply(&e);
+                    // (A marker after its process's end, as earlier agents wrote them.)
+                    if !(e.kind() == Some(EventKind::Dropped) && m.dropped_after_exit(e.pid, e.dropped_count())) {
+                        m.apply(&e);
+                    }
                     events += 1;
                     // Ring slots this event stands for: one, or for a `Dropped` marker
                     // the slots it says were lost (aux). Lane-agnostic: a ring's cursor is
