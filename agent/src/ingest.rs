@@ -250,28 +250,32 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                         .range((info.pid, info.start_time, 0)..=(info.pid, info.start_time, u64::MAX))
                         .next()
                         .map(|(k, _)| *k);
+                    // Writer drops an earlier reader reported but never recorded (its
+                    // `Dropped` marker died with it).
+                    let mut unrecorded = 0;
                     if let Some(key) = key {
                         let drops_reported = pending.remove(&key).unwrap_or(0);
                         if let Some(c) = capture {
                             c.send(CaptureMsg::Ring(key));
                         }
                         announced.insert(key.0, key);
-                        // Writer drops an earlier reader reported but never recorded (its
-                        // `Dropped` marker died with it). They took no slot (aux 0).
-                        let unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
-                        if unrecorded > 0 {
-                            let mut marker = lost_marker(info.pid, 0, unrecorded);
-                            marker.aux = 0;
-                            model.apply(&marker);
-                            add(&stats.restart_lost, unrecorded);
-                            if let Some(c) = capture {
-                                c.send(CaptureMsg::Events(vec![marker]));
-                            }
-                        }
+                        unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
                     }
                     model.process_info(info);
                     if let Some(c) = capture {
                         c.send(CaptureMsg::Process(info.clone()));
+                    }
+                    // Their marker follows the process frame: before it, it counted on the
+                    // pid's previous process (pid reuse), or on none where that one had ended.
+                    // They took no slot (aux 0).
+                    if unrecorded > 0 {
+                        let mut marker = lost_marker(info.pid, 0, unrecorded);
+                        marker.aux = 0;
+                        model.apply(&marker);
+                        add(&stats.restart_lost, unrecorded);
+                        if let Some(c) = capture {
+                            c.send(CaptureMsg::Events(vec![marker]));
+                        }
                     }
                     crate::pause_point("announced");
                 }
