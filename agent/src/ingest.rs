@@ -337,9 +337,10 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
         remove_when_recorded(&mut source, &capture);
         if let Some(c) = &capture {
-            c.mark_missing();
+            // No checkpoint while a loss is not marked yet (see `mark_missing`).
+            let marked = c.mark_missing();
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
-            if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
+            if marked && (rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval) {
                 last_checkpoint = Instant::now();
                 // Rings recorded to their end are named until their files are gone.
                 ended.retain(|key| source.ring_file_exists(*key));
@@ -390,13 +391,24 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
     // Drain what is left, publish a last snapshot and checkpoint.
     publish(&model, &links, &mut incidents);
     if let Some(c) = &capture {
+        // The losses not marked yet go in before the last checkpoint (its cursors count
+        // their slots). While the queue stays full there is no last checkpoint: the next
+        // agent then finds those slots unaccounted for and reports them lost.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut marked = c.mark_missing();
+        while !marked && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            marked = c.mark_missing();
+        }
         ended.retain(|key| source.ring_file_exists(*key));
-        c.send(CaptureMsg::Checkpoint {
-            model: model.checkpoint(),
-            rings: source.ring_cursors(),
-            ended: ended.iter().copied().collect(),
-            rotate: false,
-        });
+        if marked {
+            c.send(CaptureMsg::Checkpoint {
+                model: model.checkpoint(),
+                rings: source.ring_cursors(),
+                ended: ended.iter().copied().collect(),
+                rotate: false,
+            });
+        }
     }
     remove_when_recorded(&mut source, &capture);
     source
