@@ -315,12 +315,28 @@ impl CaptureHandle {
     }
 }
 
+/// The suffix of a capture file not yet named (see `CaptureThread::open`).
+const PART_SUFFIX: &str = ".part";
+
+/// Removes what an agent killed while starting a capture file left (a hidden, unnamed file).
+fn remove_parts(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".vramhook-") && name.ends_with(PART_SUFFIX) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Starts the capture writer thread.
 pub fn spawn(
     cfg: CaptureConfig,
     stats: Arc<AgentStats>,
 ) -> std::io::Result<(CaptureHandle, std::thread::JoinHandle<()>)> {
     std::fs::create_dir_all(&cfg.dir)?;
+    remove_parts(&cfg.dir);
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_MSGS);
     let queued = Arc::new(AtomicU64::new(0));
     let msgs = Arc::new(AtomicU64::new(0));
@@ -489,9 +505,14 @@ impl CaptureThread {
     fn open(&mut self) -> std::io::Result<()> {
         self.seq += 1;
         let name = format!("vramhook-{:020}-{:04}.vrhk", vramhook_protocol::clock::wall_ns(), self.seq % 10_000);
-        let path = self.cfg.dir.join(name);
-        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
-        let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
+        let path = self.cfg.dir.join(&name);
+        // Made under a hidden name and renamed once its header is on disk: an agent killed
+        // before its first flush left an empty capture file, which `analyze` cannot read.
+        let part = self.cfg.dir.join(format!(".{name}{PART_SUFFIX}"));
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&part)?;
+        let mut writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
+        writer.flush()?;
+        std::fs::rename(&part, &path)?;
         self.file = Some(OpenFile { writer, opened: Instant::now() });
         self.rotate_wanted.store(false, Ordering::Relaxed);
         // The oldest go after the new file is started (never zero files to show after a

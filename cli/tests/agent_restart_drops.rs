@@ -133,16 +133,19 @@ fn ring_files(dir: &Path) -> usize {
         .count()
 }
 
-/// The capture files that have a header, oldest first (one killed before it wrote a byte
-/// holds nothing).
+/// The capture files, oldest first. Each has its header, wherever its agent was killed.
 fn capture_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .expect("capture dir")
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| std::fs::File::open(p).is_ok_and(|f| CaptureReader::new(std::io::BufReader::new(f)).is_ok()))
+        .filter(|p| p.extension().is_some_and(|x| x == "vrhk"))
         .collect();
     files.sort();
+    for f in &files {
+        let header = std::fs::File::open(f).map(|f| CaptureReader::new(std::io::BufReader::new(f)).map(|_| ()));
+        assert!(matches!(header, Ok(Ok(()))), "{}: no capture header ({header:?})", f.display());
+    }
     files
 }
 
@@ -222,6 +225,12 @@ fn scenario(step: &str) {
     assert!(status.success(), "step {step}: the last agent stopped with {status}");
 
     let files = capture_files(&caps);
+    let leftovers: Vec<_> = std::fs::read_dir(&caps)
+        .expect("capture dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+        .collect();
+    assert!(leftovers.is_empty(), "step {step}: files a killed agent was making remain: {leftovers:?}");
     let got = captured(&files);
     let out = Command::new(vramhook_bin()).args(["analyze", "--json"]).args(&files).output().expect("analyze");
     assert!(out.status.success(), "step {step}: analyze: {}", String::from_utf8_lossy(&out.stderr));
