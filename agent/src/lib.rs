@@ -175,10 +175,17 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         rt.spawn(http::serve(listener, state));
     }
     {
+        use tokio::signal::unix::{signal, SignalKind};
+        // The handlers are installed here, not in the task: a task not yet polled left
+        // SIGTERM's default action in place, and a SIGTERM soon after start killed the agent
+        // with its capture unflushed (seen under load in the restart test).
+        let handlers = {
+            let _runtime = rt.enter();
+            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        };
         let stop = stop.clone();
         rt.spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let (Ok(mut term), Ok(mut int)) = handlers else {
                 return;
             };
             tokio::select! {
