@@ -93,7 +93,27 @@ impl Drop for Writer {
     }
 }
 
-fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> Child {
+/// An agent process, SIGKILLed if the test fails while it runs (one paused never exits).
+struct AgentProc(Child);
+
+impl AgentProc {
+    /// SIGTERM (the capture is flushed and sealed); panics unless it exits 0.
+    fn stop(mut self, what: &str) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let status = self.0.wait().expect("wait for the agent");
+        assert!(status.success(), "{what}: the agent stopped with {status}");
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> AgentProc {
     let mut cmd = Command::new(vramhook_bin());
     cmd.args(["agent", "--no-http", "--checkpoint-interval", "0.1", "--ring-dir"])
         .arg(rings)
@@ -104,7 +124,7 @@ fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> Child {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("start the agent")
+    AgentProc(cmd.spawn().expect("start the agent"))
 }
 
 /// Runs an agent until it pauses at `step`, then SIGKILLs it there.
@@ -115,14 +135,13 @@ fn kill_at(step: &str, rings: &Path, captures: &Path, ready: &Path) {
         agent(rings, captures, &[(PAUSE_AT_ENV, step), (PAUSE_FILE_ENV, ready_s), (QUEUE_BYTES_ENV, QUEUE_BYTES)]);
     let start = Instant::now();
     while !ready.exists() {
-        if let Ok(Some(status)) = a.try_wait() {
+        if let Ok(Some(status)) = a.0.try_wait() {
             panic!("the agent exited ({status}) before reaching step {step}");
         }
         assert!(start.elapsed() < Duration::from_secs(30), "the agent never reached step {step}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let _ = a.kill(); // SIGKILL, paused at `step`
-    let _ = a.wait();
+    drop(a); // SIGKILL, paused at `step`
 }
 
 fn ring_files(dir: &Path) -> usize {
@@ -212,17 +231,13 @@ fn scenario(step: &str) {
     third.write(3000, 4);
     third.end();
 
-    let mut last = agent(rings.path(), &caps, &[]);
+    let last = agent(rings.path(), &caps, &[]);
     let start = Instant::now();
     while ring_files(rings.path()) > 0 {
         assert!(start.elapsed() < Duration::from_secs(30), "step {step}: the last agent never drained every ring");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SIGTERM: the capture is flushed and sealed.
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(last.id() as i32, libc::SIGTERM) };
-    let status = last.wait().expect("the last agent");
-    assert!(status.success(), "step {step}: the last agent stopped with {status}");
+    last.stop(&format!("step {step}: the last agent"));
 
     let files = capture_files(&caps);
     let leftovers: Vec<_> = std::fs::read_dir(&caps)
@@ -363,16 +378,14 @@ fn unrecorded_writer_drops_of_a_reused_pid_count_on_the_new_process() {
     let _ = exited.wait();
     let old = gone_ring(rings.path(), pid, 100, 10, 3, 0);
     let new = gone_ring(rings.path(), pid, 200, 10, 5, 5);
-    let mut a = agent(rings.path(), captures.path(), &[]);
+    let a = agent(rings.path(), captures.path(), &[]);
     let start = Instant::now();
     // The second ring is opened once the first is closed (never two processes of a pid).
     while ring_files(rings.path()) > 0 {
         assert!(start.elapsed() < Duration::from_secs(30), "the agent never drained both rings");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
-    assert!(a.wait().expect("agent").success());
+    a.stop("pid reuse");
     for (base, len) in [old, new] {
         // SAFETY: our own mappings.
         unsafe { libc::munmap(base.cast(), len) };
