@@ -94,7 +94,7 @@ impl Drop for Writer {
 }
 
 /// An agent process, SIGKILLed if the test fails while it runs (one paused never exits).
-struct AgentProc(Child);
+struct AgentProc(Child, Option<vramhook_testkit::StderrLog>);
 
 impl AgentProc {
     /// SIGTERM (the capture is flushed and sealed); panics unless it exits 0.
@@ -102,7 +102,8 @@ impl AgentProc {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
         let status = self.0.wait().expect("wait for the agent");
-        assert!(status.success(), "{what}: the agent stopped with {status}");
+        let log = self.1.as_ref().map(|l| l.text()).unwrap_or_default();
+        assert!(status.success(), "{what}: the agent stopped with {status}\n{log}");
     }
 }
 
@@ -113,7 +114,7 @@ impl Drop for AgentProc {
     }
 }
 
-fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> AgentProc {
+fn agent_command(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(vramhook_bin());
     cmd.args(["agent", "--no-http", "--checkpoint-interval", "0.1", "--ring-dir"])
         .arg(rings)
@@ -124,7 +125,21 @@ fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> AgentProc {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    AgentProc(cmd.spawn().expect("start the agent"))
+    cmd
+}
+
+/// An agent that may pause anywhere (its start is not waited for).
+fn agent(rings: &Path, captures: &Path, envs: &[(&str, &str)]) -> AgentProc {
+    AgentProc(agent_command(rings, captures, envs).spawn().expect("start the agent"), None)
+}
+
+/// An agent past its start: its signal handlers are in place (a SIGTERM before then ends it
+/// at once), and it drains the rings.
+fn running_agent(rings: &Path, captures: &Path) -> AgentProc {
+    let mut cmd = agent_command(rings, captures, &[]);
+    let (child, log, _) =
+        vramhook_testkit::spawn_until(&mut cmd, "vramhook agent: draining rings in ", Duration::from_secs(30));
+    AgentProc(child, Some(log))
 }
 
 /// Runs an agent until it pauses at `step`, then SIGKILLs it there.
@@ -231,7 +246,7 @@ fn scenario(step: &str) {
     third.write(3000, 4);
     third.end();
 
-    let last = agent(rings.path(), &caps, &[]);
+    let last = running_agent(rings.path(), &caps);
     let start = Instant::now();
     while ring_files(rings.path()) > 0 {
         assert!(start.elapsed() < Duration::from_secs(30), "step {step}: the last agent never drained every ring");
@@ -378,7 +393,7 @@ fn unrecorded_writer_drops_of_a_reused_pid_count_on_the_new_process() {
     let _ = exited.wait();
     let old = gone_ring(rings.path(), pid, 100, 10, 3, 0);
     let new = gone_ring(rings.path(), pid, 200, 10, 5, 5);
-    let a = agent(rings.path(), captures.path(), &[]);
+    let a = running_agent(rings.path(), captures.path());
     let start = Instant::now();
     // The second ring is opened once the first is closed (never two processes of a pid).
     while ring_files(rings.path()) > 0 {
