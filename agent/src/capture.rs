@@ -51,15 +51,20 @@ pub struct CaptureConfig {
     pub queue_bytes: u64,
 }
 
+/// Test hook: the capture queue's size in bytes (default 64 MiB), so that a test can make
+/// it overflow at will. Read only when set.
+pub const QUEUE_BYTES_ENV: &str = "VRAMHOOK_AGENT_CAPTURE_QUEUE_BYTES";
+
 impl CaptureConfig {
     pub fn new(dir: impl Into<PathBuf>) -> CaptureConfig {
+        let queue_bytes = std::env::var(QUEUE_BYTES_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(64 << 20);
         CaptureConfig {
             dir: dir.into(),
             max_bytes: 256 << 20,
             max_age: Duration::from_secs(3600),
             max_files: 16,
             checkpoint_interval: Duration::from_secs(10),
-            queue_bytes: 64 << 20,
+            queue_bytes,
         }
     }
 }
@@ -70,6 +75,23 @@ pub enum CaptureMsg {
     Process(ProcessInfo),
     Events(Vec<Event>),
     End(ProcessEnd),
+    /// The `Dropped` marker of events the queue dropped, with their `seq`s: written after a
+    /// note naming those `seq`s, so that an agent restarted from the file skips the events
+    /// it still finds in the ring (uncommitted) instead of counting them twice. Made by
+    /// [`CaptureHandle::mark_missing`].
+    Loss {
+        marker: Event,
+        seqs: SeqSet,
+    },
+    /// A process's end preceded by the loss of its events the queue dropped: made by
+    /// [`CaptureHandle::send`] from an `End`, so that the marker is written before the end
+    /// (a replay discards what comes after a process's end) and with it (the ring file goes
+    /// once the end is in the file).
+    EndAfterLoss {
+        marker: Event,
+        seqs: SeqSet,
+        end: ProcessEnd,
+    },
     /// A model checkpoint with the ring cursors it corresponds to (everything their
     /// readers handed on was sent before it); `rotate` starts a new file with it.
     /// `ended`: rings recorded to their end whose files may still be there (their removal
@@ -102,6 +124,10 @@ struct NoteJson {
     /// Rings recorded to their end (in this file or an earlier one) whose files may remain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ended: Option<Vec<RingKey>>,
+    /// The pid and `seq` ranges of the events the `Dropped` marker after this note counts:
+    /// they may still be in the ring (not yet committed), and a restarted agent skips them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lost: Option<(u32, SeqRanges)>,
 }
 
 /// The ingest side of the queue: never blocks.
@@ -114,8 +140,8 @@ pub struct CaptureHandle {
     msgs: Arc<AtomicU64>,
     limit: u64,
     stats: Arc<AgentStats>,
-    /// Ring slots per pid whose events were dropped from the capture and not yet marked.
-    missing: Arc<std::sync::Mutex<BTreeMap<u32, u64>>>,
+    /// Per pid, what was dropped from the capture and not yet marked.
+    missing: Arc<std::sync::Mutex<BTreeMap<u32, Missing>>>,
     /// Set by the writer when the current file is past its size or age.
     pub rotate_wanted: Arc<AtomicBool>,
 }
@@ -125,12 +151,67 @@ const QUEUE_MSGS: usize = 16_384;
 const ACK_FLUSH_EVERY: Duration = Duration::from_millis(5);
 const QUEUE_MSGS_FOR_BATCHES: u64 = 12_288;
 
-/// Ring slots a batch stands for, per pid (a `Dropped` marker: the slots it says were lost).
-fn slots_by_pid(events: &[Event], into: &mut BTreeMap<u32, u64>) {
+/// Events of one pid dropped from the capture and not yet marked.
+#[derive(Default)]
+struct Missing {
+    events: u64,
+    /// Ring slots they took (writer drops took none).
+    slots: u64,
+    /// The `seq`s of those read from the ring.
+    seqs: SeqSet,
+}
+
+/// What a batch stands for, per pid. A `Dropped` marker stands for the events it counts
+/// (size) and the slots they took (aux): a batch dropped with a writer's drop marker in it
+/// loses those drops too, and the reader has already told the ring they were reported, so
+/// only this marker can still count them.
+fn losses_by_pid(events: &[Event], into: &mut BTreeMap<u32, Missing>) {
     for e in events {
-        let n = if e.kind() == Some(EventKind::Dropped) { e.aux } else { 1 };
-        *into.entry(e.pid).or_insert(0) += n;
+        let m = into.entry(e.pid).or_default();
+        if e.kind() == Some(EventKind::Dropped) {
+            m.events = m.events.saturating_add(e.size);
+            m.slots = m.slots.saturating_add(e.aux);
+        } else {
+            m.events = m.events.saturating_add(1);
+            m.slots = m.slots.saturating_add(1);
+            m.seqs.insert(e.seq);
+        }
     }
+}
+
+/// Puts a loss that could not be queued back.
+fn put_back(into: &mut BTreeMap<u32, Missing>, marker: &Event, seqs: &SeqSet) {
+    let m = into.entry(marker.pid).or_default();
+    m.events = m.events.saturating_add(marker.size);
+    m.slots = m.slots.saturating_add(marker.aux);
+    m.seqs.union_with(seqs);
+}
+
+/// The `Dropped` marker for `events` events of `pid` dropped from the capture, of which
+/// `slots` had taken ring slots (the rest were writer drops already counted in the ring).
+fn capture_loss_marker(pid: u32, events: u64, slots: u64) -> Event {
+    Event {
+        pid,
+        ts_ns: vramhook_protocol::clock::monotonic_ns(),
+        kind: EventKind::Dropped.code(),
+        api: vramhook_protocol::record::Api::Interposer.code(),
+        device: -1,
+        size: events,
+        aux: slots,
+        ..Event::default()
+    }
+}
+
+/// Whether a batch holds only `Dropped` markers (small, and what says a loss: never refused
+/// for the room that event batches may take).
+fn markers_only(events: &[Event]) -> bool {
+    events.iter().all(|e| e.kind() == Some(EventKind::Dropped))
+}
+
+/// The note that names the `seq`s of a loss (see [`CaptureMsg::Loss`]).
+fn loss_note(pid: u32, seqs: &SeqSet) -> Vec<u8> {
+    serde_json::to_vec(&NoteJson { lost: Some((pid, seqs.ranges().collect())), ..NoteJson::default() })
+        .unwrap_or_default()
 }
 
 impl CaptureHandle {
@@ -138,12 +219,24 @@ impl CaptureHandle {
     /// are later marked in the capture with `Dropped` markers ([`Self::mark_missing`]),
     /// so a replay knows what it lacks.
     pub fn send(&self, msg: CaptureMsg) -> bool {
+        // A process's end takes the marker of what the queue dropped of it along.
+        let msg = match msg {
+            CaptureMsg::End(end) => match self.missing.lock().ok().and_then(|mut m| m.remove(&end.pid)) {
+                Some(m) => CaptureMsg::EndAfterLoss {
+                    marker: capture_loss_marker(end.pid, m.events, m.slots),
+                    seqs: m.seqs,
+                    end,
+                },
+                None => CaptureMsg::End(end),
+            },
+            other => other,
+        };
         let (bytes, events) = match &msg {
             CaptureMsg::Events(v) => ((v.len() * 64) as u64, v.len() as u64),
             CaptureMsg::Checkpoint { model, .. } => (model.len() as u64, 0),
             _ => (0, 0),
         };
-        let bulk = bytes > 0;
+        let bulk = bytes > 0 && !matches!(&msg, CaptureMsg::Events(v) if markers_only(v));
         let full = bulk
             && (self.queued.load(Ordering::Relaxed) + bytes > self.limit
                 || self.msgs.load(Ordering::Relaxed) >= QUEUE_MSGS_FOR_BATCHES);
@@ -161,10 +254,19 @@ impl CaptureHandle {
                 }
             }
         };
-        if let Err(CaptureMsg::Events(v)) = &msg {
-            if let Ok(mut m) = self.missing.lock() {
-                slots_by_pid(v, &mut m);
+        match &msg {
+            Err(CaptureMsg::Events(v)) => {
+                if let Ok(mut m) = self.missing.lock() {
+                    losses_by_pid(v, &mut m);
+                }
+                crate::pause_point("capture-dropped");
             }
+            Err(CaptureMsg::Loss { marker, seqs } | CaptureMsg::EndAfterLoss { marker, seqs, .. }) => {
+                if let Ok(mut m) = self.missing.lock() {
+                    put_back(&mut m, marker, seqs);
+                }
+            }
+            _ => {}
         }
         add(&self.stats.capture_dropped_batches, 1);
         add(&self.stats.capture_dropped_events, events);
@@ -172,26 +274,22 @@ impl CaptureHandle {
     }
 
     /// Writes a `Dropped` marker into the capture for every pid whose events the queue
-    /// dropped (when there is room again).
-    pub fn mark_missing(&self) {
-        let pending: Vec<(u32, u64)> = match self.missing.lock() {
+    /// dropped. Returns whether every loss is marked now: a checkpoint must wait until then,
+    /// for its ring cursors count the dropped events' slots as handed on, and an agent
+    /// killed after it would not find their loss anywhere.
+    pub fn mark_missing(&self) -> bool {
+        let pending: Vec<(u32, Missing)> = match self.missing.lock() {
             Ok(mut m) if !m.is_empty() => std::mem::take(&mut *m).into_iter().collect(),
-            _ => return,
+            _ => return true,
         };
-        for (pid, n) in pending {
-            let marker = Event {
-                pid,
-                ts_ns: vramhook_protocol::clock::monotonic_ns(),
-                kind: EventKind::Dropped.code(),
-                api: vramhook_protocol::record::Api::Interposer.code(),
-                device: -1,
-                size: n,
-                aux: n,
-                ..Event::default()
-            };
-            // A failed send puts the slots back into `missing` (and counts the marker).
-            self.send(CaptureMsg::Events(vec![marker]));
+        let mut all = true;
+        for (pid, m) in pending {
+            // A failed send puts the loss back into `missing` (and counts the marker).
+            let marker = capture_loss_marker(pid, m.events, m.slots);
+            all &= self.send(CaptureMsg::Loss { marker, seqs: m.seqs });
         }
+        crate::pause_point("marked");
+        all
     }
 
     /// Queues `f` to run once everything sent before it is in the file. When it cannot be
@@ -217,12 +315,28 @@ impl CaptureHandle {
     }
 }
 
+/// The suffix of a capture file not yet named (see `CaptureThread::open`).
+const PART_SUFFIX: &str = ".part";
+
+/// Removes what an agent killed while starting a capture file left (a hidden, unnamed file).
+fn remove_parts(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".vramhook-") && name.ends_with(PART_SUFFIX) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Starts the capture writer thread.
 pub fn spawn(
     cfg: CaptureConfig,
     stats: Arc<AgentStats>,
 ) -> std::io::Result<(CaptureHandle, std::thread::JoinHandle<()>)> {
     std::fs::create_dir_all(&cfg.dir)?;
+    remove_parts(&cfg.dir);
     let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_MSGS);
     let queued = Arc::new(AtomicU64::new(0));
     let msgs = Arc::new(AtomicU64::new(0));
@@ -301,7 +415,11 @@ impl CaptureThread {
                 self.fail(e);
             }
         }
+        let waited = !self.after_flush.is_empty();
         self.run_after_flush();
+        if waited {
+            crate::pause_point("flushed");
+        }
     }
 
     fn run_after_flush(&mut self) {
@@ -341,6 +459,17 @@ impl CaptureThread {
                 self.write(|w| w.write_events(&events));
             }
             CaptureMsg::End(end) => self.write(|w| w.write_process_end(&end)),
+            // The note first: a file cut after it only makes a restarted agent skip events
+            // whose loss it then reports itself (their slots are not accounted for).
+            CaptureMsg::Loss { marker, seqs } => self.write(|w| {
+                w.write_frame(FrameType::Note, &loss_note(marker.pid, &seqs))?;
+                w.write_events(std::slice::from_ref(&marker))
+            }),
+            CaptureMsg::EndAfterLoss { marker, seqs, end } => self.write(|w| {
+                w.write_frame(FrameType::Note, &loss_note(marker.pid, &seqs))?;
+                w.write_events(std::slice::from_ref(&marker))?;
+                w.write_process_end(&end)
+            }),
             CaptureMsg::Checkpoint { model, rings, ended, rotate } => {
                 self.queued.fetch_sub(model.len() as u64, Ordering::Relaxed);
                 if rotate || self.file.is_none() {
@@ -350,6 +479,7 @@ impl CaptureThread {
                         eprintln!("vramhook agent: cannot start a capture file in {}: {e}", self.cfg.dir.display());
                         return;
                     }
+                    crate::pause_point("rotated");
                 }
                 let note = serde_json::to_vec(&NoteJson {
                     ring: None,
@@ -357,6 +487,7 @@ impl CaptureThread {
                     drops: Some(rings.iter().map(|c| (c.key, c.drops_reported)).collect()),
                     unconfirmed: Some(rings.iter().map(|c| (c.key, c.unconfirmed.ranges().collect())).collect()),
                     ended: Some(ended),
+                    lost: None,
                 })
                 .unwrap_or_default();
                 self.write(|w| {
@@ -364,6 +495,7 @@ impl CaptureThread {
                     w.write_frame(FrameType::Note, &note)
                 });
                 add(&self.stats.checkpoints, 1);
+                crate::pause_point("checkpoint-written");
             }
             CaptureMsg::Then(f) => self.after_flush.push(f),
             CaptureMsg::Stop => {}
@@ -373,9 +505,14 @@ impl CaptureThread {
     fn open(&mut self) -> std::io::Result<()> {
         self.seq += 1;
         let name = format!("vramhook-{:020}-{:04}.vrhk", vramhook_protocol::clock::wall_ns(), self.seq % 10_000);
-        let path = self.cfg.dir.join(name);
-        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
-        let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
+        let path = self.cfg.dir.join(&name);
+        // Made under a hidden name and renamed once its header is on disk: an agent killed
+        // before its first flush left an empty capture file, which `analyze` cannot read.
+        let part = self.cfg.dir.join(format!(".{name}{PART_SUFFIX}"));
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&part)?;
+        let mut writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &CaptureHeader::now())?;
+        writer.flush()?;
+        std::fs::rename(&part, &path)?;
         self.file = Some(OpenFile { writer, opened: Instant::now() });
         self.rotate_wanted.store(false, Ordering::Relaxed);
         // The oldest go after the new file is started (never zero files to show after a
@@ -494,6 +631,16 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                     }
                 }
                 ended.extend(note.ended.unwrap_or_default());
+                // Events dropped from the capture that may still be in the ring: skipped
+                // there, as the marker that follows counts them.
+                if let Some((pid, ranges)) = note.lost.filter(|_| model.is_some()) {
+                    if let Some(key) = current.get(&pid) {
+                        let ring = rings.entry(*key).or_insert_with(|| RingCursor::recorded(*key, 0));
+                        for (start, end) in ranges {
+                            ring.unconfirmed.insert_range(start, end);
+                        }
+                    }
+                }
                 if let Some(key) = note.ring {
                     current.insert(key.0, key);
                     rings.entry(key).or_insert_with(|| RingCursor::recorded(key, 0));
@@ -508,7 +655,10 @@ fn recover_file(path: &Path) -> Result<Option<Recovered>, String> {
                 let Some(m) = model.as_mut() else { continue };
                 for raw in records {
                     let e = Event::from_raw(raw);
-                    m.apply(&e);
+                    // (A marker after its process's end, as earlier agents wrote them.)
+                    if !(e.kind() == Some(EventKind::Dropped) && m.dropped_after_exit(e.pid, e.dropped_count())) {
+                        m.apply(&e);
+                    }
                     events += 1;
                     // Ring slots this event stands for: one, or for a `Dropped` marker
                     // the slots it says were lost (aux). Lane-agnostic: a ring's cursor is

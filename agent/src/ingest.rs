@@ -179,6 +179,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
             rotate: true,
         });
     }
+    crate::pause_point("first-checkpoint");
 
     let mut last_snapshot = Instant::now() - cfg.snapshot_interval;
     let mut last_checkpoint = Instant::now();
@@ -218,6 +219,9 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                 }
             }
             report_refusals(&mut source, &stats);
+            if !pending.is_empty() {
+                crate::pause_point("discovered");
+            }
             if first {
                 first = false;
                 // Processes the recovered model thinks alive whose ring is gone: their end
@@ -252,29 +256,34 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                         .range((info.pid, info.start_time, 0)..=(info.pid, info.start_time, u64::MAX))
                         .next()
                         .map(|(k, _)| *k);
+                    // Writer drops an earlier reader reported but never recorded (its
+                    // `Dropped` marker died with it).
+                    let mut unrecorded = 0;
                     if let Some(key) = key {
                         let drops_reported = pending.remove(&key).unwrap_or(0);
                         if let Some(c) = capture {
                             c.send(CaptureMsg::Ring(key));
                         }
                         announced.insert(key.0, key);
-                        // Writer drops an earlier reader reported but never recorded (its
-                        // `Dropped` marker died with it). They took no slot (aux 0).
-                        let unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
-                        if unrecorded > 0 {
-                            let mut marker = lost_marker(info.pid, 0, unrecorded);
-                            marker.aux = 0;
-                            model.apply(&marker);
-                            add(&stats.restart_lost, unrecorded);
-                            if let Some(c) = capture {
-                                c.send(CaptureMsg::Events(vec![marker]));
-                            }
-                        }
+                        unrecorded = drops_reported.saturating_sub(drops.remove(&key).unwrap_or(0));
                     }
                     model.process_info(info);
                     if let Some(c) = capture {
                         c.send(CaptureMsg::Process(info.clone()));
                     }
+                    // Their marker follows the process frame: before it, it counted on the
+                    // pid's previous process (pid reuse), or on none where that one had ended.
+                    // They took no slot (aux 0).
+                    if unrecorded > 0 {
+                        let mut marker = lost_marker(info.pid, 0, unrecorded);
+                        marker.aux = 0;
+                        model.apply(&marker);
+                        add(&stats.restart_lost, unrecorded);
+                        if let Some(c) = capture {
+                            c.send(CaptureMsg::Events(vec![marker]));
+                        }
+                    }
+                    crate::pause_point("announced");
                 }
                 SourceItem::Events(events) => {
                     for e in events {
@@ -298,10 +307,14 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                     if let Some(c) = capture {
                         c.send(CaptureMsg::End(end));
                     }
+                    crate::pause_point("ring-ended");
                 }
             })
         };
         report_refusals(&mut source, &stats);
+        if summary.delivered > 0 {
+            crate::pause_point("polled");
+        }
         // eBPF mode: the probes' events, after the rings' (a pid with a ring is the ring's).
         let ebpf_delivered = match ebpf.as_mut() {
             Some(src) => {
@@ -336,9 +349,10 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         stats.rings_open.store(source.open_rings() as u64, Ordering::Relaxed);
         remove_when_recorded(&mut source, &capture);
         if let Some(c) = &capture {
-            c.mark_missing();
+            // No checkpoint while a loss is not marked yet (see `mark_missing`).
+            let marked = c.mark_missing();
             let rotate = c.rotate_wanted.load(Ordering::Relaxed);
-            if rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval {
+            if marked && (rotate || last_checkpoint.elapsed() >= cfg.checkpoint_interval) {
                 last_checkpoint = Instant::now();
                 // Rings recorded to their end are named until their files are gone.
                 ended.retain(|key| source.ring_file_exists(*key));
@@ -348,6 +362,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                     ended: ended.iter().copied().collect(),
                     rotate,
                 });
+                crate::pause_point("checkpoint-sent");
             }
         }
         // A process that ended is published at once (its series end with it).
@@ -389,13 +404,24 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
     // Drain what is left, publish a last snapshot and checkpoint.
     publish(&model, &links, &mut incidents);
     if let Some(c) = &capture {
+        // The losses not marked yet go in before the last checkpoint (its cursors count
+        // their slots). While the queue stays full there is no last checkpoint: the next
+        // agent then finds those slots unaccounted for and reports them lost.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut marked = c.mark_missing();
+        while !marked && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            marked = c.mark_missing();
+        }
         ended.retain(|key| source.ring_file_exists(*key));
-        c.send(CaptureMsg::Checkpoint {
-            model: model.checkpoint(),
-            rings: source.ring_cursors(),
-            ended: ended.iter().copied().collect(),
-            rotate: false,
-        });
+        if marked {
+            c.send(CaptureMsg::Checkpoint {
+                model: model.checkpoint(),
+                rings: source.ring_cursors(),
+                ended: ended.iter().copied().collect(),
+                rotate: false,
+            });
+        }
     }
     remove_when_recorded(&mut source, &capture);
     source
@@ -408,7 +434,11 @@ fn remove_when_recorded(source: &mut RingSource, capture: &Option<CaptureHandle>
     for removal in source.take_removals() {
         match capture {
             Some(c) => {
-                if let Err(now) = c.then(Box::new(move || removal.run())) {
+                let remove: Box<dyn FnOnce() + Send> = Box::new(move || {
+                    removal.run();
+                    crate::pause_point("ring-removed");
+                });
+                if let Err(now) = c.then(remove) {
                     now();
                 }
             }

@@ -41,6 +41,36 @@ pub enum AgentError {
     RingDir { dir: PathBuf, source: vramhook_protocol::ringdir::RingDirError },
 }
 
+/// Test hook: `VRAMHOOK_AGENT_PAUSE_AT=<step>` makes the first thread that reaches the named
+/// step of the agent's restart and checkpoint sequence write the file named by
+/// `VRAMHOOK_AGENT_PAUSE_FILE` and block for good, so that a test can SIGKILL the agent at
+/// exactly that step. The steps: `recovered`, `first-checkpoint`, `discovered`, `announced`,
+/// `polled`, `capture-dropped`, `ring-ended`, `marked`, `checkpoint-sent`, `rotated`,
+/// `checkpoint-written`, `flushed`, `ring-removed`. Unset (always, outside tests), a step
+/// costs one look at a cell.
+pub const PAUSE_AT_ENV: &str = "VRAMHOOK_AGENT_PAUSE_AT";
+pub const PAUSE_FILE_ENV: &str = "VRAMHOOK_AGENT_PAUSE_FILE";
+
+pub(crate) fn pause_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<(String, PathBuf)>> = std::sync::OnceLock::new();
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let at = AT.get_or_init(|| {
+        let step = std::env::var(PAUSE_AT_ENV).ok()?;
+        let file = std::env::var_os(PAUSE_FILE_ENV)?;
+        Some((step, PathBuf::from(file)))
+    });
+    let Some((at, file)) = at else { return };
+    if at != step || TAKEN.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    if let Err(e) = std::fs::write(file, step) {
+        eprintln!("vramhook agent: cannot write the pause file {}: {e}", file.display());
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
 /// How often the agent applies the gc rules to its ring directory.
 const GC_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -119,6 +149,7 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
             r.events
         );
     }
+    pause_point("recovered");
     let (capture, capture_join) = match &cfg.capture {
         Some(c) => {
             let (h, j) = capture::spawn(c.clone(), stats.clone())
@@ -146,10 +177,17 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
         rt.spawn(http::serve(listener, state));
     }
     {
+        use tokio::signal::unix::{signal, SignalKind};
+        // The handlers are installed here, not in the task: a task not yet polled left
+        // SIGTERM's default action in place, and a SIGTERM soon after start killed the agent
+        // with its capture unflushed (seen under load in the restart test).
+        let handlers = {
+            let _runtime = rt.enter();
+            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        };
         let stop = stop.clone();
         rt.spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            let (Ok(mut term), Ok(mut int)) = handlers else {
                 return;
             };
             tokio::select! {

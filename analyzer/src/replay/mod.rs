@@ -44,8 +44,10 @@ const FORCED_WORK_BUDGET: u64 = 2_000_000;
 /// 10,000 processes each exiting made 10^8.
 const EXIT_WORK_BUDGET: u64 = 2_000_000;
 /// Kinds that take the slow path (as bits): exits, device samples, starts, a lens's samples
-/// and OOMs (for the framework timelines).
+/// and OOMs (for the framework timelines), and drop markers (one may follow its process's
+/// end).
 const SPECIAL_KINDS: u64 = 1 << EventKind::ProcessExit as u8
+    | 1 << EventKind::Dropped as u8
     | 1 << EventKind::MemInfo as u8
     | 1 << EventKind::ProcessStart as u8
     | 1 << EventKind::FrameworkSample as u8
@@ -437,6 +439,12 @@ impl Replayer {
     fn slow_pre(&mut self, ev: &Event) -> bool {
         if ev.ts_ns > self.to_abs {
             self.stopped = true;
+            return false;
+        }
+        // An agent wrote the marker of what its capture queue dropped after the process's
+        // end frame (before the fix of issue 27): the loss is still that process's, and an
+        // event after exit would be refused.
+        if ev.kind == EventKind::Dropped as u8 && self.model.dropped_after_exit(ev.pid, ev.dropped_count()) {
             return false;
         }
         if let Some(at) = self.at_abs {

@@ -269,6 +269,21 @@ impl Model {
         }
     }
 
+    /// A `Dropped` marker of `pid` met after its latest process exited (an agent wrote the
+    /// marker of what its capture queue dropped after the process's end): its events were
+    /// that process's, so it counts them, where `apply` would refuse an event after exit.
+    /// Returns false (nothing counted) when the pid's latest process is alive or unknown:
+    /// then the marker is an ordinary event.
+    pub fn dropped_after_exit(&mut self, pid: u32, events: u64) -> bool {
+        let Some(&slot) = self.by_pid.get(&pid) else { return false };
+        let p = &mut self.procs[slot];
+        if p.alive {
+            return false;
+        }
+        p.dropped_events = p.dropped_events.saturating_add(events);
+        true
+    }
+
     /// The index of process (pid, start_time), alive or not (`start_time` 0: the latest of
     /// that pid), as [`Model::process_exit`] finds it: a process whose start time is not
     /// known yet, still alive, is the one a known start time names.
