@@ -213,7 +213,9 @@ fn ollama_new_engine_h200_backoff_and_cpu_fallback_are_noted() {
         fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.log"),
     ]);
     let oom = r.ooms.iter().find(|o| o.requested_bytes == 159_387_776).expect("the 152 MiB cudaMalloc");
-    assert_eq!(oom.verdict_name, "capacity");
+    // The run's holder (the probe, traced) kept 138.04 GiB live: the runner alone would have fitted.
+    assert_eq!(oom.verdict_name, "other_process", "{}", oom.explanation);
+    assert_eq!((oom.holders[0].pid, oom.holders[0].live_bytes), (2763, 148_216_217_600), "{:?}", oom.holders);
     assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
 }
 

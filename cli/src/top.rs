@@ -374,26 +374,27 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
             p.live_allocations.to_string(),
             fmt_bytes(p.largest_free_span),
             format!("{:.2}", p.fragmentation),
-            framework_free(p),
             framework_fragmentation(p),
             p.oom_count.to_string(),
             p.dropped_events.to_string(),
         ])
         .style(style)
     });
+    // Byte columns of 10: "138.04 GiB" (fmt_bytes stays below 1,000 of a unit but for
+    // 1000..1023.99, which is cut to its first 10 characters). A lens's free cache is in
+    // releasable + stranded (the cache's whole free segments, and its split blocks).
     let widths = [
         Constraint::Length(8),
         Constraint::Min(16),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(11),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
         Constraint::Length(7),
-        Constraint::Length(11),
+        Constraint::Length(10),
         Constraint::Length(7),
-        Constraint::Length(11),
+        Constraint::Length(10),
         Constraint::Length(5),
-        Constraint::Length(11),
         Constraint::Length(7),
         Constraint::Length(5),
         Constraint::Length(8),
@@ -418,7 +419,6 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
                     "allocs",
                     "free span",
                     "frag",
-                    "cache free",
                     "c.frag",
                     "OOMs",
                     "dropped",
@@ -437,14 +437,6 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         ooms,
     );
     f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
-}
-
-/// Free bytes inside the process's framework caches, as their lens last said ("-": no lens).
-fn framework_free(p: &vramhook_model::ProcessView) -> String {
-    if p.framework_caches.is_empty() {
-        return "-".into();
-    }
-    fmt_bytes(p.framework_caches.iter().map(|c| c.cached_free()).sum())
 }
 
 /// The most fragmented of its framework caches ("-": no lens, or not measured yet).

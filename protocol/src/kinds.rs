@@ -684,6 +684,19 @@ mod tests {
                 (600 << 20, Some(424 << 20), 255)
             );
         });
+        check(Event::framework_stats(FrameworkId::PyTorch, 50 << 30, 4_499_000_000), &|e| {
+            assert_eq!((e.kind(), e.framework()), (Some(EventKind::FrameworkStats), FrameworkId::PyTorch));
+            assert_eq!((e.framework_stranded(), e.framework_limit()), (Some(50 << 30), Some(4_499_000_000)));
+        });
+        check(Event::framework_stats(FrameworkId::Jax, UNKNOWN_BYTES, UNKNOWN_BYTES), &|e| {
+            assert_eq!((e.framework_stranded(), e.framework_limit()), (None, None));
+        });
+        // An NVML sample entry is a reader's record (no process's): seq and tid carry the
+        // sample's number and size, so it is checked apart from `common`.
+        let nvml = wire(Event::gpu_process(7, 2, 4242, 100 << 30, b"llama-server-with-a-long-name"));
+        assert_eq!((nvml.kind(), nvml.gpu_holder(), nvml.size), (Some(EventKind::GpuProcess), 4242, 100 << 30));
+        assert_eq!((nvml.seq, nvml.tid, nvml.gpu_holder_name().as_str()), (7, 2, "llama-server-wit"));
+        kinds_seen.push(EventKind::GpuProcess);
         // A hook miss keeps its own version in `device`: `common`'s device is overwritten here.
         let miss = wire(Event::hook_miss(b"cuMemAllocFromPoolAsync_ptsz_and_more", 12_000, 300).by(11, 12));
         assert_eq!(miss.kind(), Some(EventKind::HookMiss));
