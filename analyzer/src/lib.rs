@@ -33,7 +33,7 @@ use vramhook_protocol::mapped::Mapped;
 /// What to analyse and how.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Stop at the first corrupt frame (the caller exits with code 2).
+    /// Stop at the first corrupt frame or cut (the caller exits with code 2).
     pub strict: bool,
     /// Report window, ns after the first event (events before `from` still build the state).
     pub from_ns: Option<u64>,
@@ -76,8 +76,15 @@ pub enum AnalyzeError {
     Open { path: String, message: String },
     #[error("{path}: corrupt frame at byte {offset}: {reason}")]
     Corrupt { path: String, offset: u64, reason: String },
+    /// A cut (strict mode only; otherwise what comes before it is read and the cut noted).
+    #[error("{path}: truncated at byte {offset}")]
+    Truncated { path: String, offset: u64 },
     #[error("{path}: {message}")]
     Snapshot { path: String, message: String },
+    /// Not one byte: no capture header, nothing to report on (a report of it would say
+    /// nothing happened, which the input does not say).
+    #[error("{path}: empty file: no capture header, nothing to analyse")]
+    Empty { path: String },
 }
 
 /// Input detection: a capture starts with "VRHKCAPT", a pickle with PROTO (0x80).
@@ -157,8 +164,11 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
                 torch::import(&mut r, &name, &bytes)?;
                 continue;
             }
-            // Mapped: frames come straight from the page cache. What cannot be mapped
-            // (an empty file) is streamed.
+            if head.is_empty() {
+                return Err(AnalyzeError::Empty { path: name });
+            }
+            // Mapped: frames come straight from the page cache. What cannot be mapped is
+            // streamed.
             match Mapped::new(&file) {
                 Ok(mapped) => r.capture(&name, mapped)?,
                 Err(_) => r.capture(&name, Streamed::new(BufReader::with_capacity(1 << 20, file)))?,
@@ -167,6 +177,9 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
             // A pipe, FIFO, character device or socket: streamed, and it ends at EOF.
             let mut input = BufReader::with_capacity(1 << 20, file);
             let head = input.fill_buf().map_err(open_err)?;
+            if head.is_empty() {
+                return Err(AnalyzeError::Empty { path: name });
+            }
             if logs::is_log(head) {
                 let gzip = logs::is_gzip(head);
                 if !logs.read(&name, input, gzip).map_err(open_err)? {
@@ -231,6 +244,8 @@ pub fn analyze_bytes_many(inputs: &[(&str, &[u8])], opts: &Options) -> Result<Re
             if !read.map_err(|e| AnalyzeError::Open { path: name.to_string(), message: e.to_string() })? {
                 r.inputs.push(logs::unrecognised(name, bytes.len() as u64));
             }
+        } else if bytes.is_empty() {
+            return Err(AnalyzeError::Empty { path: name.to_string() });
         } else if !is_pickle(bytes) {
             r.capture(name, Bytes::new(bytes))?;
         }

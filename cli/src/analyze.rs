@@ -25,7 +25,8 @@ pub struct AnalyzeArgs {
     /// Also write a Chrome trace JSON (counter tracks) that Perfetto's viewer opens.
     #[arg(long, value_name = "OUT")]
     pub perfetto: Option<PathBuf>,
-    /// Stop at the first corrupt frame with exit code 2 (default: report it and skip it).
+    /// Stop at the first corrupt frame or cut with exit code 2 (default: report it, skip a
+    /// corrupt frame, and analyse what comes before a cut).
     #[arg(long)]
     pub strict: bool,
     /// Report from this time after the first event (e.g. 1.5s, 200ms, 30; plain numbers are seconds).
@@ -89,7 +90,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
     }
     let report = match run_analysis(&args.files, &opts) {
         Ok(r) => r,
-        Err(e @ AnalyzeError::Corrupt { .. }) => {
+        Err(e @ (AnalyzeError::Corrupt { .. } | AnalyzeError::Truncated { .. })) => {
             eprintln!("vramhook analyze: {e} (--strict)");
             return Ok(ExitCode::from(2));
         }
@@ -139,7 +140,7 @@ fn analyze_fleet(args: &AnalyzeArgs, opts: &Options) -> Result<ExitCode> {
     }
     let report = match fleet::analyze_fleet(&args.files, opts) {
         Ok(r) => r,
-        Err(e @ AnalyzeError::Corrupt { .. }) => {
+        Err(e @ (AnalyzeError::Corrupt { .. } | AnalyzeError::Truncated { .. })) => {
             eprintln!("vramhook analyze: {e} (--strict)");
             return Ok(ExitCode::from(2));
         }

@@ -392,3 +392,37 @@ fn restart_losses_are_counted_once() {
     let r = analyze_bounded(&f2, &[]);
     assert_eq!(r["processes"][0]["dropped_events"], 13_312);
 }
+
+/// An empty file has no capture header: an error in one line, not a report that says
+/// nothing happened (before: exit 0, "truncated" twice and "LEAKS none").
+#[test]
+fn an_empty_file_is_an_error_in_one_line() {
+    let d = dir();
+    let empty = d.path().join("empty.vhc");
+    std::fs::write(&empty, b"").expect("write");
+    for strict in [false, true] {
+        let mut cmd = Command::new(vramhook_bin());
+        cmd.arg("analyze").arg(&empty);
+        if strict {
+            cmd.arg("--strict");
+        }
+        let out = cmd.output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "strict {strict}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("empty file"), "{stderr}");
+        assert!(out.stdout.is_empty(), "no report: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    // A cut capture is still read (exit 0), and fails with --strict, in one line.
+    let real = small_capture(&d.path().join("small.vhc"));
+    let cut = d.path().join("cut.vhc");
+    std::fs::write(&cut, &real[..real.len() - 40]).expect("write");
+    let out = Command::new(vramhook_bin()).arg("analyze").arg(&cut).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches("truncated at byte").count(), 1);
+    let out = Command::new(vramhook_bin()).args(["analyze", "--strict"]).arg(&cut).output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("truncated at byte"), "{stderr}");
+}
