@@ -382,4 +382,31 @@ fn the_budget_ends_with_an_error_and_a_partial_report() {
     // Without limits it completes.
     let unlimited = Options { time_limit: None, max_memory_mib: 0, ..Options::default() };
     assert!(analyze_bytes("b.pickle", &bytes, &unlimited).is_ok());
+    // A capture is stopped by the replay's own looks (every 262,144 events): what came
+    // before is in the partial report.
+    use vramhook_protocol::capture::{CaptureHeader, CaptureWriter};
+    use vramhook_protocol::record::{Api, Event};
+    let n = 600_000u64;
+    let events: Vec<Event> = (0..n)
+        .map(|i| {
+            let e = if i % 2 == 0 {
+                Event::alloc(Api::cuMemAlloc_v2, BASE, MIB)
+            } else {
+                Event::free(Api::cuMemFree_v2, BASE)
+            };
+            e.by(9, 9).at(1_000 + i).with_seq(i).on_device(0)
+        })
+        .collect();
+    let mut w = CaptureWriter::new(Vec::new(), &CaptureHeader::default()).expect("writer");
+    w.write_events(&events).expect("events");
+    let capture = w.finish().expect("finish");
+    let zero = Options { time_limit: Some(std::time::Duration::ZERO), ..Options::default() };
+    match analyze_bytes("c.vhc", &capture, &zero) {
+        Err(AnalyzeError::Budget { partial, .. }) => {
+            assert!(partial.events >= 1 << 18 && partial.events < n, "{} events", partial.events);
+            assert!(partial.notes.iter().any(|n| n.contains("this report is partial")), "{:#?}", partial.notes);
+        }
+        other => panic!("capture: {:?}", other.map(|r| r.events)),
+    }
+    assert_eq!(analyze_bytes("c.vhc", &capture, &unlimited).expect("report").events, n);
 }
