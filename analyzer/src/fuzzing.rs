@@ -1,7 +1,7 @@
 //! Bodies of the fuzz targets in `fuzz/` (cargo-fuzz), here so that ordinary tests run
 //! them over a seed corpus. Each must return normally on any input: a panic is a bug.
 
-use crate::{analyze_bytes, analyze_bytes_many, InputStatus, Options};
+use crate::{analyze_bytes_many, analyze_bytes_work, InputStatus, Options};
 use std::io::Cursor;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::capture::{
@@ -57,7 +57,8 @@ fn read_all<S: SeekSource>(mut r: CaptureReader<S>, len: usize) -> Vec<(u64, Str
     seen
 }
 
-/// The PyTorch snapshot importer (pickle VM plus import into the model).
+/// The PyTorch snapshot importer (pickle VM plus import into the model), and its work per
+/// input byte ([`check_work`]).
 pub fn pytorch_snapshot(data: &[u8]) {
     let mut bytes = Vec::with_capacity(data.len() + 1);
     if data.first() != Some(&0x80) {
@@ -65,11 +66,25 @@ pub fn pytorch_snapshot(data: &[u8]) {
     }
     bytes.extend_from_slice(data);
     for max_items in [crate::DEFAULT_MAX_ITEMS, 3] {
-        if let Ok(report) = analyze_bytes("fuzz.pickle", &bytes, &Options { max_items, ..Options::default() }) {
+        let (result, work) = analyze_bytes_work("fuzz.pickle", &bytes, &Options { max_items, ..Options::default() });
+        check_work(&work);
+        if let Ok(report) = result {
             check_bounds(&report, max_items);
             let _ = crate::render::text::render(&report);
         }
     }
+}
+
+/// Work allowed per byte of input (all counters), and a floor for tiny inputs: whatever
+/// a pickle shares, expanding and analysing it stays linear in its size.
+pub const WORK_PER_BYTE: u64 = 8;
+pub const WORK_FLOOR: u64 = 100_000;
+
+/// The work counted for an input is within [`WORK_PER_BYTE`] of its bytes (a crash is not
+/// the only failure: a small input that costs out of proportion is one too).
+pub fn check_work(w: &crate::Work) {
+    let counted = w.items_expanded + w.segment_visits;
+    assert!(counted <= WORK_PER_BYTE * w.bytes + WORK_FLOOR, "{w:?}: {counted} units of work for {} bytes", w.bytes);
 }
 
 /// What `max_items` promises: at most that many processes, incidents and devices (plus the
@@ -91,7 +106,9 @@ fn check_bounds(r: &crate::Report, max_items: usize) {
 pub fn analyze_bytes_target(data: &[u8]) {
     for (strict, max_items) in [(false, crate::DEFAULT_MAX_ITEMS), (true, crate::DEFAULT_MAX_ITEMS), (false, 2)] {
         let opts = Options { strict, max_points: 64, max_items, ..Options::default() };
-        if let Ok(report) = analyze_bytes("fuzz.vhc", data, &opts) {
+        let (result, work) = analyze_bytes_work("fuzz.vhc", data, &opts);
+        check_work(&work);
+        if let Ok(report) = result {
             check_bounds(&report, max_items);
             let _ = crate::render::text::render(&report);
             let _ = crate::render::html::render(&report);

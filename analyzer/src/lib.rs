@@ -33,7 +33,7 @@ use vramhook_protocol::mapped::Mapped;
 /// What to analyse and how.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Stop at the first corrupt frame (the caller exits with code 2).
+    /// Stop at the first corrupt frame or cut (the caller exits with code 2).
     pub strict: bool,
     /// Report window, ns after the first event (events before `from` still build the state).
     pub from_ns: Option<u64>,
@@ -49,11 +49,33 @@ pub struct Options {
     /// rest are folded into counts (see [`Folded`]), so that a small hostile file cannot
     /// cost memory or time out of proportion to its size.
     pub max_items: usize,
+    /// Resident memory (MiB) past which the analysis stops with [`AnalyzeError::Budget`]
+    /// and a partial report (0: no limit). Checked every few thousand events or entries.
+    pub max_memory_mib: u64,
+    /// Time past which the analysis stops likewise (`None`: no limit).
+    pub time_limit: Option<std::time::Duration>,
     pub model: ModelConfig,
 }
 
 /// Items kept per category by default.
 pub const DEFAULT_MAX_ITEMS: usize = 10_000;
+/// The default memory budget: far above what a streamed capture needs (under 100 MiB for
+/// 1.28 GB), far below what makes a shared machine swap.
+pub const DEFAULT_MAX_MEMORY_MIB: u64 = 2048;
+/// The default time budget.
+pub const DEFAULT_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Work counted while analysing, for tests and fuzzing to hold against the input's size
+/// (the bounds: [`input::torch`]'s budgets).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Bytes of input read.
+    pub bytes: u64,
+    /// Elements of pickled lists expanded (a list referenced n times counts n times).
+    pub items_expanded: u64,
+    /// Live segments and blocks looked at on behalf of snapshot `oom` entries.
+    pub segment_visits: u64,
+}
 
 impl Default for Options {
     fn default() -> Self {
@@ -65,6 +87,8 @@ impl Default for Options {
             pids: Vec::new(),
             max_points: series::DEFAULT_POINTS,
             max_items: DEFAULT_MAX_ITEMS,
+            max_memory_mib: DEFAULT_MAX_MEMORY_MIB,
+            time_limit: Some(DEFAULT_TIME_LIMIT),
             model: ModelConfig::default(),
         }
     }
@@ -76,8 +100,33 @@ pub enum AnalyzeError {
     Open { path: String, message: String },
     #[error("{path}: corrupt frame at byte {offset}: {reason}")]
     Corrupt { path: String, offset: u64, reason: String },
+    /// A cut (strict mode only; otherwise what comes before it is read and the cut noted).
+    #[error("{path}: truncated at byte {offset}")]
+    Truncated { path: String, offset: u64 },
     #[error("{path}: {message}")]
     Snapshot { path: String, message: String },
+    /// Not one byte: no capture header, nothing to report on (a report of it would say
+    /// nothing happened, which the input does not say).
+    #[error("{path}: empty file: no capture header, nothing to analyse")]
+    Empty { path: String },
+    /// The memory or time budget ran out: what was read before is in `partial`.
+    #[error("{message}")]
+    Budget { message: String, partial: Box<Report> },
+}
+
+/// The report, or the budget's error with the partial report in it.
+fn finished(mut r: Replayer, logs: logs::LogInputs) -> Result<Report, AnalyzeError> {
+    let over = r.over_budget.clone();
+    if r.budget_stopped {
+        // Said by the budget's own note, not as a stop at `--to`.
+        r.stopped = false;
+    }
+    let mut report = finish(r);
+    logs.attach(&mut report);
+    match over {
+        Some(message) => Err(AnalyzeError::Budget { message, partial: Box::new(report) }),
+        None => Ok(report),
+    }
 }
 
 /// Input detection: a capture starts with "VRHKCAPT", a pickle with PROTO (0x80).
@@ -116,7 +165,8 @@ fn read_snapshots<P: AsRef<Path>>(r: &mut Replayer, paths: &[P]) -> Result<Vec<D
             .map_err(|message| AnalyzeError::Open { path: name.clone(), message })?;
         if paths.len() > 1 {
             // Something to match it with.
-            r.expect_snapshot(&name, &torch::segment_keys(&name, &bytes)?);
+            let keys = torch::segment_keys(&mut r.work, &name, &bytes)?;
+            r.expect_snapshot(&name, &keys);
         }
         out.push(Deferred { index, name, bytes });
     }
@@ -157,8 +207,11 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
                 torch::import(&mut r, &name, &bytes)?;
                 continue;
             }
-            // Mapped: frames come straight from the page cache. What cannot be mapped
-            // (an empty file) is streamed.
+            if head.is_empty() {
+                return Err(AnalyzeError::Empty { path: name });
+            }
+            // Mapped: frames come straight from the page cache. What cannot be mapped is
+            // streamed.
             match Mapped::new(&file) {
                 Ok(mapped) => r.capture(&name, mapped)?,
                 Err(_) => r.capture(&name, Streamed::new(BufReader::with_capacity(1 << 20, file)))?,
@@ -167,6 +220,9 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
             // A pipe, FIFO, character device or socket: streamed, and it ends at EOF.
             let mut input = BufReader::with_capacity(1 << 20, file);
             let head = input.fill_buf().map_err(open_err)?;
+            if head.is_empty() {
+                return Err(AnalyzeError::Empty { path: name });
+            }
             if logs::is_log(head) {
                 let gzip = logs::is_gzip(head);
                 if !logs.read(&name, input, gzip).map_err(open_err)? {
@@ -193,9 +249,7 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
     for s in snapshots {
         torch::import(&mut r, &s.name, &s.bytes)?;
     }
-    let mut report = finish(r);
-    logs.attach(&mut report);
-    Ok(report)
+    finished(r, logs)
 }
 
 fn read_bounded(file: &File, len: u64, max: u64) -> Result<Vec<u8>, String> {
@@ -216,13 +270,28 @@ pub fn analyze_bytes(name: &str, bytes: &[u8], opts: &Options) -> Result<Report,
 /// snapshots, which the replay expects first when there is something to join them with.
 /// For tests and fuzzing.
 pub fn analyze_bytes_many(inputs: &[(&str, &[u8])], opts: &Options) -> Result<Report, AnalyzeError> {
+    analyze_inputs(inputs, opts, |_| {})
+}
+
+/// [`analyze_bytes_many`], telling `work` what it counted (also when it fails).
+fn analyze_inputs(inputs: &[(&str, &[u8])], opts: &Options, work: impl FnOnce(Work)) -> Result<Report, AnalyzeError> {
     let mut r = Replayer::new(opts.clone());
+    let result = read_inputs(&mut r, inputs);
+    let mut counted = r.work;
+    counted.bytes = inputs.iter().map(|(_, b)| b.len() as u64).sum();
+    work(counted);
+    let logs = result?;
+    finished(r, logs)
+}
+
+fn read_inputs(r: &mut Replayer, inputs: &[(&str, &[u8])]) -> Result<logs::LogInputs, AnalyzeError> {
     let mut logs = logs::LogInputs::default();
     let is_log = |bytes: &[u8]| logs::is_log(&bytes[..bytes.len().min(4096)]);
     let snapshots: Vec<_> = inputs.iter().filter(|(_, b)| !is_log(b) && is_pickle(b)).collect();
     if inputs.len() > 1 {
         for (name, bytes) in &snapshots {
-            r.expect_snapshot(name, &torch::segment_keys(name, bytes)?);
+            let keys = torch::segment_keys(&mut r.work, name, bytes)?;
+            r.expect_snapshot(name, &keys);
         }
     }
     for (name, bytes) in inputs {
@@ -231,14 +300,21 @@ pub fn analyze_bytes_many(inputs: &[(&str, &[u8])], opts: &Options) -> Result<Re
             if !read.map_err(|e| AnalyzeError::Open { path: name.to_string(), message: e.to_string() })? {
                 r.inputs.push(logs::unrecognised(name, bytes.len() as u64));
             }
+        } else if bytes.is_empty() {
+            return Err(AnalyzeError::Empty { path: name.to_string() });
         } else if !is_pickle(bytes) {
             r.capture(name, Bytes::new(bytes))?;
         }
     }
     for (name, bytes) in snapshots {
-        torch::import(&mut r, name, bytes)?;
+        torch::import(r, name, bytes)?;
     }
-    let mut report = finish(r);
-    logs.attach(&mut report);
-    Ok(report)
+    Ok(logs)
+}
+
+/// [`analyze_bytes`], with the work it counted. For tests and fuzzing.
+pub fn analyze_bytes_work(name: &str, bytes: &[u8], opts: &Options) -> (Result<Report, AnalyzeError>, Work) {
+    let work = std::cell::Cell::new(Work::default());
+    let result = analyze_inputs(&[(name, bytes)], opts, |w| work.set(w));
+    (result, work.get())
 }

@@ -29,7 +29,10 @@ fn truncation_at_every_byte() {
     let (bytes, offsets) = scenario();
     let full = events_applied(&bytes);
     let mut last_events = 0;
-    for cut in 0..bytes.len() {
+    // Not one byte: no header, an error rather than a report of nothing.
+    let e = analyze_bytes("cut.vhc", &[], &Options::default()).expect_err("an empty input");
+    assert!(matches!(e, AnalyzeError::Empty { .. }), "{e}");
+    for cut in 1..bytes.len() {
         let r = analyze_bytes("cut.vhc", &bytes[..cut], &Options::default()).expect("non-strict never fails");
         let i = &r.inputs[0];
         if cut < 64 + 8 {
@@ -74,6 +77,8 @@ fn random_bit_flips_never_panic_and_report_offsets() {
         match analyze_bytes("flip.vhc", &b, &Options { strict: true, ..Options::default() }) {
             Ok(_) => {}
             Err(AnalyzeError::Corrupt { offset, .. }) => assert!(offset < b.len() as u64),
+            // A flipped length can make the last frame run past the end: a cut.
+            Err(AnalyzeError::Truncated { offset, .. }) => assert!(offset < b.len() as u64),
             Err(e) => panic!("unexpected error {e}"),
         }
     }
@@ -358,4 +363,76 @@ fn a_reused_pid_counts_against_the_process_limit() {
     // The last process kept ends where the pid's next start was folded, as it would have.
     assert_eq!(kept(2), (vec![(11, true), (22, true)], 1, 2));
     assert_eq!(kept(1), (vec![(11, true)], 2, 4));
+}
+
+/// Every 64-byte prefix of a small capture (what a killed agent leaves, or a running agent's
+/// current file): read, its cut said once (in the notes and in the text, not again as an
+/// error), `--strict` failing on it, and no report claiming an exit the prefix does not hold.
+#[test]
+fn every_64_byte_prefix_says_its_cut_once_and_claims_no_exit_it_lacks() {
+    use vramhook_analyzer::render::{html, text};
+    use vramhook_protocol::capture::{Bytes, CaptureReader, Frame};
+    use vramhook_protocol::record::EventKind;
+    let (bytes, _) = scenario();
+    let cuts: Vec<usize> = (64..bytes.len()).step_by(64).chain([bytes.len()]).collect();
+    let mut truncated = 0;
+    for cut in cuts {
+        let prefix = &bytes[..cut];
+        let r = analyze_bytes("cut.vhc", prefix, &Options::default()).expect("non-strict never fails");
+        let t = text::render(&r);
+        // The exits the prefix holds: process-end frames and exit events.
+        let mut exits = std::collections::BTreeSet::new();
+        if let Ok(mut reader) = CaptureReader::from_source(Bytes::new(prefix)) {
+            while let Ok(Some(f)) = reader.next_frame() {
+                match f {
+                    Frame::ProcessEnd(end) => {
+                        exits.insert(end.pid);
+                    }
+                    Frame::Events(recs) => {
+                        for raw in recs {
+                            let e = vramhook_protocol::Event::from_raw(raw);
+                            if e.kind == EventKind::ProcessExit as u8 {
+                                exits.insert(e.pid);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for p in &r.processes {
+            assert!(!p.exited || exits.contains(&p.pid), "cut {cut}: pid {} exited, not in the input", p.pid);
+        }
+        let all_exited = !r.processes.is_empty() && r.processes.iter().all(|p| exits.contains(&p.pid));
+        let leaks = t.split("\nLEAKS").nth(1).and_then(|l| l.lines().nth(1)).unwrap_or("").trim().to_string();
+        if !all_exited {
+            for claim in ["before exit", "freed everything"] {
+                assert!(!t.contains(claim), "cut {cut}: {claim:?} with exits {exits:?}:\n{t}");
+            }
+            assert!(!leaks.starts_with("none"), "cut {cut}: LEAKS {leaks}");
+            let h = html::render(&r);
+            let html_leaks = h.split("<h2>Leaks</h2>").nth(1).unwrap_or("");
+            assert!(
+                !h.contains("before exit") && !html_leaks.starts_with("\n<p>None"),
+                "cut {cut}: html claims an exit"
+            );
+            if r.leaks.is_empty() {
+                let said = ["no process in the input", "running at end"].iter().any(|w| html_leaks.contains(w));
+                assert!(said, "cut {cut}: html leaks {}", &html_leaks[..html_leaks.len().min(200)]);
+            }
+        }
+        if r.leaks.is_empty() && r.processes.iter().any(|p| !p.exited) {
+            assert!(leaks.contains("running at end of capture"), "cut {cut}: {leaks}");
+        }
+        if r.inputs[0].status == InputStatus::Truncated {
+            truncated += 1;
+            assert_eq!(t.matches("truncated at byte").count(), 1, "cut {cut}: said once:\n{t}");
+            assert_eq!(r.notes.iter().filter(|n| n.contains("truncated")).count(), 1, "cut {cut}: {:?}", r.notes);
+            let strict = analyze_bytes("cut.vhc", prefix, &Options { strict: true, ..Options::default() });
+            assert!(matches!(strict, Err(AnalyzeError::Truncated { .. })), "cut {cut}: --strict must fail");
+        } else {
+            assert!(!t.contains("truncated"), "cut {cut}: {}", r.inputs[0].status);
+        }
+    }
+    assert!(truncated >= 10, "the prefixes must be cuts: {truncated}");
 }

@@ -25,7 +25,8 @@ pub struct AnalyzeArgs {
     /// Also write a Chrome trace JSON (counter tracks) that Perfetto's viewer opens.
     #[arg(long, value_name = "OUT")]
     pub perfetto: Option<PathBuf>,
-    /// Stop at the first corrupt frame with exit code 2 (default: report it and skip it).
+    /// Stop at the first corrupt frame or cut with exit code 2 (default: report it, skip a
+    /// corrupt frame, and analyse what comes before a cut).
     #[arg(long)]
     pub strict: bool,
     /// Report from this time after the first event (e.g. 1.5s, 200ms, 30; plain numbers are seconds).
@@ -48,6 +49,13 @@ pub struct AnalyzeArgs {
     /// out of proportion to its size.
     #[arg(long, value_name = "N", default_value_t = vramhook_analyzer::DEFAULT_MAX_ITEMS)]
     pub max_items: usize,
+    /// Resident memory (MiB) past which the analysis stops: the report of what was read is
+    /// printed and the exit code is 3. 0: no limit.
+    #[arg(long, value_name = "MIB", default_value_t = vramhook_analyzer::DEFAULT_MAX_MEMORY_MIB)]
+    pub max_memory: u64,
+    /// Time past which the analysis stops likewise (e.g. 30s, 10min; 0: no limit).
+    #[arg(long, value_name = "T", value_parser = parse_time, default_value = "600s")]
+    pub time_limit: u64,
 }
 
 /// "1.5s", "200ms", "30us", "100ns", "2min", or a plain number of seconds → ns.
@@ -81,18 +89,22 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         pids: args.pids.clone(),
         max_points: args.points.clamp(16, 100_000),
         max_items: args.max_items.max(1),
+        max_memory_mib: args.max_memory,
+        time_limit: (args.time_limit > 0).then(|| std::time::Duration::from_nanos(args.time_limit)),
         model: vramhook_agent::model_config(),
     };
     // Captures from several hosts: each host through its own model, and the fleet.
     if vramhook_analyzer::fleet::host_count(&args.files) >= 2 {
         return analyze_fleet(&args, &opts);
     }
-    let report = match run_analysis(&args.files, &opts) {
-        Ok(r) => r,
-        Err(e @ AnalyzeError::Corrupt { .. }) => {
+    // Past the memory or time budget: the partial report, then the error and exit code 3.
+    let (report, over_budget) = match run_analysis(&args.files, &opts) {
+        Ok(r) => (r, None),
+        Err(e @ (AnalyzeError::Corrupt { .. } | AnalyzeError::Truncated { .. })) => {
             eprintln!("vramhook analyze: {e} (--strict)");
             return Ok(ExitCode::from(2));
         }
+        Err(AnalyzeError::Budget { message, partial }) => (*partial, Some(message)),
         Err(e) => return Err(e.into()),
     };
     // Nothing at all could be read (bad magic, newer version, I/O): say so and fail.
@@ -112,7 +124,14 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         std::fs::write(out, perfetto::render(&report)).with_context(|| format!("cannot write {}", out.display()))?;
         eprintln!("vramhook analyze: wrote {} (open it at ui.perfetto.dev)", out.display());
     }
-    print_report(args.json, &report, || text::render(&report))
+    let code = print_report(args.json, &report, || text::render(&report))?;
+    match over_budget {
+        Some(message) => {
+            eprintln!("vramhook analyze: {message}; the report above is partial");
+            Ok(ExitCode::from(3))
+        }
+        None => Ok(code),
+    }
 }
 
 /// The report on stdout, as JSON or as `text()` says. Buffered: a report of 10,000
@@ -139,7 +158,7 @@ fn analyze_fleet(args: &AnalyzeArgs, opts: &Options) -> Result<ExitCode> {
     }
     let report = match fleet::analyze_fleet(&args.files, opts) {
         Ok(r) => r,
-        Err(e @ AnalyzeError::Corrupt { .. }) => {
+        Err(e @ (AnalyzeError::Corrupt { .. } | AnalyzeError::Truncated { .. })) => {
             eprintln!("vramhook analyze: {e} (--strict)");
             return Ok(ExitCode::from(2));
         }

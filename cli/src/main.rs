@@ -44,7 +44,9 @@ enum Command {
     /// Post-mortem of captures and PyTorch memory snapshots: every OOM with its verdict,
     /// leaks, fragmentation, timelines; as text, --json, --html (plots) or --perfetto.
     ///
-    /// Exit code 2 when nothing could be read, or with --strict at the first corrupt frame.
+    /// Exit code 2 when nothing could be read (an empty file), or with --strict at the first
+    /// corrupt frame or cut; 3 when --max-memory or --time-limit stopped it (the report
+    /// printed is partial).
     Analyze(analyze::AnalyzeArgs),
     /// Remove the rings of processes that are gone: drained ones at once, undrained ones
     /// past the keep budget (VRAMHOOK_KEEP_PERCENT of the file system, VRAMHOOK_KEEP_HOURS),

@@ -9,21 +9,27 @@ use vramhook_protocol::capture::{CaptureError, CaptureReader, Frame, SeekSource}
 use vramhook_protocol::record::Event;
 
 impl Replayer {
-    /// Streams one capture. Errors only in strict mode (a corrupt frame).
+    /// Streams one capture. Errors only in strict mode (a corrupt frame, a cut).
     pub fn capture<S: SeekSource>(&mut self, path: &str, input: S) -> Result<(), AnalyzeError> {
         let mut rep = InputReport::new(path, InputKind::Capture, InputStatus::Complete);
         let mut reader = match CaptureReader::from_source(input) {
             Ok(r) => r,
             Err(e) => {
-                rep.status = if matches!(e, CaptureError::Truncated(_)) {
-                    InputStatus::Truncated
-                } else {
-                    InputStatus::Unreadable
-                };
-                if let CaptureError::Truncated(n) = e {
-                    rep.truncated_at = Some(n);
+                match e {
+                    // Said by `truncated_at` (an error too would say it twice).
+                    CaptureError::Truncated(n) => {
+                        rep.status = InputStatus::Truncated;
+                        rep.truncated_at = Some(n);
+                        if self.opts.strict {
+                            self.inputs.push(rep);
+                            return Err(AnalyzeError::Truncated { path: path.to_string(), offset: n });
+                        }
+                    }
+                    e => {
+                        rep.status = InputStatus::Unreadable;
+                        rep.error = Some(e.to_string());
+                    }
                 }
-                rep.error = Some(e.to_string());
                 self.inputs.push(rep);
                 return Ok(());
             }
@@ -90,6 +96,10 @@ impl Replayer {
                 Err(CaptureError::Truncated(n)) => {
                     rep.status = InputStatus::Truncated;
                     rep.truncated_at = Some(n);
+                    if self.opts.strict {
+                        self.inputs.push(rep);
+                        return Err(AnalyzeError::Truncated { path: path.to_string(), offset: n });
+                    }
                     break;
                 }
                 Err(CaptureError::Corrupt { offset, reason }) => {

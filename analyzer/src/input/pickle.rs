@@ -66,7 +66,7 @@ impl DerefMut for Pairs {
 impl Drop for Seq {
     fn drop(&mut self) {
         if !self.0.is_empty() {
-            teardown(std::mem::take(&mut self.0));
+            release(std::mem::take(&mut self.0));
         }
     }
 }
@@ -78,7 +78,7 @@ impl Drop for Pairs {
                 work.push(k);
                 work.push(v);
             }
-            teardown(work);
+            release(work);
         }
     }
 }
@@ -307,21 +307,33 @@ impl<'a> Vm<'a> {
 }
 
 fn drop_items(items: Vec<Value>) {
-    teardown(items)
+    release(items)
+}
+
+/// Drops values without recursion, emptying only the containers nothing else holds: a value
+/// popped while the memo keeps it (`}…u` `r` `0`, as pickles that share an entry write it)
+/// must stay whole for the memo's later references.
+pub fn release(vals: Vec<Value>) {
+    empty_all(vals, false)
 }
 
 /// Drops values without recursion (a hostile pickle can nest a million lists deep, and
-/// can make cycles): containers are emptied one by one onto a work list.
+/// can make cycles): containers are emptied one by one onto a work list, shared or not,
+/// so only for values all of which go at once (a parsed pickle, with its memo).
 pub fn teardown(vals: Vec<Value>) {
+    empty_all(vals, true)
+}
+
+fn empty_all(vals: Vec<Value>, shared_too: bool) {
     let mut work = vals;
     while let Some(v) = work.pop() {
         match v {
-            Value::List(l) => {
+            Value::List(l) if shared_too || Rc::strong_count(&l) == 1 => {
                 if let Ok(mut b) = l.try_borrow_mut() {
                     work.append(&mut b.0);
                 }
             }
-            Value::Dict(d) => {
+            Value::Dict(d) if shared_too || Rc::strong_count(&d) == 1 => {
                 if let Ok(mut b) = d.try_borrow_mut() {
                     for (k, v) in std::mem::take(&mut b.0) {
                         work.push(k);
@@ -749,6 +761,20 @@ mod tests {
         s.extend(std::iter::repeat_n(b'N', MAX_STACK + 1));
         let e = parse(&s).err().expect("stack");
         assert!(e.reason.contains("pickle stack"), "{e}");
+    }
+
+    /// A dict memoized and popped, then referenced twice: both references are the whole
+    /// dict (popping it used to empty it for the memo's references too).
+    #[test]
+    fn a_popped_memoized_value_stays_whole() {
+        let mut p = vec![0x80, 2, b'}', b'(', b'X', 1, 0, 0, 0, b'a', b'K', 7, b'u', b'r', 0, 0, 0, 0, b'0'];
+        p.extend_from_slice(&[b']', b'(', b'j', 0, 0, 0, 0, b'j', 0, 0, 0, 0, b'e', b'.']);
+        let parsed = parse(&p).expect("parse");
+        let items = parsed.root.items();
+        assert_eq!(items.len(), 2);
+        for d in items {
+            assert_eq!(d.get("a").and_then(|v| v.as_u64()), Some(7));
+        }
     }
 
     #[test]

@@ -41,9 +41,21 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
 pub const SNAPSHOT_PID_BASE: u32 = 1 << 22;
 /// Trace entries imported per device.
 const MAX_TRACE: usize = 10_000_000;
-/// List elements visited in all (memo references can make a small file name one big list
-/// many times: the work is bounded, not just the input).
-const MAX_WORK: usize = 20_000_000;
+/// List elements expanded per byte of the file, and below that a floor. A list pickled once
+/// costs at least a byte per element; only references to a list read already (memo gets:
+/// 2 to 5 bytes each, whatever the list's length) can expand past it, and whatever is past
+/// it is not read (counted, with a note).
+const ITEMS_PER_BYTE: u64 = 2;
+const ITEMS_FLOOR: u64 = 4096;
+/// List elements expanded at most, whatever the size (twice what the pickle reader keeps).
+const MAX_ITEMS: u64 = 2 * pickle::MAX_KEPT as u64;
+/// Live segments and blocks looked at on behalf of `oom` entries, per byte of the file, and
+/// below that a floor: each `oom` entry makes the model look at every live segment (and
+/// keep about 60 bytes per segment in the incident), so 10,000 segments × 10,000 references to one
+/// `oom` entry (680 KB) took 29 s and 7.2 GB. Past the budget, `oom` entries are counted,
+/// not analysed (with a note).
+const VISITS_PER_BYTE: u64 = 2;
+const VISITS_FLOOR: u64 = 65_536;
 /// `oom` entries per snapshot whose live allocations are grouped by stack.
 const MAX_OOM_STACKS: usize = 64;
 /// Frames of one stack looked at (PyTorch's C++ frames come first; the Python ones follow).
@@ -139,20 +151,54 @@ fn stack_frames(v: &Value) -> Vec<StackFrame> {
     }
 }
 
-struct Budget(usize);
+/// Elements of a list or tuple (0 for anything else).
+fn list_len(v: &Value) -> usize {
+    match v {
+        Value::List(l) => l.try_borrow().map_or(0, |l| l.len()),
+        Value::Tuple(t) => t.len(),
+        _ => 0,
+    }
+}
+
+/// The list elements a snapshot may expand: every reference to a list counts its elements
+/// again, so a list shared n times costs n times its length.
+struct Budget {
+    limit: u64,
+    left: u64,
+    /// Elements not expanded, past the budget.
+    unexpanded: u64,
+}
 
 impl Budget {
-    fn items(&mut self, v: &Value, path: &str) -> Result<Vec<Value>, AnalyzeError> {
-        let n = match v {
-            Value::List(l) => l.try_borrow().map_or(0, |l| l.len()),
-            Value::Tuple(t) => t.len(),
-            _ => 0,
-        };
-        self.0 = self.0.saturating_add(n);
-        if self.0 > MAX_WORK {
-            return Err(bad(path, format!("snapshot too large to import (more than {MAX_WORK} list elements)")));
+    fn new(bytes: usize) -> Budget {
+        let limit = (bytes as u64).saturating_mul(ITEMS_PER_BYTE).saturating_add(ITEMS_FLOOR).min(MAX_ITEMS);
+        Budget { limit, left: limit, unexpanded: 0 }
+    }
+
+    /// The elements of `v` that fit in the budget (handles, not copies of the contents).
+    fn items(&mut self, v: &Value, work: &mut crate::Work) -> Vec<Value> {
+        let n = list_len(v) as u64;
+        let take = n.min(self.left);
+        self.left -= take;
+        self.unexpanded += n - take;
+        work.items_expanded += take;
+        let take = take as usize;
+        match v {
+            Value::List(l) => l.try_borrow().map(|l| l.0[..take.min(l.len())].to_vec()).unwrap_or_default(),
+            Value::Tuple(t) => t.0[..take.min(t.len())].to_vec(),
+            _ => Vec::new(),
         }
-        Ok(v.items())
+    }
+
+    fn note(&self, path: &str, bytes: usize) -> Option<String> {
+        (self.unexpanded > 0).then(|| {
+            format!(
+                "{path}: {} list elements not read: the file refers to lists it holds again and again, which \
+                 would expand past {} elements ({ITEMS_PER_BYTE} per byte of its {bytes} bytes); the numbers \
+                 above count what was read",
+                self.unexpanded, self.limit
+            )
+        })
     }
 }
 
@@ -190,6 +236,16 @@ struct Importer<'r> {
     /// through the whole trace (device, size, frames).
     always_live: Vec<(i16, u64, Option<Value>)>,
     stacks: Stacks,
+    /// Allocated blocks in live segments, all devices.
+    blocks_live: u64,
+    /// Segment visits left to `oom` entries, and the budget they came from.
+    visits_left: u64,
+    visits_limit: u64,
+    /// `oom` entries past the visits budget: counted, not analysed, and the bytes they asked for.
+    ooms_folded: u64,
+    ooms_folded_bytes: u64,
+    /// `oom` entries whose live allocations were not grouped by stack (past the budget).
+    stacks_skipped: u64,
 }
 
 impl Importer<'_> {
@@ -238,7 +294,9 @@ impl Importer<'_> {
     fn add_block(&mut self, addr: u64, size: u64) {
         if let Some(seg) = self.seg_of(addr) {
             let device = seg.device;
-            let old = seg.blocks.insert(addr, size).unwrap_or(0);
+            let old = seg.blocks.insert(addr, size);
+            self.blocks_live += u64::from(old.is_none());
+            let old = old.unwrap_or(0);
             let a = self.allocated.entry(device).or_default();
             *a = a.saturating_sub(old).saturating_add(size);
         }
@@ -248,6 +306,7 @@ impl Importer<'_> {
         if let Some(seg) = self.seg_of(addr) {
             let device = seg.device;
             if let Some(old) = seg.blocks.remove(&addr) {
+                self.blocks_live = self.blocks_live.saturating_sub(1);
                 let a = self.allocated.entry(device).or_default();
                 *a = a.saturating_sub(old);
             }
@@ -256,6 +315,7 @@ impl Importer<'_> {
 
     fn remove_seg(&mut self, base: u64) -> Option<Seg> {
         let seg = self.live.remove(&base)?;
+        self.blocks_live = self.blocks_live.saturating_sub(seg.blocks.len() as u64);
         if let Some(r) = self.reserved.get_mut(&seg.device) {
             *r = r.saturating_sub(seg.size);
         }
@@ -264,6 +324,33 @@ impl Importer<'_> {
         }
         self.dirty.remove(&base);
         Some(seg)
+    }
+
+    /// Takes `cost` segment visits from the budget; false (and the budget spent) when they
+    /// do not fit.
+    fn spend(&mut self, cost: u64) -> bool {
+        if cost > self.visits_left {
+            self.r.work.segment_visits += self.visits_left;
+            self.visits_left = 0;
+            return false;
+        }
+        self.visits_left -= cost;
+        self.r.work.segment_visits += cost;
+        true
+    }
+
+    /// What an `oom` entry costs the model: every live segment (this snapshot's and those
+    /// earlier snapshots left), and the blocks of the segments handed over first. Counted
+    /// with an early stop: once the budget is spent, each later entry costs O(1).
+    fn oom_cost(&self) -> u64 {
+        let mut cost = self.live.len() as u64 + self.r.snapshot_segments + 1;
+        for base in &self.dirty {
+            if cost > self.visits_left {
+                break;
+            }
+            cost += 1 + self.live.get(base).map_or(0, |s| s.blocks.len() as u64);
+        }
+        cost
     }
 
     /// The cache of device `d` as the trace has rebuilt it, into its framework timeline.
@@ -353,14 +440,20 @@ fn dev(v: &Value) -> i16 {
 
 /// Imports one snapshot into the replay. Malformed pickles are errors with the byte offset.
 pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeError> {
+    if r.over_budget.is_some() {
+        return Ok(()); // the analysis stopped already (said in its notes)
+    }
     let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
+    if !r.within_budget() {
+        return Ok(());
+    }
     let root = &parsed.root;
-    let mut budget = Budget(0);
+    let mut budget = Budget::new(bytes.len());
     let segments = match root.get("segments") {
-        Some(s @ Value::List(_)) => budget.items(&s, path)?,
+        Some(s @ Value::List(_)) => budget.items(&s, &mut r.work),
         _ => {
             // Older PyTorch pickled the segment list itself.
-            let items = budget.items(root, path)?;
+            let items = budget.items(root, &mut r.work);
             if items.is_empty() && !matches!(root, Value::List(_)) {
                 return Err(bad(path, "not a PyTorch memory snapshot (no 'segments')"));
             }
@@ -370,15 +463,21 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     // Trace entries of every device, merged by time.
     let mut trace: Vec<(u64, i16, Value)> = Vec::new();
     if let Some(traces) = root.get("device_traces") {
-        for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
-            for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
+        for (d, per_dev) in budget.items(&traces, &mut r.work).into_iter().enumerate() {
+            let device = i16::try_from(d).unwrap_or(i16::MAX);
+            // A device past --max-items is folded (and counted) before its trace is read:
+            // 30,000 devices sharing one 600-entry trace were 18,000,000 entries.
+            if list_len(&per_dev) == 0 || !r.admit_device(device) {
+                continue;
+            }
+            for e in budget.items(&per_dev, &mut r.work).into_iter().take(MAX_TRACE) {
                 let wall = e.get("time_us").and_then(|x| x.as_u64()).unwrap_or(0).saturating_mul(1000);
                 // On the captures' clock when a capture came first; wall-clock ns otherwise.
                 let t = match r.clock {
                     Some((mono, anchor)) => wall.saturating_sub(anchor).saturating_add(mono).max(1),
                     None => wall,
                 };
-                trace.push((t, i16::try_from(d).unwrap_or(i16::MAX), e));
+                trace.push((t, device, e));
             }
         }
     }
@@ -422,7 +521,15 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         block_frames: HashMap::new(),
         always_live: Vec::new(),
         stacks: Stacks::default(),
+        blocks_live: 0,
+        visits_left: 0,
+        visits_limit: 0,
+        ooms_folded: 0,
+        ooms_folded_bytes: 0,
+        stacks_skipped: 0,
     };
+    imp.visits_limit = (bytes.len() as u64).saturating_mul(VISITS_PER_BYTE).saturating_add(VISITS_FLOOR);
+    imp.visits_left = imp.visits_limit;
     // A snapshot is PyTorch's caching allocator by definition.
     imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
 
@@ -481,7 +588,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         for s in &segments {
             let d = dev(s);
             let blist = match s.get("blocks") {
-                Some(b) => budget.items(&b, path)?,
+                Some(b) => budget.items(&b, &mut imp.r.work),
                 None => Vec::new(),
             };
             for b in blist {
@@ -501,6 +608,9 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
 
     let mut entries = 0u64;
     for (ts, d, e) in &trace {
+        if entries % 1024 == 1023 && !imp.r.within_budget() {
+            break;
+        }
         entries += 1;
         let ts = (*ts).max(1);
         let addr = u(e, "addr");
@@ -534,6 +644,17 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.point(*d, ts, None);
             }
             "oom" => {
+                let cost = imp.oom_cost();
+                if !imp.spend(cost) {
+                    // Counted, not analysed; its cache's timeline still marks it.
+                    // Not `folded.ooms`: those are past --max-items; this note is its own.
+                    imp.ooms_folded += 1;
+                    imp.ooms_folded_bytes = imp.ooms_folded_bytes.saturating_add(size);
+                    imp.point(*d, ts, None);
+                    let view = imp.view_pid;
+                    imp.r.framework_oom_mark((view, *d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
+                    continue;
+                }
                 imp.push_segments(ts);
                 let free = u(e, "device_free");
                 let reserved = imp.reserved.get(d).copied().unwrap_or(0);
@@ -551,7 +672,10 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
                 imp.point(*d, ts, None);
                 let view = imp.view_pid;
                 imp.r.framework_oom_mark((view, *d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
-                if oom_stacks_left > 0 {
+                let group_cost = imp.blocks_live + imp.always_live.len() as u64 + imp.live.len() as u64;
+                if oom_stacks_left > 0 && !imp.spend(group_cost) {
+                    imp.stacks_skipped += 1;
+                } else if oom_stacks_left > 0 {
                     oom_stacks_left -= 1;
                     if let Some(live) = imp.live_at_oom(*d, e.get("frames").as_ref(), path) {
                         imp.r.snapshot_stacks.push(OomStacks { pid, device: *d, ts, size, live });
@@ -595,7 +719,7 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         }
         let mut blocks = Vec::new();
         let blist = match s.get("blocks") {
-            Some(b) => budget.items(&b, path)?,
+            Some(b) => budget.items(&b, &mut imp.r.work),
             None => Vec::new(),
         };
         for b in blist {
@@ -624,7 +748,28 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         let allocated = allocated.min(reserved);
         imp.r.framework_point((view, d, code, "snapshot"), t_snap, reserved, allocated, Some(largest));
     }
+    if imp.ooms_folded > 0 {
+        imp.r.notes.push(format!(
+            "{path}: {} OOM entries counted, not analysed ({} requested): each makes the model look at every \
+             live segment ({} at the end), and the {} segment visits allowed ({VISITS_PER_BYTE} per byte of the \
+             file) were spent",
+            imp.ooms_folded,
+            vramhook_model::fmt_bytes(imp.ooms_folded_bytes),
+            imp.live.len(),
+            imp.visits_limit
+        ));
+    }
+    if imp.stacks_skipped > 0 {
+        imp.r.notes.push(format!(
+            "{path}: the allocations live at {} OOM entries are not grouped by stack (past the budget of segment visits)",
+            imp.stacks_skipped
+        ));
+    }
+    imp.r.snapshot_segments += imp.live.len() as u64;
     drop(imp);
+    if let Some(note) = budget.note(path, bytes.len()) {
+        r.notes.push(note);
+    }
     let snap = r.model.snapshot();
     totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
     r.sample(r.last_ts);
@@ -677,14 +822,14 @@ fn join_decision(r: &mut Replayer, path: &str) -> Option<SnapshotJoin> {
 
 /// The segments of a snapshot, to look for in the captures: its final segments and those its
 /// trace allocated, with their devices.
-pub(crate) fn segment_keys(path: &str, bytes: &[u8]) -> Result<Vec<SegmentKey>, AnalyzeError> {
+pub(crate) fn segment_keys(work: &mut crate::Work, path: &str, bytes: &[u8]) -> Result<Vec<SegmentKey>, AnalyzeError> {
     let parsed = pickle::parse(bytes).map_err(|e| bad(path, format!("not a readable PyTorch snapshot: {e}")))?;
     let root = &parsed.root;
-    let mut budget = Budget(0);
+    let mut budget = Budget::new(bytes.len());
     let mut keys = Vec::new();
     let segments = match root.get("segments") {
-        Some(s @ Value::List(_)) => budget.items(&s, path)?,
-        _ => budget.items(root, path)?,
+        Some(s @ Value::List(_)) => budget.items(&s, work),
+        _ => budget.items(root, work),
     };
     for s in &segments {
         let (addr, size) = (u(s, "address"), u(s, "total_size"));
@@ -693,9 +838,9 @@ pub(crate) fn segment_keys(path: &str, bytes: &[u8]) -> Result<Vec<SegmentKey>, 
         }
     }
     if let Some(traces) = root.get("device_traces") {
-        for (d, per_dev) in budget.items(&traces, path)?.into_iter().enumerate() {
+        for (d, per_dev) in budget.items(&traces, work).into_iter().enumerate() {
             let device = i16::try_from(d).unwrap_or(i16::MAX);
-            for e in budget.items(&per_dev, path)?.into_iter().take(MAX_TRACE) {
+            for e in budget.items(&per_dev, work).into_iter().take(MAX_TRACE) {
                 let action = e.get("action").and_then(|a| a.as_str());
                 // Not `segment_map`: an expandable segment's pages are mapped into its
                 // reservation, which the final segment (its address) already names.

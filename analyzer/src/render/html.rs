@@ -76,9 +76,6 @@ pub fn render(r: &Report) -> String {
     h.push_str("<h1>vramhook post-mortem</h1>\n<div class=sub>");
     for i in &r.inputs {
         h.push_str(&esc(&format!("{} ({}, {}", i.path, i.kind, i.status)));
-        if let Some(n) = i.truncated_at {
-            h.push_str(&format!(", truncated at byte {n}"));
-        }
         if let Some(w) = i.wall_start_ns {
             h.push_str(&esc(&format!(", started {}", utc(w))));
         }
@@ -167,7 +164,7 @@ pub fn render(r: &Report) -> String {
     }));
     h.push_str("</table>\n<h2>Leaks</h2>\n");
     if r.leaks.is_empty() {
-        h.push_str("<p>None.</p>\n");
+        h.push_str(&format!("<p>{}</p>\n", esc(&crate::render::text::no_leak_line(r))));
     } else {
         h.push_str("<table><tr><th>pid<th>command<th>kind<th>bytes<th>detail</tr>\n");
         h.push_str(&rows(&r.leaks, &[true, false, false, true, false], |l| {

@@ -63,6 +63,32 @@ pub fn hist_line(h: &vramhook_model::Histogram, label: impl Fn(u64) -> String) -
     }
 }
 
+/// What an empty list of leaks says: a process whose exit is not in the input may still
+/// free what it holds, so "freed before exit" is said only when every process's exit is.
+pub fn no_leak_line(r: &Report) -> String {
+    let running: Vec<&ProcessReport> = r.processes.iter().filter(|p| !p.exited).collect();
+    if r.processes.is_empty() && r.folded.processes == 0 {
+        return "no process in the input: nothing to judge".into();
+    }
+    if running.is_empty() && r.folded.processes == 0 {
+        return "none: every process freed everything before exit and nothing grew without bound".into();
+    }
+    let mut parts = Vec::new();
+    if !running.is_empty() {
+        let pids: Vec<String> = running.iter().take(5).map(|p| p.pid.to_string()).collect();
+        let more = if running.len() > 5 { format!(" and {} more", running.len() - 5) } else { String::new() };
+        let (n, whose) = (running.len(), if running.len() == 1 { "its" } else { "their" });
+        parts.push(format!(
+            "{n} running at end of capture (pid {}{more}): {whose} allocations may be freed later",
+            pids.join(", ")
+        ));
+    }
+    if r.folded.processes > 0 {
+        parts.push(format!("{} processes past --max-items not judged", r.folded.processes));
+    }
+    format!("no leak found among the processes whose exit is in the input; {}", parts.join("; "))
+}
+
 pub fn dur(ns: u64) -> String {
     if ns >= 3_600_000_000_000 {
         format!("{}h", ns / 3_600_000_000_000)
@@ -82,10 +108,8 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(o, "vramhook analyze — post-mortem");
     let _ = writeln!(o, "==============================");
     for i in &r.inputs {
+        // A cut is said once, by its note ("truncated at byte N; ..."); the status says it is one.
         let _ = write!(o, "input  {} ({}): {}", i.path, i.kind, i.status);
-        if let Some(n) = i.truncated_at {
-            let _ = write!(o, ", truncated at byte {n}");
-        }
         let _ = writeln!(o, ", {} events in {} frames, {} bytes read", i.events, i.frames, i.bytes_read);
         match (&i.host, i.wall_start_ns) {
             (Some(h), Some(w)) => {
@@ -270,7 +294,7 @@ pub fn render(r: &Report) -> String {
 
     let _ = writeln!(o, "\nLEAKS ({})", r.leaks.len());
     if r.leaks.is_empty() {
-        let _ = writeln!(o, "  none: everything was freed before exit and nothing grew without bound");
+        let _ = writeln!(o, "  {}", no_leak_line(r));
     }
     for l in &r.leaks {
         let _ = writeln!(o, "  pid {} {} [{}]: {}", l.pid, short(&l.command, 40), l.kind, l.detail);

@@ -186,7 +186,25 @@ pub struct Replayer {
     flush_at: u64,
     /// Flushes at bucket edges (samples flush too).
     edge_flushes: u64,
+    /// Work counted against the input's size (snapshots: `crate::input::torch`).
+    pub(crate) work: crate::Work,
+    /// Live framework segments that earlier snapshots left in the model: every OOM after
+    /// them looks at them too.
+    pub(crate) snapshot_segments: u64,
+    /// Why the memory or time budget stopped the analysis.
+    pub(crate) over_budget: Option<String>,
+    /// The budget, not `--to`, stopped the replay.
+    pub(crate) budget_stopped: bool,
+    started: std::time::Instant,
+    /// Driver failures seen (for the budget's looks).
+    ooms_seen: u64,
 }
+
+/// Events between two looks at the memory and time budget (a look reads /proc: every
+/// 262,144 events it costs nothing at 21 M events/s).
+const BUDGET_EVERY: u64 = 1 << 18;
+/// Driver failures between two looks.
+const OOMS_PER_BUDGET_LOOK: u64 = 16;
 
 impl Replayer {
     pub fn new(opts: Options) -> Replayer {
@@ -238,7 +256,36 @@ impl Replayer {
             flush_at: u64::MAX,
             edge_flushes: 0,
             forced: 0,
+            work: crate::Work::default(),
+            snapshot_segments: 0,
+            over_budget: None,
+            budget_stopped: false,
+            ooms_seen: 0,
+            started: std::time::Instant::now(),
         }
+    }
+
+    /// Whether the memory and time budget still holds; when it does not, the replay stops
+    /// (what was read is reported, with a note) and the analysis ends with the budget's error.
+    #[cold]
+    pub(crate) fn within_budget(&mut self) -> bool {
+        if self.over_budget.is_some() {
+            return false;
+        }
+        let over = if let Some(limit) = self.opts.time_limit.filter(|l| self.started.elapsed() > *l) {
+            Some(format!("the analysis took more than its time limit of {:.1} s (--time-limit)", limit.as_secs_f64()))
+        } else {
+            let max = self.opts.max_memory_mib;
+            resident_mib().filter(|rss| max > 0 && *rss > max).map(|rss| {
+                format!("the analysis used {rss} MiB of memory, more than its limit of {max} MiB (--max-memory)")
+            })
+        };
+        let Some(message) = over else { return true };
+        self.notes.push(format!("{message}: stopped after {} events; this report is partial", self.applied));
+        self.over_budget = Some(message);
+        self.budget_stopped = !self.stopped;
+        self.stopped = true;
+        false
     }
 
     fn start_clock(&mut self, ts: u64) {
@@ -284,6 +331,9 @@ impl Replayer {
         self.applied += 1;
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
+        }
+        if self.applied.is_multiple_of(BUDGET_EVERY) {
+            self.within_budget();
         }
     }
 
@@ -398,7 +448,7 @@ impl Replayer {
 
     /// Whether the device is within the limit of devices (admitting it if there is room;
     /// -1, the device not known, always is); a device past the limit is counted as folded.
-    fn admit_device(&mut self, device: i16) -> bool {
+    pub(crate) fn admit_device(&mut self, device: i16) -> bool {
         if device == -1 {
             return true;
         }
@@ -475,6 +525,12 @@ impl Replayer {
             return false;
         }
         if ev.result == vramhook_protocol::record::CUDA_ERROR_OUT_OF_MEMORY && ev.kind != EventKind::MemInfo as u8 {
+            // An incident costs the model every arena of the process (and keeps a line per
+            // arena): the budget is looked at every few, not every few thousand events.
+            self.ooms_seen += 1;
+            if self.ooms_seen.is_multiple_of(OOMS_PER_BUDGET_LOOK) && !self.within_budget() {
+                return false;
+            }
             if self.model.incident_count() >= self.opts.max_items {
                 // Past the limit of incidents: counted, not analysed.
                 self.last_folded_oom = Some((ev.pid, ev.ts_ns));
@@ -677,6 +733,14 @@ impl Replayer {
         let view = snap.processes[slot].clone();
         self.exits.insert(slot, ExitInfo { view, top });
     }
+}
+
+/// Resident memory of this process in MiB (`None` where /proc does not say).
+fn resident_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 #[cfg(test)]

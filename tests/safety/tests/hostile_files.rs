@@ -392,3 +392,78 @@ fn restart_losses_are_counted_once() {
     let r = analyze_bounded(&f2, &[]);
     assert_eq!(r["processes"][0]["dropped_events"], 13_312);
 }
+
+/// An empty file has no capture header: an error in one line, not a report that says
+/// nothing happened (before: exit 0, "truncated" twice and "LEAKS none").
+#[test]
+fn an_empty_file_is_an_error_in_one_line() {
+    let d = dir();
+    let empty = d.path().join("empty.vhc");
+    std::fs::write(&empty, b"").expect("write");
+    for strict in [false, true] {
+        let mut cmd = Command::new(vramhook_bin());
+        cmd.arg("analyze").arg(&empty);
+        if strict {
+            cmd.arg("--strict");
+        }
+        let out = cmd.output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "strict {strict}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("empty file"), "{stderr}");
+        assert!(out.stdout.is_empty(), "no report: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    // A cut capture is still read (exit 0), and fails with --strict, in one line.
+    let real = small_capture(&d.path().join("small.vhc"));
+    let cut = d.path().join("cut.vhc");
+    std::fs::write(&cut, &real[..real.len() - 40]).expect("write");
+    let out = Command::new(vramhook_bin()).arg("analyze").arg(&cut).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches("truncated at byte").count(), 1);
+    let out = Command::new(vramhook_bin()).args(["analyze", "--strict"]).arg(&cut).output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("truncated at byte"), "{stderr}");
+}
+
+/// 10,000 mapped VMM reservations and 10,000 OOM failures (2.5 MB): every incident makes
+/// the model look at (and keep a line for) each of the process's arenas, 10^8 in all. The
+/// memory budget stops it: exit 3, one line on stderr, and the partial report of what was
+/// read, which says it is partial, within about the budget.
+#[test]
+fn arenas_times_ooms_stop_at_the_memory_budget() {
+    let d = dir();
+    let f = d.path().join("arenas.vhc");
+    let (arenas, ooms) = (10_000u64, 10_000u64);
+    write_capture(&f, 3 * arenas + ooms, |i| {
+        let ts = 1_000 + i;
+        if i < 3 * arenas {
+            let (k, addr) = (i / 3, 0x7000_0000_0000 + (i / 3) * 4 * MIB);
+            let e = match i % 3 {
+                0 => vramhook_protocol::record::Event::vmm_reserve(addr, 2 * MIB, 0, 0),
+                1 => vramhook_protocol::record::Event::vmm_create(
+                    vramhook_protocol::record::Api::cuMemCreate,
+                    0x100 + k,
+                    2 * MIB,
+                ),
+                _ => vramhook_protocol::record::Event::vmm_map(addr, 2 * MIB, 0x100 + k, 0),
+            };
+            made(e, 7, ts, 0)
+        } else {
+            oom(7, ts, 0, 64 * GIB + i * 4096) // each its own request: not a retry
+        }
+    });
+    let budget_mib = 150;
+    let (m, json) = analyze_json(&vramhook_bin(), &f, &["--max-memory", &budget_mib.to_string()]);
+    let stderr = String::from_utf8_lossy(&m.output.stderr);
+    assert_eq!(m.output.status.code(), Some(3), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("--max-memory") && stderr.contains("partial"), "{stderr}");
+    let r = json.expect("the partial report");
+    assert!(notes(&r).contains("this report is partial"), "{}", notes(&r));
+    let incidents = count(&r, "ooms") as u64;
+    assert!(incidents > 0 && incidents < ooms, "{incidents} incidents");
+    // Looked at every 16 failures: overshoots by at most a few MB.
+    assert!(m.max_rss_kib < (budget_mib + 100) * 1024, "peak {} KiB", m.max_rss_kib);
+}
