@@ -180,8 +180,16 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
     let mut r = Replayer::new(opts.clone());
     let mut logs = logs::LogInputs::default();
     let snapshots = read_snapshots(&mut r, paths)?;
+    let mut merged = side_by_side(paths);
     for (index, path) in paths.iter().enumerate() {
         if snapshots.iter().any(|s| s.index == index) {
+            continue;
+        }
+        if let Some(group) = merged.iter_mut().find(|g| g.members.contains(&index)) {
+            // Captures of one host: replayed together, in time order, where the first is.
+            if let Some(inputs) = group.inputs.take() {
+                r.captures_merged(inputs)?;
+            }
             continue;
         }
         let path = path.as_ref();
@@ -250,6 +258,42 @@ pub fn analyze<P: AsRef<Path>>(paths: &[P], opts: &Options) -> Result<Report, An
         torch::import(&mut r, &s.name, &s.bytes)?;
     }
     finished(r, logs)
+}
+
+/// Captures of one host given together, mapped, to be replayed side by side.
+struct SideBySide {
+    members: Vec<usize>,
+    inputs: Option<Vec<(String, Mapped)>>,
+}
+
+/// The regular-file captures among `paths`, grouped by the host their headers name: each
+/// group of two or more is replayed in time order (see `Replayer::captures_merged`). A
+/// capture that cannot be mapped is read alone, in turn.
+fn side_by_side<P: AsRef<Path>>(paths: &[P]) -> Vec<SideBySide> {
+    let mut by_host: Vec<(String, SideBySide)> = Vec::new();
+    for (index, path) in paths.iter().enumerate() {
+        let path = path.as_ref();
+        let Ok(file) = File::open(path) else { continue };
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let mut head = [0u8; 4096];
+        let Ok(n) = file.read_at(&mut head, 0) else { continue };
+        let Ok(reader) = vramhook_protocol::capture::CaptureReader::from_source(Bytes::new(&head[..n])) else {
+            continue;
+        };
+        let host = reader.header().host.clone();
+        let Ok(mapped) = Mapped::new(&file) else { continue };
+        let name = path.display().to_string();
+        match by_host.iter_mut().find(|g| g.0 == host) {
+            Some((_, g)) => {
+                g.members.push(index);
+                g.inputs.get_or_insert_with(Vec::new).push((name, mapped));
+            }
+            None => by_host.push((host, SideBySide { members: vec![index], inputs: Some(vec![(name, mapped)]) })),
+        }
+    }
+    by_host.into_iter().map(|(_, g)| g).filter(|g| g.members.len() > 1).collect()
 }
 
 fn read_bounded(file: &File, len: u64, max: u64) -> Result<Vec<u8>, String> {

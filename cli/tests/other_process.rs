@@ -165,3 +165,51 @@ fn another_process_memory_is_named_live_in_the_capture_and_in_the_report() {
     }
     assert!(text.contains("other processes on GPU 0 at the failure"), "{text}");
 }
+
+/// Two processes recorded apart, each by its own `vramhook run`, on one shared device:
+/// `analyze` of both captures (in either order) replays them side by side in time order,
+/// so the asker's failure sees the holder's cache as it was then.
+#[test]
+fn captures_recorded_apart_are_analysed_side_by_side() {
+    let work = tempfile::tempdir().expect("work dir");
+    let dir = work.path();
+    let shared = dir.join("device");
+    let (ready, stop) = (dir.join("ready"), dir.join("stop"));
+    let run = |name: &str, args: &[&str]| {
+        let mut cmd = Command::new(vramhook_bin());
+        cmd.arg("run").arg("--record").arg(dir.join(format!("{name}.vhc"))).arg("--ring-dir").arg(dir.join(name));
+        cmd.arg("--").arg(workload("cache_holder")).args(args);
+        cmd.env("VRAMHOOK_LIB", interposer()).env_remove("LD_PRELOAD").env("VRAMHOOK_LENS_INTERVAL_S", "0");
+        cmd.env("VRAMHOOK_SIM_SHARED", &shared).env("VRAMHOOK_SIM_VRAM_BYTES", "17179869184");
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd
+    };
+    let (r, s) = (ready.to_str().expect("utf-8"), stop.to_str().expect("utf-8"));
+    let mut holder = run("holder", &["--hold", "10", "--ready", r, "--until", s]).spawn().expect("holder");
+    wait_for_file(&ready, &mut holder);
+    let asked = run("asker", &["--ask", "8"]).status().expect("asker");
+    assert_eq!(asked.code(), Some(1), "the asker's request failed");
+    std::fs::write(&stop, b"").expect("stop");
+    assert!(holder.wait().expect("holder").success());
+    let hpid = {
+        let out = Command::new(vramhook_bin()).arg("analyze").arg("--json").arg(dir.join("holder.vhc")).output();
+        let v: Value = serde_json::from_slice(&out.expect("analyze").stdout).expect("JSON");
+        v["processes"][0]["pid"].as_u64().expect("holder pid")
+    };
+    for order in [["holder.vhc", "asker.vhc"], ["asker.vhc", "holder.vhc"]] {
+        let out = Command::new(vramhook_bin())
+            .arg("analyze")
+            .arg("--json")
+            .args(order.iter().map(|f| dir.join(f)))
+            .output()
+            .expect("analyze");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let ooms = report["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "{order:?}: {ooms:#?}");
+        let o = &ooms[0];
+        assert!(same_name(&o["verdict"], "other_process"), "{order:?}: {}", o["explanation"]);
+        let h = &o["holders"][0];
+        assert_eq!((h["pid"].as_u64(), h["releasable_bytes"].as_u64()), (Some(hpid), Some(10 * GIB)), "{order:?}: {h}");
+    }
+}

@@ -688,9 +688,12 @@ mod tests {
             assert_eq!((e.kind(), e.framework()), (Some(EventKind::FrameworkStats), FrameworkId::PyTorch));
             assert_eq!((e.framework_stranded(), e.framework_limit()), (Some(50 << 30), Some(4_499_000_000)));
         });
-        check(Event::framework_stats(FrameworkId::Jax, UNKNOWN_BYTES, UNKNOWN_BYTES), &|e| {
-            assert_eq!((e.framework_stranded(), e.framework_limit()), (None, None));
-        });
+        check(
+            Event::framework_stats(FrameworkId::Jax, crate::kinds::UNKNOWN_BYTES, crate::kinds::UNKNOWN_BYTES),
+            &|e| {
+                assert_eq!((e.framework_stranded(), e.framework_limit()), (None, None));
+            },
+        );
         // An NVML sample entry is a reader's record (no process's): seq and tid carry the
         // sample's number and size, so it is checked apart from `common`.
         let nvml = wire(Event::gpu_process(7, 2, 4242, 100 << 30, b"llama-server-with-a-long-name"));
