@@ -676,6 +676,9 @@ pub struct OomIncident {
     pub sample_after_failure: bool,
     pub verdict: Verdict,
     pub unknown_reason: Option<String>,
+    /// What to do, in one sentence (the explanation tells the story behind it).
+    #[serde(default)]
+    pub fix: String,
     pub explanation: String,
     /// Failed calls in this incident (first failure plus failed retries).
     pub failures: u64,

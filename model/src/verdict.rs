@@ -534,3 +534,64 @@ fn live_fix(command: &str) -> &'static str {
         "stop it, move it to another GPU, or give it a smaller model"
     }
 }
+
+/// What to do about an incident, in one sentence: what the report leads with.
+pub(crate) fn fix_for(verdict: Verdict, i: &VerdictInputs) -> String {
+    let fw = i.lens.as_ref().map(|l| l.framework).or(i.framework).unwrap_or(FrameworkId::Unknown);
+    match verdict {
+        Verdict::Capacity => match over_limit(i) {
+            Some((limit, _, _)) => format!(
+                "Raise the framework's limit of {} ({}), or need less memory.",
+                fmt_bytes(limit),
+                limit_fix(i.framework)
+            ),
+            None => "Use a larger GPU, or need less memory (smaller batches, a smaller model).".into(),
+        },
+        Verdict::Reclaimable => {
+            "Give back this process's idle cache before the large request (torch.cuda.empty_cache(), \
+             a pool trim), or let the framework do it (PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6)."
+                .into()
+        }
+        Verdict::OtherProcess => {
+            let o = i.others();
+            let need = needed(i).saturating_sub(i.device_free.unwrap_or(0).saturating_add(i.own_idle));
+            let top = i.holders.iter().find(|h| h.sight != HolderSight::UntracedUnnamed);
+            let who = top.map_or("the other processes".to_string(), |h| match h.pid {
+                0 => h.command.clone(),
+                p => format!("pid {p}"),
+            });
+            if need <= o.releasable {
+                let how = top.map_or("its cache", |h| release_fix(h.framework));
+                format!("Have {who} give back its idle memory ({how}).")
+            } else if need <= o.releasable.saturating_add(o.stranded) {
+                format!(
+                    "Restart {who} (its free memory is stranded in split segments), or run it with \
+                         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+                )
+            } else {
+                format!(
+                    "Stop {who}, move it to another GPU, or give it less memory ({}).",
+                    live_fix(top.map_or("", |h| &h.command))
+                )
+            }
+        }
+        Verdict::ArenaFragmentation => "Trim or recreate the pool before the large request, or allocate the large \
+             blocks first."
+            .into(),
+        Verdict::Granularity => format!(
+            "Free {} more, or ask for a size that fits once rounded up to {} pages.",
+            fmt_bytes(round_up(i.requested, i.granularity).saturating_sub(i.device_free.unwrap_or(0))),
+            fmt_bytes(i.granularity)
+        ),
+        Verdict::FrameworkFragmentation => {
+            let stranded = i.lens.as_ref().map_or(i.cache_free, |l| l.cached_free());
+            fragmentation_fix(fw, stranded).trim_start_matches("Fix: ").to_string()
+        }
+        Verdict::FrameworkCache => "Turn on the lens to see inside the cache (vramhook run does; with LD_PRELOAD, put \
+             vramhook's lens directory first on PYTHONPATH)."
+            .into(),
+        Verdict::Unknown => "None known from the numbers: check limits the counts do not show (MIG, a container's \
+             limit), and whether another process allocated after the sample."
+            .into(),
+    }
+}

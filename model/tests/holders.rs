@@ -60,6 +60,7 @@ fn another_process_idle_cache_seen_through_its_lens_is_other_process_to_the_byte
     assert_eq!((h.stranded_bytes, h.live_bytes), (0, 0));
     assert!(inc.explanation.contains("with their releasable bytes given back"), "{}", inc.explanation);
     assert!(inc.explanation.contains("torch.cuda.empty_cache()"), "{}", inc.explanation);
+    assert!(inc.fix.starts_with("Have pid 901 give back its idle memory (torch.cuda.empty_cache()"), "{}", inc.fix);
 }
 
 #[test]
@@ -122,6 +123,7 @@ fn another_process_live_bytes_are_other_process_named_as_live() {
     let holder = &inc.holders[0];
     assert_eq!((holder.pid, holder.sight, holder.live_bytes), (902, HolderSight::Driver, 100 * GIB));
     assert!(inc.explanation.contains("memory they were using"), "{}", inc.explanation);
+    assert!(inc.fix.starts_with("Stop pid 902, move it to another GPU"), "{}", inc.fix);
     assert!(inc.explanation.contains("stop it, move it to another GPU"), "{}", inc.explanation);
 }
 
@@ -202,6 +204,7 @@ fn a_framework_limit_below_the_request_is_capacity_of_the_limit() {
     assert_eq!(inc.verdict, Verdict::Capacity, "{}", inc.explanation);
     assert!(inc.explanation.contains("capacity (of the framework's limit)"), "{}", inc.explanation);
     assert!(inc.explanation.contains("set_per_process_memory_fraction"), "{}", inc.explanation);
+    assert!(inc.fix.contains("Raise the framework's limit of 4.19 GiB"), "{}", inc.fix);
 }
 
 #[test]

@@ -271,6 +271,7 @@ impl Model {
             sample_after_failure: false,
             verdict: Verdict::Unknown,
             unknown_reason: None,
+            fix: String::new(),
             explanation: String::new(),
             failures: 1,
             retries: 0,
@@ -354,6 +355,7 @@ impl Model {
             origin_ns: if self.origin == u64::MAX { 0 } else { self.origin },
         });
         let inc = &mut self.incidents[idx];
+        inc.view.fix = fix_for(verdict, &inc.inputs);
         inc.view.verdict = verdict;
         inc.view.unknown_reason = reason;
         inc.view.explanation = text;

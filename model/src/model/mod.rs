@@ -4,7 +4,7 @@
 
 use crate::addr_map::{AddrMap, Alloc, EXPLICIT_POOL};
 use crate::types::*;
-use crate::verdict::{decide_verdict, explain, ExplainCtx};
+use crate::verdict::{decide_verdict, explain, fix_for, ExplainCtx};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use vramhook_protocol::{Api, Caller, Event, EventKind, FrameworkId, ProcessInfo};

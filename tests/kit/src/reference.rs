@@ -1091,6 +1091,7 @@ impl Reference {
             sample_after_failure: false,
             verdict,
             unknown_reason: reason,
+            fix: String::new(),
             explanation: String::new(),
             failures: 1,
             retries: 0,
