@@ -92,6 +92,18 @@ fn sustained_crossing(points: &[(u64, ProcessFit)], end: u64) -> Option<u64> {
     start.filter(|s| end - s >= SUSTAINED_NS)
 }
 
+/// `vramhook analyze` (text, or JSON) with the test's fit window.
+fn analyze(capture: &Path, json: bool) -> String {
+    let mut cmd = Command::new(vramhook());
+    cmd.arg("analyze").env("VRAMHOOK_FIT_WINDOW", WINDOW_S.to_string());
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.arg(capture).output().expect("analyze");
+    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
@@ -209,6 +221,25 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     assert_eq!(sustained_crossing(&c.points, end), None, "the control never crosses for good");
     let lowest = c.points.iter().map(|(_, f)| f.fit_ratio).fold(f64::MAX, f64::min);
     eprintln!("control: lowest fit {lowest:.2}");
+
+    // `vramhook analyze` says it, replaying the same captures: one line for the server, the
+    // crossing before the failure it foresaw; nothing for the control.
+    let text = analyze(&cache_capture, false);
+    let line =
+        text.lines().find(|l| l.contains("would not have fit")).unwrap_or_else(|| panic!("no fit line:\n{text}"));
+    assert!(line.contains("a 1.50 GiB request would not have fit") && line.contains("; it came at +"), "{line}");
+    eprintln!("analyze: {}", line.trim());
+    let json: serde_json::Value = serde_json::from_str(&analyze(&cache_capture, true)).expect("JSON report");
+    let warnings = json["fit_warnings"].as_array().expect("fit_warnings");
+    assert_eq!(warnings.len(), 1, "one crossing, one failure: {warnings:?}");
+    let (since, came) = (warnings[0]["since_ts_ns"].as_u64().expect("since"), warnings[0]["came_ts_ns"].as_u64());
+    assert_eq!(came, Some(oom), "the request it foresaw is the OOM");
+    // Analyze reports the run below 1 that lasted up to the failure: it may start after the
+    // first sustained crossing (the fit came back above 1 for a while in between).
+    assert!(since >= cross && since + S <= oom, "analyze's crossing {since}, the test's first {cross}, OOM {oom}");
+    assert_eq!(warnings[0]["demand_bytes"], 1536u64 << 20);
+    let control_text = analyze(&control_capture, false);
+    assert!(!control_text.contains("would not have fit"), "{control_text}");
 
     // The alert on these series (a step read as a minute, `for: 5m`): fires before the OOM's
     // step, and never for the control.
