@@ -40,6 +40,16 @@ fn plain_driver_allocations_fit_in_the_device_free_bytes_less_the_reserve() {
 }
 
 #[test]
+fn managed_and_another_process_memory_are_no_demand() {
+    let mut p = Proc::new(17, 0);
+    p.alloc(Api::cuMemAlloc_v2, 0x1000_0000, GIB);
+    p.push(Event::alloc_managed(0x9000_0000, 8 * GIB, 1));
+    p.push(Event::alloc(Api::cuIpcOpenMemHandle_v2, 0xa000_0000, 16 * GIB));
+    p.meminfo(4 * GIB, TOTAL);
+    assert_eq!(fit(&model(600 * S, &p), 17)[0].demand_bytes, GIB);
+}
+
+#[test]
 fn demand_is_the_largest_request_within_the_window_and_expires() {
     let mut p = Proc::new(11, 0);
     p.step_ns = S;

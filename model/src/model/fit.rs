@@ -51,7 +51,14 @@ impl Model {
         let (size, source) = match kind {
             EventKind::FrameworkOom => (ev.framework_request(), DemandSource::LensOom),
             _ if ev.failed() && !ev.is_oom() => return,
-            _ => (ev.size, DemandSource::Driver),
+            // Device memory it asks the device for: not another process's (IPC, imports),
+            // not managed memory (the driver pages it in; it fails no request for room).
+            _ => match ev.api().and_then(|a| a.mem_class()) {
+                Some(Class::Plain | Class::Pitch | Class::Pool | Class::Vmm | Class::Array) => {
+                    (ev.size, DemandSource::Driver)
+                }
+                _ => return,
+            },
         };
         if size == 0 || ev.device < 0 {
             return;
