@@ -7,6 +7,8 @@
 //! step, then drive the Prometheus rule `VramhookNextLargeRequestWouldFail` in `promtool
 //! test rules` (a step read as a minute): it fires before the OOM, and not for the control.
 
+mod agent_support;
+
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -254,4 +256,112 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
         let (quiet, text) = promtool_passes(&promtool_case(&c.points, c.points.len() - 1, false)).expect("promtool");
         assert!(quiet, "the control raises no alert:\n{text}");
     }
+}
+
+/// Prometheus's firing alerts `VramhookNextLargeRequestWouldFail`, by their `process_pid`.
+fn firing(port: u16) -> Vec<String> {
+    let Ok(addr) = format!("127.0.0.1:{port}").parse() else { return vec![] };
+    let Ok(body) = agent_support::http_get(addr, "/api/v1/alerts") else { return vec![] };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["data"]["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|a| a["labels"]["alertname"] == "VramhookNextLargeRequestWouldFail" && a["state"] == "firing")
+                .filter_map(|a| a["labels"]["process_pid"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The live path: the agent (`--fit-window 60`) drains both workloads' rings (the server on
+/// device 0, the control on device 1 of the simulated driver, a step every 100 ms), a real
+/// Prometheus 3 scrapes its /metrics every 500 ms and evaluates the real rule file (the
+/// rule's `for:` cut from 5m to 1s for a run of a minute). The alert fires for the server
+/// while it still runs and before the agent has seen any OOM, and never for the control.
+#[test]
+fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
+    use agent_support::*;
+    let rings = ring_dir("fit");
+    let agent = Agent::start(
+        &vramhook_bin(),
+        &["--ring-dir", rings.path().to_str().expect("utf-8"), "--fit-window", "60", "--snapshot-ms", "100"],
+        &[],
+    );
+    let prom_port = free_port();
+    let dir = tempfile::tempdir().expect("prometheus dir");
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).expect("rules");
+    let rule = "expr: vramhook_process_memory_fit_ratio < 1\n        for: 5m";
+    assert!(rules.contains(rule), "the rule as the test expects it");
+    std::fs::write(dir.path().join("alerts.yml"), rules.replace(rule, &rule.replace("5m", "1s"))).expect("rules");
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\nrule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: vramhook\n    static_configs: [{{targets: ['{}']}}]\n",
+            agent.addr
+        ),
+    )
+    .expect("config");
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let mut prom = Command::new(backend_bin("prometheus"))
+        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("prometheus");
+    let ready = std::time::Instant::now();
+    while agent_support::http_get(format!("127.0.0.1:{prom_port}").parse().expect("addr"), "/-/ready").is_err() {
+        assert!(ready.elapsed() < std::time::Duration::from_secs(60), "prometheus did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let program = workload("torch_serving");
+    let vram = VRAM.to_string();
+    let common = [("VRAMHOOK_SIM_VRAM_BYTES", vram.as_str()), ("VRAMHOOK_SIM_DEVICES", "2"), ("SIM_STEP_MS", "100")];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut e: Vec<(&str, &str)> = common.to_vec();
+        e.extend_from_slice(extra);
+        e
+    };
+    let mut server = spawn_traced(&program, &[], rings.path(), &with(&[]));
+    let mut control = spawn_traced(&program, &[], rings.path(), &with(&[("SIM_NO_CACHING", "1"), ("SIM_DEVICE", "1")]));
+    let (server_pid, control_pid) = (server.id().to_string(), control.id().to_string());
+    let start = std::time::Instant::now();
+    let mut fired_before_oom: Option<f64> = None;
+    let mut control_fired = false;
+    let status = loop {
+        let f = firing(prom_port);
+        control_fired |= f.contains(&control_pid);
+        if fired_before_oom.is_none() && f.contains(&server_pid) {
+            // The agent has seen no OOM yet, and the server still runs.
+            let incidents = agent.state()["snapshot"]["incidents"].as_array().map_or(0, Vec::len);
+            if incidents == 0 && server.try_wait().expect("wait").is_none() {
+                fired_before_oom = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        if let Some(s) = server.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(240), "the server ran too long");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let oom_at = start.elapsed().as_secs_f64();
+    assert_eq!(status.code(), Some(1), "the server fails");
+    let control_status = loop {
+        control_fired |= firing(prom_port).contains(&control_pid);
+        if let Some(s) = control.try_wait().expect("wait") {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(control_status.code(), Some(0), "the control never fails");
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let fired = fired_before_oom.unwrap_or_else(|| panic!("the alert did not fire before the OOM (at {oom_at:.1} s)"));
+    eprintln!("the alert fired at {fired:.1} s, the server failed at about {oom_at:.1} s");
+    assert!(fired < oom_at, "fired {fired}, OOM {oom_at}");
+    assert!(!control_fired, "the control raised the alert");
 }

@@ -18,6 +18,7 @@
  * SIM_NO_CACHING=1, the control: the same requests, sizes and lifetimes, with the caching
  * allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: each block its own cudaMalloc, freed
  * at once): nothing strands, nothing fails.
+ * SIM_DEVICE (default 0): the device it runs on.
  * SIM_STEPS (default 600): steps at most. Exit status: 1 after the OOM, 0 otherwise. */
 #include <dlfcn.h>
 #include <time.h>
@@ -45,6 +46,7 @@ struct segment {
 static struct segment segs[MAXS];
 static int nsegs;
 static int no_caching;
+static int device;
 static cksum_t ck;
 
 /* interposer/src/lens.rs LensRecord */
@@ -57,7 +59,7 @@ struct lens_record {
 static int (*lens_emit)(const struct lens_record *);
 static void lens(uint32_t kind, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t pieces) {
     if (!lens_emit) return;
-    struct lens_record r = {kind, 1 /* PyTorch */, 0, 0, a, b, c, d, pieces};
+    struct lens_record r = {kind, 1 /* PyTorch */, device, 0, a, b, c, d, pieces};
     lens_emit(&r);
 }
 
@@ -207,7 +209,8 @@ int main(void) {
     uint64_t step_ms = env_u64("SIM_STEP_MS", 50), steps = env_u64("SIM_STEPS", 600);
     uint64_t keep_every = env_u64("SIM_KEEP_EVERY", 24), large_every = env_u64("SIM_LARGE_EVERY", 100);
     *(void **)&lens_emit = dlsym(RTLD_DEFAULT, "vramhook_lens_emit");
-    cudaError_t e = cudaSetDevice(0);
+    device = (int)env_u64("SIM_DEVICE", 0);
+    cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) DIE("cudaSetDevice: %s", cudaGetErrorString(e));
     size_t fr = 0, tot = 0;
     for (uint64_t t = 0; t < steps; t++) {
