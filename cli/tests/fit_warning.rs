@@ -96,8 +96,12 @@ fn sustained_crossing(points: &[(u64, ProcessFit)], end: u64) -> Option<u64> {
 
 /// `vramhook analyze` (text, or JSON) with the test's fit window.
 fn analyze(capture: &Path, json: bool) -> String {
+    analyze_with_window(capture, json, &WINDOW_S.to_string())
+}
+
+fn analyze_with_window(capture: &Path, json: bool, window_s: &str) -> String {
     let mut cmd = Command::new(vramhook());
-    cmd.arg("analyze").env("VRAMHOOK_FIT_WINDOW", WINDOW_S.to_string());
+    cmd.arg("analyze").env("VRAMHOOK_FIT_WINDOW", window_s);
     if json {
         cmd.arg("--json");
     }
@@ -240,6 +244,14 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     // first sustained crossing (the fit came back above 1 for a while in between).
     assert!(since >= cross && since + S <= oom, "analyze's crossing {since}, the test's first {cross}, OOM {oom}");
     assert_eq!(warnings[0]["demand_bytes"], 1536u64 << 20);
+    // A window shorter than a step (20 ms) forgets the large request: no warning ahead of
+    // the failure (at most one made by the failing call itself, before its retry).
+    let short: serde_json::Value =
+        serde_json::from_str(&analyze_with_window(&cache_capture, true, "0.02")).expect("JSON report");
+    for w in short["fit_warnings"].as_array().map_or(&[][..], Vec::as_slice) {
+        let (since, came) = (w["since_ts_ns"].as_u64().expect("since"), w["came_ts_ns"].as_u64().expect("came"));
+        assert!(came - since < STEP_NS, "no lead with a 20 ms window (its failed call, then the retry): {w}");
+    }
     let control_text = analyze(&control_capture, false);
     assert!(!control_text.contains("would not have fit"), "{control_text}");
 
