@@ -57,6 +57,9 @@ pub struct FitWarning {
     pub demand_source: String,
     /// What it could get then.
     pub supply_bytes: u64,
+    /// What stood in the way: "framework_fragmentation", "framework_limit",
+    /// "other_processes" or "capacity".
+    pub limited_by: Option<String>,
     /// When the failing request came (its OOM on the device); `None`: none before the end.
     pub came_ts_ns: Option<u64>,
 }

@@ -216,6 +216,7 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     let (_, at) = r.points.iter().find(|(t, _)| *t >= cross).expect("the crossing's point");
     assert_eq!(at.demand_bytes, 1536 << 20, "the demand is the large request: {at:?}");
     assert!(at.supply_bytes < at.demand_bytes, "{at:?}");
+    assert_eq!(at.limited_by, Some(vramhook_model::FitLimit::FrameworkFragmentation), "{at:?}");
     // Before the fragmentation, the same request fitted.
     assert!(r.points.iter().take(100).all(|(_, f)| f.fit_ratio >= 1.0), "no early crossing");
 
@@ -244,6 +245,8 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     // first sustained crossing (the fit came back above 1 for a while in between).
     assert!(since >= cross && since + S <= oom, "analyze's crossing {since}, the test's first {cross}, OOM {oom}");
     assert_eq!(warnings[0]["demand_bytes"], 1536u64 << 20);
+    assert_eq!(warnings[0]["limited_by"], "framework_fragmentation");
+    assert!(line.contains("to be had: its cache is fragmented"), "{line}");
     // A window shorter than a step (20 ms) forgets the large request: no warning ahead of
     // the failure (at most one made by the failing call itself, before its retry).
     let short: serde_json::Value =

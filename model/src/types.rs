@@ -365,6 +365,36 @@ pub struct ProcessFit {
     pub supply_rule: SupplyRule,
     /// `supply / demand`: below 1, a request as large as the demand would fail now.
     pub fit_ratio: f64,
+    /// Below 1: what stands in the way (the verdict such a failure would likely get).
+    #[serde(default)]
+    pub limited_by: Option<FitLimit>,
+}
+
+/// What keeps a process's next large request from fitting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitLimit {
+    /// Its cache and the device's free bytes would hold it, but not in one piece, and its
+    /// cache cannot give the pieces back (split segments).
+    FrameworkFragmentation,
+    /// Its framework's own limit stops the segment it would need.
+    FrameworkLimit,
+    /// The device's bytes it does not hold (other processes, traced or not, and the
+    /// contexts) would make room.
+    OtherProcesses,
+    /// Not even all of the device would: capacity.
+    Capacity,
+}
+
+impl FitLimit {
+    pub fn name(self) -> &'static str {
+        match self {
+            FitLimit::FrameworkFragmentation => "framework_fragmentation",
+            FitLimit::FrameworkLimit => "framework_limit",
+            FitLimit::OtherProcesses => "other_processes",
+            FitLimit::Capacity => "capacity",
+        }
+    }
 }
 
 /// What a process holds on one device, by how it could be had (see [`Holder`]).

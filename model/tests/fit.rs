@@ -37,6 +37,13 @@ fn plain_driver_allocations_fit_in_the_device_free_bytes_less_the_reserve() {
     p.meminfo(GIB + GIB / 2, TOTAL);
     let f = fit(&model(600 * S, &p), 10);
     assert!(f[0].fit_ratio < 1.0, "{f:?}");
+    // 78.5 GiB of the 80 GiB device in use, 2.5 GiB of it its own: another's bytes.
+    assert_eq!(f[0].limited_by, Some(FitLimit::OtherProcesses));
+    // On a 4 GiB device nothing but itself: capacity.
+    let mut small = Proc::new(10, 0);
+    small.alloc(Api::cuMemAlloc_v2, 0x1000_0000, 2 * GIB).alloc(Api::cuMemAlloc_v2, 0x2000_0000, 512 * MIB);
+    small.meminfo(GIB + GIB / 2, 4 * GIB);
+    assert_eq!(fit(&model(600 * S, &small), 10)[0].limited_by, Some(FitLimit::Capacity));
 }
 
 #[test]
@@ -102,6 +109,7 @@ fn a_fragmented_cache_with_a_full_device_does_not_fit() {
     assert_eq!(f[0].demand_bytes, GIB);
     assert_eq!(f[0].supply_bytes, 300 * MIB, "its largest free block beats the device's 192 MiB");
     assert!(f[0].fit_ratio < 1.0);
+    assert_eq!(f[0].limited_by, Some(FitLimit::FrameworkFragmentation), "4 GiB free in its cache, split");
 }
 
 #[test]
@@ -112,6 +120,7 @@ fn what_the_cache_releases_before_it_raises_counts() {
     let f = fit(&model(600 * S, &p), 13);
     assert_eq!(f[0].supply_bytes, 4 * GIB + 192 * MIB);
     assert!(f[0].fit_ratio > 1.0);
+    assert_eq!(f[0].limited_by, None);
 }
 
 #[test]
@@ -121,6 +130,7 @@ fn the_framework_limit_caps_a_new_segment() {
     let p = torch((10 * GIB, 6 * GIB, 300 * MIB), 4 * GIB, 10 * GIB + 512 * MIB, 40 * GIB);
     let f = fit(&model(600 * S, &p), 13);
     assert_eq!(f[0].supply_bytes, 512 * MIB);
+    assert_eq!(f[0].limited_by, Some(FitLimit::FrameworkLimit));
 }
 
 #[test]

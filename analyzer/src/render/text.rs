@@ -80,16 +80,24 @@ fn span(d: u64) -> String {
 }
 
 /// "pid 42 (server) GPU 0: from +2 h 14 m on, a 2.00 GiB request would not have fit (1.20 GiB
-/// to be had); it came at +3 h 02 m, 48 m 00 s later."
+/// to be had: its cache is fragmented; demand from driver); it came at +3 h 02 m, 48 m 00 s
+/// later."
 pub fn fit_line(r: &Report, w: &FitWarning) -> String {
     let head = format!(
-        "pid {} ({}) GPU {}: from {} on, a {} request would not have fit ({} to be had; demand from {})",
+        "pid {} ({}) GPU {}: from {} on, a {} request would not have fit ({} to be had{}; demand from {})",
         w.pid,
         short(&w.command, 40),
         w.device,
         rel_short(r, w.since_ts_ns),
         fmt_bytes(w.demand_bytes),
         fmt_bytes(w.supply_bytes),
+        match w.limited_by.as_deref() {
+            Some("framework_fragmentation") => ": its cache is fragmented",
+            Some("framework_limit") => ": its framework's limit",
+            Some("other_processes") => ": other processes hold the rest",
+            Some("capacity") => ": capacity",
+            _ => "",
+        },
         w.demand_source
     );
     match w.came_ts_ns {

@@ -11,10 +11,13 @@ use vramhook_model::ModelSnapshot;
 /// Crossings kept (the first ones).
 const MAX_FIT_WARNINGS: usize = 1000;
 
-/// Per (pid, device): the run below 1 in progress, if any: (since, demand, source, supply).
+/// The start of a run below 1: when, the demand and its source, the supply, what limited it.
+type Run = (u64, u64, &'static str, u64, Option<&'static str>);
+
+/// Per (pid, device): the run below 1 in progress, if any.
 #[derive(Default)]
 pub(crate) struct FitTracks {
-    below: BTreeMap<(u32, i16), (u64, u64, &'static str, u64)>,
+    below: BTreeMap<(u32, i16), Run>,
     pub(crate) warnings: Vec<FitWarning>,
     commands: BTreeMap<u32, String>,
     /// The last failure a run foresaw, per (pid, device): the runs that start within the
@@ -29,7 +32,14 @@ impl Replayer {
             for f in &p.fit {
                 let key = (p.pid, f.device);
                 if f.fit_ratio < 1.0 {
-                    self.fits.below.entry(key).or_insert((ts, f.demand_bytes, f.demand_source.name(), f.supply_bytes));
+                    let limit = f.limited_by.map(|l| l.name());
+                    self.fits.below.entry(key).or_insert((
+                        ts,
+                        f.demand_bytes,
+                        f.demand_source.name(),
+                        f.supply_bytes,
+                        limit,
+                    ));
                     self.fits.commands.entry(p.pid).or_insert_with(|| {
                         if p.command.is_empty() {
                             p.exe.clone()
@@ -47,9 +57,9 @@ impl Replayer {
     /// A process's request failed out of memory on `device` at `ts`: a run below 1 in
     /// progress foresaw it.
     pub(super) fn fit_failure(&mut self, pid: u32, device: i16, ts: u64) {
-        if let Some((since, demand, source, supply)) = self.fits.below.remove(&(pid, device)) {
-            if !self.same_incident(pid, device, since) {
-                self.fit_warning(pid, device, since, demand, source, supply, Some(ts));
+        if let Some(run) = self.fits.below.remove(&(pid, device)) {
+            if !self.same_incident(pid, device, run.0) {
+                self.fit_warning(pid, device, run, Some(ts));
             }
             self.fits.came.insert((pid, device), ts);
         }
@@ -57,9 +67,9 @@ impl Replayer {
 
     /// At the end: runs still in progress, with no request that large since.
     pub(crate) fn fit_finish(&mut self) -> Vec<FitWarning> {
-        for ((pid, device), (since, demand, source, supply)) in std::mem::take(&mut self.fits.below) {
-            if !self.same_incident(pid, device, since) {
-                self.fit_warning(pid, device, since, demand, source, supply, None);
+        for ((pid, device), run) in std::mem::take(&mut self.fits.below) {
+            if !self.same_incident(pid, device, run.0) {
+                self.fit_warning(pid, device, run, None);
             }
         }
         std::mem::take(&mut self.fits.warnings)
@@ -71,17 +81,8 @@ impl Replayer {
         self.fits.came.get(&(pid, device)).is_some_and(|c| since >= *c && since - c <= window)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fit_warning(
-        &mut self,
-        pid: u32,
-        device: i16,
-        since: u64,
-        demand: u64,
-        source: &str,
-        supply: u64,
-        came: Option<u64>,
-    ) {
+    fn fit_warning(&mut self, pid: u32, device: i16, run: Run, came: Option<u64>) {
+        let (since, demand, source, supply, limit) = run;
         if self.fits.warnings.len() >= MAX_FIT_WARNINGS || !self.pid_selected(pid) {
             return;
         }
@@ -93,6 +94,7 @@ impl Replayer {
             demand_bytes: demand,
             demand_source: source.to_string(),
             supply_bytes: supply,
+            limited_by: limit.map(str::to_string),
             came_ts_ns: came,
         });
     }

@@ -102,7 +102,8 @@ impl Model {
             .filter_map(|w| {
                 let (ts, demand, source) = w.largest(self.now, window)?;
                 let room = self.device_room(w.device)?;
-                let (supply, rule) = self.supply_for(slot, w.device, room);
+                let (supply, rule, own) = self.supply_for(slot, w.device, room);
+                let limited_by = (supply < demand).then(|| self.limited_by(slot, w.device, demand, room, rule, own));
                 Some(ProcessFit {
                     device: w.device,
                     demand_bytes: demand,
@@ -111,6 +112,7 @@ impl Model {
                     supply_bytes: supply,
                     supply_rule: rule,
                     fit_ratio: supply as f64 / demand as f64,
+                    limited_by,
                 })
             })
             .collect();
@@ -118,9 +120,39 @@ impl Model {
         out
     }
 
+    /// Why a request of `demand` would not fit (see [`FitLimit`]), from what `supply_for`
+    /// saw of the process's own memory.
+    fn limited_by(
+        &self,
+        slot: usize,
+        device: i16,
+        demand: u64,
+        room: u64,
+        rule: SupplyRule,
+        own: OwnBytes,
+    ) -> FitLimit {
+        if rule == SupplyRule::FrameworkCache {
+            if own.capped && room.saturating_add(own.releasable) >= demand {
+                return FitLimit::FrameworkLimit;
+            }
+            if room.saturating_add(own.cache_free) >= demand {
+                return FitLimit::FrameworkFragmentation;
+            }
+        }
+        // The device's bytes this process does not hold: other processes' (traced or not),
+        // contexts and libraries.
+        let held = self.held_by(slot, device, self.now).held;
+        let others = self.devices.get(&device).map_or(0, |d| d.total.saturating_sub(d.free).saturating_sub(held));
+        if room.saturating_add(others) >= demand {
+            FitLimit::OtherProcesses
+        } else {
+            FitLimit::Capacity
+        }
+    }
+
     /// What the process at `slot` could get for one request on `device` now, given the
-    /// device's `room`, by its allocator's rules.
-    fn supply_for(&self, slot: usize, device: i16, room: u64) -> (u64, SupplyRule) {
+    /// device's `room`, by its allocator's rules; and what it saw of the process's own bytes.
+    fn supply_for(&self, slot: usize, device: i16, room: u64) -> (u64, SupplyRule, OwnBytes) {
         let p = &self.procs[slot];
         let pid = p.pid;
         let g = self.config.granularity.max(1);
@@ -152,11 +184,22 @@ impl Model {
             // A new segment comes from the device's free bytes plus what it released, under
             // its limit (counted against what it still reserves).
             let mut fresh = room.saturating_add(releasable - releasable % g);
+            let mut capped = false;
             if let Some(limit) = self.limit_of(slot, device) {
                 let under = limit.saturating_sub(reserved.saturating_sub(releasable));
+                capped = under - under % g < fresh;
                 fresh = fresh.min(under - under % g);
             }
-            return (largest.max(fresh), SupplyRule::FrameworkCache);
+            let cache_free = match lens {
+                Some(c) => c.cached_free(),
+                None => self
+                    .segments
+                    .range((pid, 0)..=(pid, u64::MAX))
+                    .filter(|(_, s)| s.device == device)
+                    .fold(0u64, |a, (_, s)| a.saturating_add(s.size - s.allocated)),
+            };
+            let own = OwnBytes { releasable, cache_free, capped };
+            return (largest.max(fresh), SupplyRule::FrameworkCache, own);
         }
         let pool_idle = self
             .pools
@@ -164,10 +207,21 @@ impl Model {
             .filter(|(_, pl)| pl.device == device)
             .fold(None, |acc: Option<u64>, (_, pl)| Some(acc.unwrap_or(0).saturating_add(pl.idle(g))));
         if let Some(idle) = pool_idle {
-            return (idle.saturating_add(room), SupplyRule::Pool);
+            return (idle.saturating_add(room), SupplyRule::Pool, OwnBytes::default());
         }
-        (room, SupplyRule::Driver)
+        (room, SupplyRule::Driver, OwnBytes::default())
     }
+}
+
+/// A caching framework's own bytes as the supply saw them.
+#[derive(Clone, Copy, Default)]
+struct OwnBytes {
+    /// What it gives back before it raises.
+    releasable: u64,
+    /// Free in its cache (`reserved − allocated`), in one piece or not.
+    cache_free: u64,
+    /// Its own limit cut the new segment it could make.
+    capped: bool,
 }
 
 #[cfg(test)]
