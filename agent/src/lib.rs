@@ -276,5 +276,15 @@ pub fn model_config() -> ModelConfig {
             ),
         }
     }
+    if let Ok(v) = std::env::var(FIT_WINDOW_ENV) {
+        match v.trim().parse::<f64>() {
+            Ok(secs) if secs.is_finite() && secs > 0.0 => config.fit_window_ns = (secs * 1e9) as u64,
+            _ => eprintln!("vramhook: {FIT_WINDOW_ENV}={v:?} is not a number of seconds; using 600"),
+        }
+    }
     config
 }
+
+/// `VRAMHOOK_FIT_WINDOW`: seconds over which a process's demand (its largest request) is
+/// taken for the fit of its next large request (default 600; `agent --fit-window` sets it).
+pub const FIT_WINDOW_ENV: &str = "VRAMHOOK_FIT_WINDOW";

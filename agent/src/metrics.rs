@@ -10,7 +10,7 @@
 //! processes × devices × kinds.
 
 use crate::stats::StatsView;
-use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessDeviceMemory, ProcessView};
+use vramhook_model::{DeviceView, FrameworkCache, ModelSnapshot, ProcessDeviceMemory, ProcessFit, ProcessView};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -121,6 +121,11 @@ fn per_cache(snap: &ModelSnapshot, f: impl Fn(&FrameworkCache) -> Option<f64>) -
 /// One point per live process and device it holds memory on (`device_memory`).
 fn per_device_memory(snap: &ModelSnapshot, f: impl Fn(&ProcessDeviceMemory) -> u64) -> Vec<Point> {
     live(snap).flat_map(|p| p.device_memory.iter().map(|m| (who_on(p, m.device.to_string()), f(m) as f64))).collect()
+}
+
+/// One point per live process and device with a fit (`ProcessView::fit`).
+fn per_fit(snap: &ModelSnapshot, f: impl Fn(&ProcessFit) -> f64) -> Vec<Point> {
+    live(snap).flat_map(|p| p.fit.iter().map(|x| (who_on(p, x.device.to_string()), f(x)))).collect()
 }
 
 fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
@@ -325,6 +330,33 @@ pub const ALL: &[MetricDef] = &[
         labels: PROCESS,
         help: "Device bytes free inside the process's split framework segments on this device (PyTorch's inactive_split_bytes): not given back by empty_cache(), only by a restart or the end of the blocks that split them.",
         values: |s, _| per_device_memory(s, |m| m.stranded_bytes),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.fit",
+        unit: "1",
+        prom: "vramhook_process_memory_fit_ratio",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Per device: supply / demand, whether the process could get now as much as its largest request within the fit window (--fit-window). Below 1, that request would fail now. No point without a request in the window or a device sample.",
+        values: |s, _| per_fit(s, |f| f.fit_ratio),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.demand",
+        unit: "By",
+        prom: "vramhook_process_memory_demand_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Per device: the largest request the process made within the fit window, from its allocation calls (successful or failed) or a framework lens's OOM record (the request the framework itself refused).",
+        values: |s, _| per_fit(s, |f| f.demand_bytes as f64),
+    },
+    MetricDef {
+        otel: "vramhook.process.memory.supply",
+        unit: "By",
+        prom: "vramhook_process_memory_supply_bytes",
+        kind: Kind::Gauge,
+        labels: PROCESS,
+        help: "Per device: what the process could get for one request now, by its allocator's rules: a caching framework's largest free block, or a new segment from the device's free bytes (less the driver's reserve, under the framework's limit) plus what it releases first; a pool's idle reserve plus the device's free bytes; else the device's free bytes. Other processes' idle bytes are not counted.",
+        values: |s, _| per_fit(s, |f| f.supply_bytes as f64),
     },
     MetricDef {
         otel: "vramhook.process.streams",

@@ -45,6 +45,7 @@ pub fn finish(mut r: Replayer) -> Report {
         r.notes.push("--at is after the last event: the layout shows the state at the end".into());
     }
     let snap = r.model.snapshot();
+    let fit_warnings = r.fit_finish();
     let first = if r.min_ts == u64::MAX { r.first_ts.unwrap_or(0) } else { r.min_ts };
     let w = Window { first, from: r.from_abs, to: r.to_abs.min(r.last_ts.max(first)) };
     let mut timelines = Timelines::default();
@@ -90,6 +91,7 @@ pub fn finish(mut r: Replayer) -> Report {
         logs: Vec::new(),
         log_incidents: Vec::new(),
         folded: r.folded.clone(),
+        fit_warnings,
     }
 }
 

@@ -37,6 +37,31 @@ pub struct Report {
     pub log_incidents: Vec<crate::logs::LogIncident>,
     /// What was past the per-category limit (`--max-items`) and only counted.
     pub folded: Folded,
+    /// Where a process's next large request stopped fitting before it came (issue #30).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fit_warnings: Vec<FitWarning>,
+}
+
+/// The fit of a process's next large request went below 1 (what it could get for a request
+/// as large as its largest within the model's fit window) and stayed there until such a
+/// request came and failed, or to the end.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct FitWarning {
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    /// The first sample of the run below 1.
+    pub since_ts_ns: u64,
+    pub demand_bytes: u64,
+    /// "driver" (its allocation calls) or "lens_oom" (a framework lens's OOM record).
+    pub demand_source: String,
+    /// What it could get then.
+    pub supply_bytes: u64,
+    /// What stood in the way: "framework_fragmentation", "framework_limit",
+    /// "other_processes" or "capacity".
+    pub limited_by: Option<String>,
+    /// When the failing request came (its OOM on the device); `None`: none before the end.
+    pub came_ts_ns: Option<u64>,
 }
 
 /// Items past the per-category limit (`max_items`): counted here instead of analysed.

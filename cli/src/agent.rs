@@ -90,9 +90,20 @@ pub struct AgentArgs {
     /// failure; it is also read right after each failure. 0: never.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub nvml_interval: f64,
+    /// Seconds over which each process's demand (its largest request) is taken for the fit
+    /// of its next large request (vramhook_process_memory_fit_ratio) [default: 600]. Sets
+    /// VRAMHOOK_FIT_WINDOW for the agent's model.
+    #[arg(long, value_name = "SECS")]
+    pub fit_window: Option<f64>,
 }
 
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
+    if let Some(secs) = args.fit_window {
+        anyhow::ensure!(secs.is_finite() && secs >= 1.0, "--fit-window: at least 1 second");
+        // Read by the model's configuration (`vramhook_agent::model_config`), before any
+        // thread starts.
+        std::env::set_var(vramhook_agent::FIT_WINDOW_ENV, secs.to_string());
+    }
     let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
     let mut ingest = IngestConfig::new(ring_dir);
     ingest.include_run_rings = args.include_run_rings;

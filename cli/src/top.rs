@@ -6,7 +6,7 @@ use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind}
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Paragraph, Row, Table};
+use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -355,7 +355,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     let rows = live.iter().map(|p| {
         let style =
             if p.dropped_events > 0 || p.oom_count > 0 { Style::default().fg(Color::Yellow) } else { Style::default() };
-        Row::new(vec![
+        let mut cells: Vec<Cell<'_>> = [
             p.pid.to_string(),
             match p.traced_since_ns {
                 // eBPF mode, attached while it ran: its numbers start at the attach.
@@ -375,10 +375,14 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
             fmt_bytes(p.largest_free_span),
             format!("{:.2}", p.fragmentation),
             framework_fragmentation(p),
-            p.oom_count.to_string(),
-            p.dropped_events.to_string(),
-        ])
-        .style(style)
+        ]
+        .into_iter()
+        .map(Cell::from)
+        .collect();
+        cells.push(fit_cell(p));
+        cells.push(Cell::from(p.oom_count.to_string()));
+        cells.push(Cell::from(p.dropped_events.to_string()));
+        Row::new(cells).style(style)
     });
     // Byte columns of 10: "138.04 GiB" (fmt_bytes stays below 1,000 of a unit but for
     // 1000..1023.99, which is cut to its first 10 characters). A lens's free cache is in
@@ -397,6 +401,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         Constraint::Length(5),
         Constraint::Length(7),
         Constraint::Length(5),
+        Constraint::Length(4),
         Constraint::Length(8),
     ];
     let sort_name = match sort {
@@ -420,6 +425,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
                     "free span",
                     "frag",
                     "c.frag",
+                    "fit",
                     "OOMs",
                     "dropped",
                 ])
@@ -437,6 +443,23 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         ooms,
     );
     f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+}
+
+/// The lowest fit of its next large request over its devices ("-": no request in the window,
+/// or no device sample), red below 1: that request would fail now. Four characters: "0.73",
+/// "2.50", "41", "99+".
+fn fit_cell(p: &vramhook_model::ProcessView) -> Cell<'static> {
+    let Some(r) = p.fit.iter().map(|f| f.fit_ratio).min_by(f64::total_cmp) else { return Cell::from("-") };
+    let text = match r {
+        r if r >= 99.5 => "99+".to_string(),
+        r if r >= 9.995 => format!("{r:.0}"),
+        r => format!("{r:.2}"),
+    };
+    if r < 1.0 {
+        Cell::from(text).style(Style::default().fg(Color::Red).add_modifier(Modifier::BOLD))
+    } else {
+        Cell::from(text)
+    }
 }
 
 /// The most fragmented of its framework caches ("-": no lens, or not measured yet).
@@ -468,6 +491,27 @@ mod tests {
             m.apply(&vramhook_testkit::events::made(Event::mem_info(1 << 20, 16 << 30), 100, ts + 1000, 0));
         }
         State { agent: StatsView::default(), ring_dir: String::new(), snapshot: m.snapshot() }
+    }
+
+    /// The fit column: the lowest fit over its devices, red below 1, "-" without one.
+    #[test]
+    fn the_fit_column_is_red_below_one() {
+        let view = |free: u64| {
+            let mut m = Model::new(vramhook_model::ModelConfig::default());
+            let made = vramhook_testkit::events::made;
+            m.apply(&made(Event::alloc(Api::cuMemAlloc_v2, 0x1000, 2 << 30), 100, 1_000, 0));
+            if free > 0 {
+                m.apply(&made(Event::mem_info(free, 16 << 30), 100, 2_000, 0));
+            }
+            m.snapshot().processes.remove(0)
+        };
+        let red = Style::default().fg(Color::Red).add_modifier(Modifier::BOLD);
+        // 1 GiB free for a 2 GiB demand (less the driver's 8 MiB reserve: 0.496).
+        assert_eq!(fit_cell(&view(1 << 30)), Cell::from("0.50").style(red));
+        assert_eq!(fit_cell(&view(5 << 30)), Cell::from("2.50"));
+        assert_eq!(fit_cell(&view(100 << 30)), Cell::from("50"));
+        assert_eq!(fit_cell(&view(1000 << 30)), Cell::from("99+"));
+        assert_eq!(fit_cell(&view(0)), Cell::from("-"));
     }
 
     fn text(lines: &[Line<'_>]) -> Vec<String> {

@@ -29,6 +29,16 @@ pub struct ModelConfig {
     /// so the estimate is within 2.2 MiB up to 129 streams; see docs/gpu/h200-pools-overhead.txt).
     #[serde(default = "default_stream_bytes")]
     pub stream_bytes: u64,
+    /// The window over which a process's demand (its largest request) is taken, for the
+    /// fit of its next large request (default 10 minutes; seconds for tests and short runs).
+    #[serde(default = "default_fit_window")]
+    pub fit_window_ns: u64,
+}
+
+pub const DEFAULT_FIT_WINDOW_NS: u64 = 600_000_000_000;
+
+fn default_fit_window() -> u64 {
+    DEFAULT_FIT_WINDOW_NS
 }
 
 pub const DEFAULT_STREAM_BYTES: u64 = 560 * KIB;
@@ -53,6 +63,7 @@ impl Default for ModelConfig {
             size_buckets: vec![64 * KIB, MIB, 2 * MIB, 16 * MIB, 128 * MIB, GIB, 8 * GIB],
             age_buckets_ns: vec![S / 1000, S / 10, S, 10 * S, 60 * S, 600 * S, 3600 * S],
             stream_bytes: DEFAULT_STREAM_BYTES,
+            fit_window_ns: DEFAULT_FIT_WINDOW_NS,
         }
     }
 }
@@ -289,6 +300,101 @@ pub struct ProcessView {
     /// Per device, what it holds by how it could be had (a live process's; empty after exit).
     #[serde(default)]
     pub device_memory: Vec<ProcessDeviceMemory>,
+    /// Per device, the fit of its next large request (a live process's, where it made a
+    /// request within the fit window and the device was sampled; empty after exit).
+    #[serde(default)]
+    pub fit: Vec<ProcessFit>,
+}
+
+/// Where a process's demand figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DemandSource {
+    /// An allocation call the interposer saw (successful, or failed out of memory).
+    Driver,
+    /// A framework lens's OOM record: the framework's own request.
+    LensOom,
+}
+
+impl DemandSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            DemandSource::Driver => "driver",
+            DemandSource::LensOom => "lens_oom",
+        }
+    }
+}
+
+/// By which allocator's rules a process's supply was worked out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SupplyRule {
+    /// A caching framework (a lens or segments): its largest free block, or a new segment
+    /// from the device's free bytes plus what it releases before it raises, under its limit.
+    FrameworkCache,
+    /// A stream-ordered pool: its idle reserve plus the device's free bytes.
+    Pool,
+    /// Plain driver allocations: the device's free bytes.
+    Driver,
+}
+
+impl SupplyRule {
+    pub fn name(self) -> &'static str {
+        match self {
+            SupplyRule::FrameworkCache => "framework_cache",
+            SupplyRule::Pool => "pool",
+            SupplyRule::Driver => "driver",
+        }
+    }
+}
+
+/// The fit of a process's next large request on one device: could it get, now, as much as
+/// the largest request it made within the window? Other processes' idle bytes are not
+/// counted (they are not its to take).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcessFit {
+    pub device: i16,
+    /// The largest request within `ModelConfig::fit_window_ns`.
+    pub demand_bytes: u64,
+    pub demand_source: DemandSource,
+    /// When that request was made.
+    pub demand_ts_ns: u64,
+    /// What it could get for one request now (the device's free bytes less
+    /// `DRIVER_RESERVE`, rounded down to the granularity, plus what its allocator has).
+    pub supply_bytes: u64,
+    pub supply_rule: SupplyRule,
+    /// `supply / demand`: below 1, a request as large as the demand would fail now.
+    pub fit_ratio: f64,
+    /// Below 1: what stands in the way (the verdict such a failure would likely get).
+    #[serde(default)]
+    pub limited_by: Option<FitLimit>,
+}
+
+/// What keeps a process's next large request from fitting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FitLimit {
+    /// Its cache and the device's free bytes would hold it, but not in one piece, and its
+    /// cache cannot give the pieces back (split segments).
+    FrameworkFragmentation,
+    /// Its framework's own limit stops the segment it would need.
+    FrameworkLimit,
+    /// The device's bytes it does not hold (other processes, traced or not, and the
+    /// contexts) would make room.
+    OtherProcesses,
+    /// Not even all of the device would: capacity.
+    Capacity,
+}
+
+impl FitLimit {
+    pub fn name(self) -> &'static str {
+        match self {
+            FitLimit::FrameworkFragmentation => "framework_fragmentation",
+            FitLimit::FrameworkLimit => "framework_limit",
+            FitLimit::OtherProcesses => "other_processes",
+            FitLimit::Capacity => "capacity",
+        }
+    }
 }
 
 /// What a process holds on one device, by how it could be had (see [`Holder`]).

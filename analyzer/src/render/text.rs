@@ -89,6 +89,49 @@ pub fn no_leak_line(r: &Report) -> String {
     format!("no leak found among the processes whose exit is in the input; {}", parts.join("; "))
 }
 
+/// Time since the first event as people say it: "+2 h 14 m", "+3 m 05 s", "+25.02 s".
+pub fn rel_short(report: &Report, ts: u64) -> String {
+    format!("+{}", span(ts.saturating_sub(report.time.first_ts_ns)))
+}
+
+fn span(d: u64) -> String {
+    let s = d / 1_000_000_000;
+    if s >= 3600 {
+        format!("{} h {:02} m", s / 3600, s / 60 % 60)
+    } else if s >= 60 {
+        format!("{} m {:02} s", s / 60, s % 60)
+    } else {
+        format!("{:.2} s", d as f64 / 1e9)
+    }
+}
+
+/// "pid 42 (server) GPU 0: from +2 h 14 m on, a 2.00 GiB request would not have fit (1.20 GiB
+/// to be had: its cache is fragmented; demand from driver); it came at +3 h 02 m, 48 m 00 s
+/// later."
+pub fn fit_line(r: &Report, w: &FitWarning) -> String {
+    let head = format!(
+        "pid {} ({}) GPU {}: from {} on, a {} request would not have fit ({} to be had{}; demand from {})",
+        w.pid,
+        short(&w.command, 40),
+        w.device,
+        rel_short(r, w.since_ts_ns),
+        fmt_bytes(w.demand_bytes),
+        fmt_bytes(w.supply_bytes),
+        match w.limited_by.as_deref() {
+            Some("framework_fragmentation") => ": its cache is fragmented",
+            Some("framework_limit") => ": its framework's limit",
+            Some("other_processes") => ": other processes hold the rest",
+            Some("capacity") => ": capacity",
+            _ => "",
+        },
+        w.demand_source
+    );
+    match w.came_ts_ns {
+        Some(c) => format!("{head}; it came at {}, {} later.", rel_short(r, c), span(c.saturating_sub(w.since_ts_ns))),
+        None => format!("{head}; none came before the end."),
+    }
+}
+
 pub fn dur(ns: u64) -> String {
     if ns >= 3_600_000_000_000 {
         format!("{}h", ns / 3_600_000_000_000)
@@ -223,6 +266,13 @@ pub fn render(r: &Report) -> String {
                 fmt_bytes(h.peak_bytes),
                 fmt_bytes(h.final_live_bytes)
             );
+        }
+    }
+
+    if !r.fit_warnings.is_empty() {
+        let _ = writeln!(o, "\nNEXT LARGE REQUEST (fit below 1)");
+        for w in &r.fit_warnings {
+            let _ = writeln!(o, "  {}", fit_line(r, w));
         }
     }
 

@@ -3,6 +3,7 @@
 //! ([`layout`]). Every number in the report comes from the model; `crate::build` makes the
 //! report of the final state.
 
+mod fit;
 mod join;
 mod layout;
 mod timelines;
@@ -110,6 +111,8 @@ pub(crate) type CacheKey = (u32, i16, u8, &'static str);
 
 pub struct Replayer {
     pub(crate) model: Model,
+    /// The fit of each process's next large request (`fit`).
+    fits: fit::FitTracks,
     pub(crate) opts: Options,
     pub(crate) applied: u64,
     next_sample: u64,
@@ -210,6 +213,7 @@ impl Replayer {
     pub fn new(opts: Options) -> Replayer {
         Replayer {
             model: Model::new(opts.model.clone()),
+            fits: fit::FitTracks::default(),
             folded: Folded { max_items: opts.max_items as u64, ..Folded::default() },
             opts,
             applied: 0,
@@ -543,6 +547,7 @@ impl Replayer {
             if self.may_force() {
                 self.sample(ev.ts_ns);
             }
+            self.fit_failure(ev.pid, ev.device, ev.ts_ns);
             if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
                 self.capture_layout(ev.ts_ns, LayoutReason::FirstOom);
                 self.layout_fixed = true;
@@ -579,6 +584,7 @@ impl Replayer {
                 let key = (ev.pid, ev.device, code, "lens");
                 self.framework_point(key, ev.ts_ns, reserved, allocated, largest);
                 self.framework_oom_mark(key, ev.ts_ns, ev.framework_request());
+                self.fit_failure(ev.pid, ev.device, ev.ts_ns);
             }
         }
         true

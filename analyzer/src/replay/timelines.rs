@@ -52,6 +52,7 @@ impl Replayer {
         // (A sample costs O(processes + arenas): `snapshot_numbers` skips the histograms.)
         let stride = if state < 128 { 1 } else { state * 4 }.max(self.applied / 2048);
         self.next_sample = self.applied + stride;
+        self.fit_sample(snap, ts);
         let mut total_live = 0u64;
         if self.procs.len() < snap.processes.len() {
             self.procs.resize_with(snap.processes.len(), || None);

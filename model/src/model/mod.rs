@@ -15,6 +15,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 mod allocs;
 mod checkpoint;
+mod fit;
 mod holders;
 mod incidents;
 mod lens;
@@ -369,6 +370,9 @@ struct Process {
     /// The most it had at once: the driver keeps a destroyed stream's memory for the next.
     #[serde(default)]
     streams_peak: u64,
+    /// Its largest requests per device within the fit window (`fit`).
+    #[serde(default)]
+    demand: Vec<fit::DemandWindow>,
 }
 
 /// Errors of [`Model::restore`].
@@ -383,7 +387,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 5;
+pub const CHECKPOINT_VERSION: u8 = 6;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -622,6 +626,9 @@ impl Model {
             self.incident_pre(slot, ev, kind, ts);
         }
 
+        if matches!(kind, EventKind::Alloc | EventKind::VmmCreate | EventKind::FrameworkOom) {
+            self.note_demand(slot, ev, kind, ts);
+        }
         if ev.failed() {
             if kind != EventKind::MemInfo && kind != EventKind::PoolSample {
                 self.procs[slot].failed_calls += 1;
@@ -647,6 +654,7 @@ impl Model {
                 EventKind::StreamCreate => self.on_stream_create(slot, ev),
                 EventKind::StreamDestroy => self.on_stream_destroy(slot, ev),
                 EventKind::ProcessExit => {
+                    self.forget_demand(slot);
                     self.close_process(slot, ts);
                     return;
                 }

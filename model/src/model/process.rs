@@ -52,6 +52,7 @@ impl Process {
             lens_segments_for: None,
             streams: 0,
             streams_peak: 0,
+            demand: Vec::new(),
         }
     }
 
@@ -391,5 +392,6 @@ pub(super) fn process_view_of(
         frameworks: FrameworkId::in_mask(p.frameworks).collect(),
         framework_caches: p.lens.clone(),
         device_memory: Vec::new(),
+        fit: Vec::new(),
     }
 }

@@ -47,6 +47,7 @@ impl Model {
         let mut view = process_view_of(p, pi.saturating_add(si), (pi, pr), self.config.stream_bytes, sizes, ages);
         if current {
             view.device_memory = self.device_memory_of(slot);
+            view.fit = self.fit_of(slot);
         }
         Some((slot, view))
     }
@@ -133,6 +134,7 @@ impl Model {
             );
             if current {
                 view.device_memory = self.device_memory_of(slot);
+                view.fit = self.fit_of(slot);
             }
             processes.push(view);
         }

@@ -1,0 +1,101 @@
+//! The fit of each process's next large request over the replay (issue #30): when it went
+//! below 1 and stayed there until a request that large came and failed. Followed at the
+//! replay's samples (its pace: every event for a small state, coarser for a large one), so
+//! a crossing's time is that of the first sample that saw it.
+
+use super::Replayer;
+use crate::report::FitWarning;
+use std::collections::BTreeMap;
+use vramhook_model::ModelSnapshot;
+
+/// Crossings kept (the first ones).
+const MAX_FIT_WARNINGS: usize = 1000;
+
+/// The start of a run below 1: when, the demand and its source, the supply, what limited it.
+type Run = (u64, u64, &'static str, u64, Option<&'static str>);
+
+/// Per (pid, device): the run below 1 in progress, if any.
+#[derive(Default)]
+pub(crate) struct FitTracks {
+    below: BTreeMap<(u32, i16), Run>,
+    pub(crate) warnings: Vec<FitWarning>,
+    commands: BTreeMap<u32, String>,
+    /// The last failure a run foresaw, per (pid, device): the runs that start within the
+    /// incident window after it are the same incident (its retries, the lens's record).
+    came: BTreeMap<(u32, i16), u64>,
+}
+
+impl Replayer {
+    /// Follows the fits of a sample's live processes.
+    pub(super) fn fit_sample(&mut self, snap: &ModelSnapshot, ts: u64) {
+        for p in snap.processes.iter().filter(|p| p.alive) {
+            for f in &p.fit {
+                let key = (p.pid, f.device);
+                if f.fit_ratio < 1.0 {
+                    let limit = f.limited_by.map(|l| l.name());
+                    self.fits.below.entry(key).or_insert((
+                        ts,
+                        f.demand_bytes,
+                        f.demand_source.name(),
+                        f.supply_bytes,
+                        limit,
+                    ));
+                    self.fits.commands.entry(p.pid).or_insert_with(|| {
+                        if p.command.is_empty() {
+                            p.exe.clone()
+                        } else {
+                            p.command.clone()
+                        }
+                    });
+                } else {
+                    self.fits.below.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// A process's request failed out of memory on `device` at `ts`: a run below 1 in
+    /// progress foresaw it.
+    pub(super) fn fit_failure(&mut self, pid: u32, device: i16, ts: u64) {
+        if let Some(run) = self.fits.below.remove(&(pid, device)) {
+            if !self.same_incident(pid, device, run.0) {
+                self.fit_warning(pid, device, run, Some(ts));
+            }
+            self.fits.came.insert((pid, device), ts);
+        }
+    }
+
+    /// At the end: runs still in progress, with no request that large since.
+    pub(crate) fn fit_finish(&mut self) -> Vec<FitWarning> {
+        for ((pid, device), run) in std::mem::take(&mut self.fits.below) {
+            if !self.same_incident(pid, device, run.0) {
+                self.fit_warning(pid, device, run, None);
+            }
+        }
+        std::mem::take(&mut self.fits.warnings)
+    }
+
+    /// A run that starts within the incident window after a failure it foresaw belongs to it.
+    fn same_incident(&self, pid: u32, device: i16, since: u64) -> bool {
+        let window = self.opts.model.incident_window_ns;
+        self.fits.came.get(&(pid, device)).is_some_and(|c| since >= *c && since - c <= window)
+    }
+
+    fn fit_warning(&mut self, pid: u32, device: i16, run: Run, came: Option<u64>) {
+        let (since, demand, source, supply, limit) = run;
+        if self.fits.warnings.len() >= MAX_FIT_WARNINGS || !self.pid_selected(pid) {
+            return;
+        }
+        self.fits.warnings.push(FitWarning {
+            pid: self.view_pid(pid),
+            command: self.fits.commands.get(&pid).cloned().unwrap_or_default(),
+            device,
+            since_ts_ns: since,
+            demand_bytes: demand,
+            demand_source: source.to_string(),
+            supply_bytes: supply,
+            limited_by: limit.map(str::to_string),
+            came_ts_ns: came,
+        });
+    }
+}

@@ -1,0 +1,382 @@
+//! The fit of the next large request, warned before the OOM (issue #30), on the simulated
+//! driver: a PyTorch-style server whose cache fragments step by step until a large request
+//! fails (`torch_serving`), and its control, the same requests with the caching allocator
+//! off, which never fails. Both run under `vramhook run --record`; the captures are replayed
+//! through the model (as `vramhook analyze` does); the fit must cross below 1, and stay
+//! there, well before the OOM, and the control's never. The replayed series, one point per
+//! step, then drive the Prometheus rule `VramhookNextLargeRequestWouldFail` in `promtool
+//! test rules` (a step read as a minute): it fires before the OOM, and not for the control.
+
+mod agent_support;
+
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use vramhook_model::{Model, ModelConfig, ProcessFit};
+use vramhook_protocol::capture::{CaptureReader, Frame};
+use vramhook_protocol::record::{Event, EventKind};
+use vramhook_testkit::{interposer, repo_root, sim_dir, vramhook_bin as vramhook};
+
+const GIB: u64 = 1 << 30;
+const S: u64 = 1_000_000_000;
+/// The simulated device (the workload's defaults are tuned to it: with the cache, a large
+/// request fails at step 550 of 600; without, the same requests all fit).
+const VRAM: u64 = 9 * GIB;
+/// The demand window: the whole run (the driver sees a large request only when the cache
+/// cannot serve it, here its first; the agent's default is 10 minutes).
+const WINDOW_S: u64 = 60;
+/// A crossing counts when the fit stays below 1 this long (the alert's `for:`, scaled).
+const SUSTAINED_NS: u64 = S;
+const STEP_NS: u64 = 50_000_000;
+
+fn record(dir: &Path, name: &str, envs: &[(&str, &str)]) -> (PathBuf, Output) {
+    let capture = dir.join(format!("{name}.vhc"));
+    let program = sim_dir().join("workloads/torch_serving");
+    let mut cmd = Command::new(vramhook());
+    cmd.arg("run").arg("--record").arg(&capture).arg("--ring-dir").arg(dir.join(format!("rings-{name}")));
+    cmd.arg("--").arg(program);
+    cmd.env("VRAMHOOK_LIB", interposer()).env("LD_LIBRARY_PATH", sim_dir()).env_remove("LD_PRELOAD");
+    cmd.env("VRAMHOOK_SIM_VRAM_BYTES", VRAM.to_string()).env("SIM_STEP_MS", (STEP_NS / 1_000_000).to_string());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run vramhook");
+    assert!(capture.is_file(), "no capture:\n{}", String::from_utf8_lossy(&out.stderr));
+    (capture, out)
+}
+
+/// One point per step: (time, the fit after the step's lens numbers).
+struct Replayed {
+    points: Vec<(u64, ProcessFit)>,
+    oom_ts: Option<u64>,
+    origin: u64,
+}
+
+fn replay(capture: &Path) -> Replayed {
+    let file = std::fs::File::open(capture).expect("capture");
+    let mut reader = CaptureReader::new(BufReader::new(file)).expect("capture header");
+    let mut model = Model::new(ModelConfig { fit_window_ns: WINDOW_S * S, ..ModelConfig::default() });
+    let mut points = Vec::new();
+    let mut origin = u64::MAX;
+    while let Some(frame) = reader.next_frame().expect("capture frame") {
+        let Frame::Events(records) = frame else { continue };
+        for raw in records {
+            let ev = Event::from_raw(raw);
+            model.apply(&ev);
+            origin = origin.min(ev.ts_ns);
+            // The lens's stats close each step (after its device sample and its sample).
+            if ev.kind() == Some(EventKind::FrameworkStats) {
+                if let Some((_, view)) = model.process_view(ev.pid, 0, false) {
+                    if let Some(f) = view.fit.into_iter().find(|f| f.device == 0) {
+                        points.push((ev.ts_ns, f));
+                    }
+                }
+            }
+        }
+    }
+    let oom_ts = model.snapshot().incidents.first().map(|i| i.ts_ns);
+    Replayed { points, oom_ts, origin }
+}
+
+/// The first time the fit went below 1 and stayed there for `SUSTAINED_NS` (or to the end).
+fn sustained_crossing(points: &[(u64, ProcessFit)], end: u64) -> Option<u64> {
+    let mut start: Option<u64> = None;
+    for (ts, f) in points {
+        if f.fit_ratio < 1.0 {
+            let s = *start.get_or_insert(*ts);
+            if ts - s >= SUSTAINED_NS {
+                return Some(s);
+            }
+        } else {
+            start = None;
+        }
+    }
+    start.filter(|s| end - s >= SUSTAINED_NS)
+}
+
+/// `vramhook analyze` (text, or JSON) with the test's fit window.
+fn analyze(capture: &Path, json: bool) -> String {
+    analyze_with_window(capture, json, &WINDOW_S.to_string())
+}
+
+fn analyze_with_window(capture: &Path, json: bool, window_s: &str) -> String {
+    let mut cmd = Command::new(vramhook());
+    cmd.arg("analyze").env("VRAMHOOK_FIT_WINDOW", window_s);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.arg(capture).output().expect("analyze");
+    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// `promtool test rules` over the replayed series, one point a step read as one minute:
+/// the agent's three series under its labels, and the alert expected from `fire_at_min`
+/// on (`None`: never, checked at the last minute).
+fn promtool_case(points: &[(u64, ProcessFit)], eval_min: usize, fire: bool) -> String {
+    let series = |name: &str, v: &dyn Fn(&ProcessFit) -> String| {
+        let values: Vec<String> = points.iter().map(|(_, f)| v(f)).collect();
+        format!(
+            "      - series: '{name}{{process_pid=\"4242\",process_executable_name=\"torch_serving\",device=\"0\",instance=\"sim\"}}'\n        values: '{}'\n",
+            values.join(" ")
+        )
+    };
+    let mut y = String::from(
+        "rule_files: [alerts.yml]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+    );
+    y += &series("vramhook_process_memory_fit_ratio", &|f| format!("{}", f.fit_ratio));
+    y += &series("vramhook_process_memory_demand_bytes", &|f| f.demand_bytes.to_string());
+    y += &series("vramhook_process_memory_supply_bytes", &|f| f.supply_bytes.to_string());
+    y += &format!(
+        "    alert_rule_test:\n      - eval_time: {eval_min}m\n        alertname: VramhookNextLargeRequestWouldFail\n"
+    );
+    if fire {
+        let f = &points[eval_min].1;
+        y += "        exp_alerts:\n          - exp_labels: {severity: warning, process_pid: \"4242\", process_executable_name: torch_serving, device: \"0\", instance: sim}\n";
+        y += &format!(
+            "            exp_annotations:\n              summary: \"torch_serving (pid 4242) on GPU 0 of sim: its next large request would not fit (fit {:.2})\"\n",
+            f.fit_ratio
+        );
+        y += &format!(
+            "              description: \"Its largest recent request: {}B; what it could get now: {}B. A fragmented cache (vramhook_process_memory_stranded_bytes), another process's memory, or capacity; `vramhook top` shows the fit column.\"\n",
+            humanize1024(f.demand_bytes as f64),
+            humanize1024(f.supply_bytes as f64)
+        );
+    } else {
+        y += "        exp_alerts: []\n";
+    }
+    y
+}
+
+/// Prometheus's `humanize1024` (Go's `%.4g` and a binary prefix), for the expected annotations.
+fn humanize1024(mut v: f64) -> String {
+    let mut prefix = "";
+    for p in ["Ki", "Mi", "Gi", "Ti"] {
+        if v.abs() < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        prefix = p;
+    }
+    let decimals = if v.abs() < 1.0 { 4 } else { (3 - v.abs().log10().floor() as i32).max(0) as usize };
+    let mut s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    format!("{s}{prefix}")
+}
+
+/// Runs `promtool test rules` on `case` beside a copy of the real rules; whether it passed.
+fn promtool_passes(case: &str) -> Option<(bool, String)> {
+    let promtool = repo_root().join(".tools/bin/promtool");
+    if !promtool.is_file() {
+        eprintln!("not run: the alert part: .tools/bin/promtool is missing (scripts/ci-backends.sh builds it)");
+        return None;
+    }
+    let tmp = tempfile::tempdir().expect("dir");
+    std::fs::copy(repo_root().join("deploy/prometheus/alerts.yml"), tmp.path().join("alerts.yml")).expect("rules");
+    std::fs::write(tmp.path().join("case.yml"), case).expect("case");
+    let out =
+        Command::new(promtool).args(["test", "rules", "case.yml"]).current_dir(tmp.path()).output().expect("promtool");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    Some((out.status.success(), text))
+}
+
+#[test]
+fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path().to_path_buf();
+    let control = std::thread::spawn(move || record(&d, "control", &[("SIM_NO_CACHING", "1")]));
+    let (cache_capture, cache_out) = record(dir.path(), "cache", &[]);
+    let (control_capture, control_out) = control.join().expect("control run");
+    let stdout = String::from_utf8_lossy(&cache_out.stdout);
+    assert_eq!(cache_out.status.code(), Some(1), "the fragmenting server fails:\n{stdout}");
+    assert!(stdout.contains("oom_step="), "{stdout}");
+    assert_eq!(control_out.status.code(), Some(0), "{}", String::from_utf8_lossy(&control_out.stderr));
+
+    // The fragmenting cache: below 1, for good, well before the OOM.
+    let r = replay(&cache_capture);
+    let oom = r.oom_ts.expect("the OOM is an incident");
+    assert!(r.points.len() > 400, "a point per step: {}", r.points.len());
+    let cross = sustained_crossing(&r.points, oom).expect("the fit crossed below 1 before the OOM");
+    let lead = oom - cross;
+    eprintln!(
+        "fit crossed below 1 at +{:.2} s, the OOM came at +{:.2} s: {:.2} s ahead ({} steps)",
+        secs(cross - r.origin),
+        secs(oom - r.origin),
+        secs(lead),
+        lead / STEP_NS
+    );
+    assert!(cross < oom, "crossing at {cross}, OOM at {oom}");
+    assert!(lead >= 2 * S, "the warning comes at least 2 s (40 steps) before the OOM: {:.2} s", secs(lead));
+    let (_, at) = r.points.iter().find(|(t, _)| *t >= cross).expect("the crossing's point");
+    assert_eq!(at.demand_bytes, 1536 << 20, "the demand is the large request: {at:?}");
+    assert!(at.supply_bytes < at.demand_bytes, "{at:?}");
+    assert_eq!(at.limited_by, Some(vramhook_model::FitLimit::FrameworkFragmentation), "{at:?}");
+    // Before the fragmentation, the same request fitted.
+    assert!(r.points.iter().take(100).all(|(_, f)| f.fit_ratio >= 1.0), "no early crossing");
+
+    // The control: the same requests, never short.
+    let c = replay(&control_capture);
+    assert_eq!(c.oom_ts, None);
+    assert!(c.points.len() >= 590, "a point per step: {}", c.points.len());
+    let end = c.points.last().map(|p| p.0).unwrap_or(0);
+    assert_eq!(sustained_crossing(&c.points, end), None, "the control never crosses for good");
+    let lowest = c.points.iter().map(|(_, f)| f.fit_ratio).fold(f64::MAX, f64::min);
+    eprintln!("control: lowest fit {lowest:.2}");
+
+    // `vramhook analyze` says it, replaying the same captures: one line for the server, the
+    // crossing before the failure it foresaw; nothing for the control.
+    let text = analyze(&cache_capture, false);
+    let line =
+        text.lines().find(|l| l.contains("would not have fit")).unwrap_or_else(|| panic!("no fit line:\n{text}"));
+    assert!(line.contains("a 1.50 GiB request would not have fit") && line.contains("; it came at +"), "{line}");
+    eprintln!("analyze: {}", line.trim());
+    let json: serde_json::Value = serde_json::from_str(&analyze(&cache_capture, true)).expect("JSON report");
+    let warnings = json["fit_warnings"].as_array().expect("fit_warnings");
+    assert_eq!(warnings.len(), 1, "one crossing, one failure: {warnings:?}");
+    let (since, came) = (warnings[0]["since_ts_ns"].as_u64().expect("since"), warnings[0]["came_ts_ns"].as_u64());
+    assert_eq!(came, Some(oom), "the request it foresaw is the OOM");
+    // Analyze reports the run below 1 that lasted up to the failure: it may start after the
+    // first sustained crossing (the fit came back above 1 for a while in between).
+    assert!(since >= cross && since + S <= oom, "analyze's crossing {since}, the test's first {cross}, OOM {oom}");
+    assert_eq!(warnings[0]["demand_bytes"], 1536u64 << 20);
+    assert_eq!(warnings[0]["limited_by"], "framework_fragmentation");
+    assert!(line.contains("to be had: its cache is fragmented"), "{line}");
+    // A window shorter than a step (20 ms) forgets the large request: no warning ahead of
+    // the failure (at most one made by the failing call itself, before its retry).
+    let short: serde_json::Value =
+        serde_json::from_str(&analyze_with_window(&cache_capture, true, "0.02")).expect("JSON report");
+    for w in short["fit_warnings"].as_array().map_or(&[][..], Vec::as_slice) {
+        let (since, came) = (w["since_ts_ns"].as_u64().expect("since"), w["came_ts_ns"].as_u64().expect("came"));
+        assert!(came - since < STEP_NS, "no lead with a 20 ms window (its failed call, then the retry): {w}");
+    }
+    let control_text = analyze(&control_capture, false);
+    assert!(!control_text.contains("would not have fit"), "{control_text}");
+
+    // The alert on these series (a step read as a minute, `for: 5m`): fires before the OOM's
+    // step, and never for the control.
+    let cross_step = r.points.iter().position(|(t, _)| *t >= cross).expect("step");
+    let oom_step = r.points.iter().position(|(t, _)| *t >= oom).unwrap_or(r.points.len());
+    let before_oom = oom_step - 1;
+    assert!(before_oom > cross_step + 5, "room for the rule's for: 5m ({cross_step} → {oom_step})");
+    if let Some((ok, text)) = promtool_passes(&promtool_case(&r.points, before_oom, true)) {
+        assert!(ok, "the alert fires at step {before_oom}, before the OOM:\n{text}");
+        let (early, _) = promtool_passes(&promtool_case(&r.points, cross_step, true)).expect("promtool");
+        assert!(!early, "the alert waits for its for: (not yet at the crossing, step {cross_step})");
+        let (quiet, text) = promtool_passes(&promtool_case(&c.points, c.points.len() - 1, false)).expect("promtool");
+        assert!(quiet, "the control raises no alert:\n{text}");
+    }
+}
+
+/// Prometheus's firing alerts `VramhookNextLargeRequestWouldFail`, by their `process_pid`.
+fn firing(port: u16) -> Vec<String> {
+    let Ok(addr) = format!("127.0.0.1:{port}").parse() else { return vec![] };
+    let Ok(body) = agent_support::http_get(addr, "/api/v1/alerts") else { return vec![] };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["data"]["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|a| a["labels"]["alertname"] == "VramhookNextLargeRequestWouldFail" && a["state"] == "firing")
+                .filter_map(|a| a["labels"]["process_pid"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The live path: the agent (`--fit-window 60`) drains both workloads' rings (the server on
+/// device 0, the control on device 1 of the simulated driver, a step every 100 ms), a real
+/// Prometheus 3 scrapes its /metrics every 500 ms and evaluates the real rule file (the
+/// rule's `for:` cut from 5m to 1s for a run of a minute). The alert fires for the server
+/// while it still runs and before the agent has seen any OOM, and never for the control.
+#[test]
+fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
+    use agent_support::*;
+    let rings = ring_dir("fit");
+    let agent = Agent::start(
+        &vramhook_bin(),
+        &["--ring-dir", rings.path().to_str().expect("utf-8"), "--fit-window", "60", "--snapshot-ms", "100"],
+        &[],
+    );
+    let prom_port = free_port();
+    let dir = tempfile::tempdir().expect("prometheus dir");
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).expect("rules");
+    let rule = "expr: vramhook_process_memory_fit_ratio < 1\n        for: 5m";
+    assert!(rules.contains(rule), "the rule as the test expects it");
+    std::fs::write(dir.path().join("alerts.yml"), rules.replace(rule, &rule.replace("5m", "1s"))).expect("rules");
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\nrule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: vramhook\n    static_configs: [{{targets: ['{}']}}]\n",
+            agent.addr
+        ),
+    )
+    .expect("config");
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let mut prom = Command::new(backend_bin("prometheus"))
+        .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("prometheus");
+    let ready = std::time::Instant::now();
+    while agent_support::http_get(format!("127.0.0.1:{prom_port}").parse().expect("addr"), "/-/ready").is_err() {
+        assert!(ready.elapsed() < std::time::Duration::from_secs(60), "prometheus did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let program = workload("torch_serving");
+    let vram = VRAM.to_string();
+    let common = [("VRAMHOOK_SIM_VRAM_BYTES", vram.as_str()), ("VRAMHOOK_SIM_DEVICES", "2"), ("SIM_STEP_MS", "100")];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut e: Vec<(&str, &str)> = common.to_vec();
+        e.extend_from_slice(extra);
+        e
+    };
+    let mut server = spawn_traced(&program, &[], rings.path(), &with(&[]));
+    let mut control = spawn_traced(&program, &[], rings.path(), &with(&[("SIM_NO_CACHING", "1"), ("SIM_DEVICE", "1")]));
+    let (server_pid, control_pid) = (server.id().to_string(), control.id().to_string());
+    let start = std::time::Instant::now();
+    let mut fired_before_oom: Option<f64> = None;
+    let mut control_fired = false;
+    let status = loop {
+        let f = firing(prom_port);
+        control_fired |= f.contains(&control_pid);
+        if fired_before_oom.is_none() && f.contains(&server_pid) {
+            // The agent has seen no OOM yet, and the server still runs.
+            let incidents = agent.state()["snapshot"]["incidents"].as_array().map_or(0, Vec::len);
+            if incidents == 0 && server.try_wait().expect("wait").is_none() {
+                fired_before_oom = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        if let Some(s) = server.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(240), "the server ran too long");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let oom_at = start.elapsed().as_secs_f64();
+    assert_eq!(status.code(), Some(1), "the server fails");
+    let control_status = loop {
+        control_fired |= firing(prom_port).contains(&control_pid);
+        if let Some(s) = control.try_wait().expect("wait") {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(control_status.code(), Some(0), "the control never fails");
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let fired = fired_before_oom.unwrap_or_else(|| panic!("the alert did not fire before the OOM (at {oom_at:.1} s)"));
+    eprintln!("the alert fired at {fired:.1} s, the server failed at about {oom_at:.1} s");
+    assert!(fired < oom_at, "fired {fired}, OOM {oom_at}");
+    assert!(!control_fired, "the control raised the alert");
+}

@@ -1,0 +1,273 @@
+/* torch_serving: a PyTorch-style inference server whose cache fragments step by step until
+ * a large request fails (issue #30: the fit of the next large request, warned before the OOM).
+ *
+ * Every step (SIM_STEP_MS, default 50 ms) a request comes: a block of variable size (32 to
+ * 480 MiB) kept for a variable number of steps, one in SIM_KEEP_EVERY (default 24) kept
+ * for good (a long tail of sessions that never end), and every SIM_LARGE_EVERY steps
+ * (default 100) a large one (1536 MiB, kept 4 steps). The allocator is PyTorch's caching
+ * allocator for large blocks: best fit over cached blocks, split; else a new segment of the
+ * request's size (rounded to 2 MiB); else give back the wholly free segments and try once
+ * more; else report to the out-of-memory observers and raise. Kept blocks split the cached
+ * segments they land in, so the cache strands ever more free bytes in split segments and
+ * must take new segments from the device, until a large request finds no room.
+ *
+ * Each step it asks the driver for its free bytes and writes what PyTorch's lens writes:
+ * a sample (reserved, allocated, largest free block) and stats (free bytes inside split
+ * segments, no limit); at the OOM, the lens's OOM record and segments.
+ *
+ * SIM_NO_CACHING=1, the control: the same requests, sizes and lifetimes, with the caching
+ * allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: each block its own cudaMalloc, freed
+ * at once): nothing strands, nothing fails.
+ * SIM_DEVICE (default 0): the device it runs on.
+ * SIM_STEPS (default 600): steps at most. Exit status: 1 after the OOM, 0 otherwise. */
+#include <dlfcn.h>
+#include <time.h>
+
+#include "common.h"
+#include "sim_cuda.h"
+#include "sim_cuda_runtime.h"
+
+#define LARGE (1536 * MiB)
+#define GRAN (2 * MiB)
+#define MAXB 8192
+#define MAXS 2048
+#define MAXT 4096
+
+struct block {
+    uint64_t addr, size;
+    int seg, used;
+};
+static struct block blocks[MAXB];
+static int nblocks;
+struct segment {
+    uint64_t base, size;
+    int live;
+};
+static struct segment segs[MAXS];
+static int nsegs;
+static int no_caching;
+static int device;
+static cksum_t ck;
+
+/* interposer/src/lens.rs LensRecord */
+struct lens_record {
+    uint32_t kind, framework;
+    int32_t device;
+    uint32_t reserved_zero;
+    uint64_t a, b, c, d, pieces;
+};
+static int (*lens_emit)(const struct lens_record *);
+static void lens(uint32_t kind, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t pieces) {
+    if (!lens_emit) return;
+    struct lens_record r = {kind, 1 /* PyTorch */, device, 0, a, b, c, d, pieces};
+    lens_emit(&r);
+}
+
+static uint64_t reserved(void) {
+    uint64_t r = 0;
+    for (int i = 0; i < nsegs; i++)
+        if (segs[i].live) r += segs[i].size;
+    return r;
+}
+static uint64_t allocated(void) {
+    uint64_t a = 0;
+    for (int i = 0; i < nblocks; i++)
+        if (blocks[i].used) a += blocks[i].size;
+    return a;
+}
+static uint64_t largest_free(int seg) {
+    uint64_t l = 0;
+    for (int i = 0; i < nblocks; i++)
+        if (!blocks[i].used && (seg < 0 || blocks[i].seg == seg) && blocks[i].size > l) l = blocks[i].size;
+    return l;
+}
+static int seg_used(int s) {
+    for (int i = 0; i < nblocks; i++)
+        if (blocks[i].seg == s && blocks[i].used) return 1;
+    return 0;
+}
+/* free bytes inside segments with a block in use (PyTorch's inactive_split_bytes) */
+static uint64_t stranded(void) {
+    uint64_t f = 0;
+    for (int i = 0; i < nblocks; i++)
+        if (!blocks[i].used && segs[blocks[i].seg].live && seg_used(blocks[i].seg)) f += blocks[i].size;
+    return f;
+}
+
+static void add_block(uint64_t addr, uint64_t size, int seg, int used) {
+    if (nblocks == MAXB) DIE("too many blocks");
+    blocks[nblocks++] = (struct block){addr, size, seg, used};
+}
+
+static int take_cached(uint64_t size) {
+    int best = -1;
+    for (int i = 0; i < nblocks; i++)
+        if (!blocks[i].used && blocks[i].size >= size && (best < 0 || blocks[i].size < blocks[best].size)) best = i;
+    if (best < 0) return -1;
+    if (blocks[best].size > size) {
+        add_block(blocks[best].addr + size, blocks[best].size - size, blocks[best].seg, 0);
+        blocks[best].size = size;
+    }
+    blocks[best].used = 1;
+    return best;
+}
+
+static void release(int b) {
+    blocks[b].used = 0;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < nblocks && !changed; i++)
+            for (int j = 0; j < nblocks && !changed; j++)
+                if (i != j && !blocks[i].used && !blocks[j].used && blocks[i].seg == blocks[j].seg &&
+                    blocks[i].addr + blocks[i].size == blocks[j].addr) {
+                    blocks[i].size += blocks[j].size;
+                    blocks[j] = blocks[--nblocks];
+                    changed = 1;
+                }
+    }
+}
+
+static int grow(uint64_t size) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, size);
+    ck_add(&ck, (uint64_t)e);
+    if (e != cudaSuccess) return -1;
+    if (nsegs == MAXS) DIE("too many segments");
+    segs[nsegs] = (struct segment){(uint64_t)(uintptr_t)p, size, 1};
+    add_block((uint64_t)(uintptr_t)p, size, nsegs++, 0);
+    return 0;
+}
+
+static uint64_t at(int b) { return b < 0 ? 0 : blocks[b].addr; }
+
+/* the caching allocator; the tensor's address, 0 on OOM */
+static uint64_t tensor(uint64_t size) {
+    size = (size + GRAN - 1) / GRAN * GRAN;
+    if (no_caching) {
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, size);
+        ck_add(&ck, (uint64_t)e);
+        if (e != cudaSuccess) return 0;
+        if (nsegs == MAXS) DIE("too many segments");
+        segs[nsegs] = (struct segment){(uint64_t)(uintptr_t)p, size, 1};
+        add_block((uint64_t)(uintptr_t)p, size, nsegs++, 1);
+        return (uint64_t)(uintptr_t)p;
+    }
+    int b = take_cached(size);
+    if (b >= 0) return at(b);
+    if (grow(size) == 0) return at(take_cached(size));
+    for (int s = 0; s < nsegs; s++) {
+        if (!segs[s].live || seg_used(s)) continue;
+        for (int i = 0; i < nblocks; i++)
+            if (blocks[i].seg == s) blocks[i--] = blocks[--nblocks];
+        ck_add(&ck, (uint64_t)cudaFree((void *)(uintptr_t)segs[s].base));
+        segs[s].live = 0;
+    }
+    if (grow(size) == 0) return at(take_cached(size));
+    return 0;
+}
+
+static void release_tensor(uint64_t addr) {
+    for (int i = 0; i < nblocks; i++)
+        if (blocks[i].used && blocks[i].addr == addr) {
+            if (no_caching) {
+                int s = blocks[i].seg;
+                ck_add(&ck, (uint64_t)cudaFree((void *)(uintptr_t)addr));
+                segs[s].live = 0;
+                blocks[i] = blocks[--nblocks];
+                return;
+            }
+            release(i);
+            return;
+        }
+    DIE("no tensor at %llx", (unsigned long long)addr);
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static uint64_t next(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+struct live {
+    uint64_t addr;
+    long until; /* the step it ends at; -1: kept for good */
+};
+static struct live live[MAXT];
+static int nlive;
+
+static void sleep_ms(uint64_t ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int main(void) {
+    ck_init(&ck);
+    no_caching = env_u64("SIM_NO_CACHING", 0) != 0;
+    uint64_t step_ms = env_u64("SIM_STEP_MS", 50), steps = env_u64("SIM_STEPS", 600);
+    uint64_t keep_every = env_u64("SIM_KEEP_EVERY", 24), large_every = env_u64("SIM_LARGE_EVERY", 100);
+    *(void **)&lens_emit = dlsym(RTLD_DEFAULT, "vramhook_lens_emit");
+    device = (int)env_u64("SIM_DEVICE", 0);
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) DIE("cudaSetDevice: %s", cudaGetErrorString(e));
+    size_t fr = 0, tot = 0;
+    for (uint64_t t = 0; t < steps; t++) {
+        /* requests that end now go first, in the order they came */
+        for (int i = 0; i < nlive; i++)
+            if (live[i].until == (long)t) {
+                release_tensor(live[i].addr);
+                live[i--] = live[--nlive];
+            }
+        uint64_t r = next();
+        uint64_t size = 32 * MiB + (r % 15) * 32 * MiB;
+        long until = (long)(t + 1 + (r >> 8) % 12);
+        if ((r >> 16) % keep_every == 0) until = -1;
+        int large = t % large_every == large_every / 2;
+        if (large) {
+            size = LARGE;
+            until = (long)t + 4;
+        }
+        uint64_t addr = tensor(size);
+        cudaMemGetInfo(&fr, &tot);
+        if (!addr) {
+            /* PyTorch's out-of-memory observers, then its message */
+            lens(2, size, reserved(), allocated(), largest_free(-1), 0);
+            for (int s = 0; s < nsegs; s++) {
+                if (!segs[s].live) continue;
+                uint64_t used = 0, pieces = 0;
+                for (int i = 0; i < nblocks; i++)
+                    if (blocks[i].seg == s) {
+                        if (blocks[i].used)
+                            used += blocks[i].size;
+                        else
+                            pieces++;
+                    }
+                lens(3, segs[s].base, segs[s].size, used, largest_free(s), pieces);
+            }
+            fprintf(stderr,
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %.2f MiB at step %llu. "
+                    "%.2f MiB free, %.2f MiB reserved by PyTorch, %.2f MiB allocated.\n",
+                    (double)size / MiB, (unsigned long long)t, (double)fr / MiB, (double)reserved() / MiB,
+                    (double)allocated() / MiB);
+            printf("oom_step=%llu\n", (unsigned long long)t);
+            ck_print(&ck);
+            return 1;
+        }
+        if (nlive == MAXT) DIE("too many tensors");
+        live[nlive++] = (struct live){addr, until};
+        lens(1, reserved(), allocated(), no_caching ? 0 : largest_free(-1), (uint64_t)nsegs, 0);
+        lens(4, no_caching ? 0 : stranded(), UINT64_MAX, 0, 0, 0);
+        if (getenv("SIM_VERBOSE"))
+            fprintf(stderr, "step %llu%s free=%zu reserved=%llu allocated=%llu largest=%llu stranded=%llu\n",
+                    (unsigned long long)t, large ? " L" : "", fr >> 20, (unsigned long long)(reserved() >> 20),
+                    (unsigned long long)(allocated() >> 20), (unsigned long long)(largest_free(-1) >> 20),
+                    (unsigned long long)(stranded() >> 20));
+        ck_add(&ck, addr != 0);
+        sleep_ms(step_ms);
+    }
+    printf("served %llu steps\n", (unsigned long long)steps);
+    ck_print(&ck);
+    return 0;
+}
