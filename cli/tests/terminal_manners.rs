@@ -10,8 +10,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().unwrap_or_else(|e| {
+/// tmux on a server of the session's own (`-L NAME`): another test's server, exiting when
+/// its last session ends, never takes a new session down with it.
+fn tmux(server: &str, args: &[&str]) -> String {
+    let out = Command::new("tmux").arg("-L").arg(server).args(args).output().unwrap_or_else(|e| {
         panic!("MISSING tmux ({e}): these tests drive `vramhook top` in a terminal; install it with `apt-get install -y tmux`")
     });
     String::from_utf8_lossy(&out.stdout).to_string()
@@ -23,12 +25,13 @@ struct Session(String);
 impl Session {
     fn start(tag: &str, script: &str) -> Session {
         let name = format!("vhterm-{tag}-{}-{}", std::process::id(), free_port());
-        tmux(&["new-session", "-d", "-s", &name, "-x", "140", "-y", "34", "bash", "-c", script]);
-        Session(name)
+        let session = Session(name.clone());
+        tmux(&name, &["new-session", "-d", "-s", &name, "-x", "140", "-y", "34", "bash", "-c", script]);
+        session
     }
 
     fn screen(&self) -> String {
-        tmux(&["capture-pane", "-p", "-t", &self.0])
+        tmux(&self.0, &["capture-pane", "-p", "-t", &self.0])
     }
 
     fn wait_screen(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
@@ -44,13 +47,17 @@ impl Session {
     }
 
     fn alternate_screen(&self) -> bool {
-        tmux(&["display", "-p", "-t", &self.0, "#{alternate_on}"]).trim() == "1"
+        tmux(&self.0, &["display", "-p", "-t", &self.0, "#{alternate_on}"]).trim() == "1"
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        tmux(&["kill-session", "-t", &self.0]);
+        tmux(&self.0, &["kill-server"]);
+        // The server's socket stays behind it.
+        let base = std::env::var_os("TMUX_TMPDIR").map_or_else(|| std::path::PathBuf::from("/tmp"), Into::into);
+        // SAFETY: geteuid has no preconditions.
+        let _ = std::fs::remove_file(base.join(format!("tmux-{}", unsafe { libc::geteuid() })).join(&self.0));
     }
 }
 
@@ -76,7 +83,7 @@ fn top_under_timeout_draws_and_quits_on_q() {
     let session = Session::start("q", &top_under_timeout(rings.path(), &dir.path().join("pid")));
     session.wait_screen("top's first frame", drew);
     assert!(session.alternate_screen(), "top draws on the alternate screen");
-    tmux(&["send-keys", "-t", &session.0, "q"]);
+    tmux(&session.0, &["send-keys", "-t", &session.0, "q"]);
     let screen = session.wait_screen("top's exit", |s| s.contains("rc="));
     assert!(screen.contains("rc=0"), "q quits with status 0:\n{screen}");
     assert!(!session.alternate_screen(), "the terminal is given back (main screen):\n{screen}");
