@@ -462,7 +462,9 @@ pub fn trace(run: TracedRun<'_>) -> Result<RunOutcome> {
     let tsc = TscClock::calibrate(Duration::from_millis(10));
     let mut recorder = Recorder::new(run.record)?;
     let mut source = RingSource::new(&ring_dir, RingFilter { run_id: Some(run_id) }, tsc);
-    if let Some(slots) = run.ring_slots {
+    // Asked for here, or inherited from the environment (the interposer reads it too).
+    let inherited = std::env::var("VRAMHOOK_RING_SLOTS").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(slots) = run.ring_slots.or(inherited) {
         // Rings as big as asked for are taken (two lanes' rounding to spare).
         let asked = (slots.max(1) as u128 * 64 * 2 + 4096 * 2).min(u64::MAX as u128) as u64;
         source.max_ring_bytes = source.max_ring_bytes.max(asked);

@@ -33,6 +33,9 @@ pub struct TopArgs {
     /// Refresh interval in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub interval: u64,
+    /// Direct mode: largest ring to read, in MiB of slots (as `vramhook agent --max-ring-mib`).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub max_ring_mib: u64,
     /// Print one frame as plain text (WIDTHxHEIGHT characters, default 120x40) and exit:
     /// for scripts, logs and terminals without a UI.
     #[arg(long, value_name = "WxH", num_args = 0..=1, default_missing_value = "120x40")]
@@ -52,10 +55,11 @@ enum Source {
 }
 
 impl Source {
-    fn direct(dir: PathBuf) -> Source {
+    fn direct(dir: PathBuf, max_ring_mib: u64) -> Source {
         let ring_dir = dir.display().to_string();
         let mut source = RingSource::new(dir, RingFilter::default(), None);
         source.skip_run_rings = true;
+        source.max_ring_bytes = max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
         Source::Direct {
             source: Box::new(source),
             model: Box::new(Model::new(vramhook_agent::model_config())),
@@ -87,6 +91,7 @@ impl Source {
                 stats.dropped_in_ring += vramhook_agent::stats::dropped_in_ring(marked, &summary);
                 stats.records_malformed += summary.malformed;
                 stats.rings_refused += source.take_refusals().len() as u64;
+                stats.rings_too_large = vramhook_agent::stats::rings_too_large();
                 stats.rings_open = source.open_rings() as u64;
                 Ok(State { agent: (**stats).clone(), ring_dir: ring_dir.clone(), snapshot: model.snapshot() })
             }
@@ -116,14 +121,14 @@ impl Source {
 pub fn top(args: TopArgs) -> Result<ExitCode> {
     let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
     let mut source = if args.direct {
-        Source::direct(ring_dir)
+        Source::direct(ring_dir, args.max_ring_mib)
     } else {
         let client = StateClient::new(&args.agent).map_err(anyhow::Error::msg)?;
         match client.fetch(Duration::from_secs(2)) {
             Ok(_) => Source::Agent(client),
             Err(e) => {
                 eprintln!("vramhook top: no agent at {} ({e}); reading the rings directly", args.agent);
-                Source::direct(ring_dir)
+                Source::direct(ring_dir, args.max_ring_mib)
             }
         }
     };
@@ -410,9 +415,28 @@ fn oom_lines(s: &State, width: usize, height: usize, clock: Clock) -> Vec<Line<'
     out
 }
 
+/// One line per owner whose rings were refused for their size: processes not traced at
+/// all, with the setting that reads them.
+fn too_large_lines(a: &StatsView) -> Vec<String> {
+    a.rings_too_large
+        .iter()
+        .map(|t| {
+            format!(
+                "NOT TRACED: {} ring(s) of uid {} larger than the reader takes ({} > {}): restart it with --max-ring-mib {}",
+                t.rings,
+                t.uid,
+                fmt_bytes(t.largest_bytes),
+                fmt_bytes(t.limit_bytes),
+                t.max_ring_mib
+            )
+        })
+        .collect()
+}
+
 fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort, clock: Clock) {
+    let warnings = state.map(|s| too_large_lines(&s.agent)).unwrap_or_default();
     let [head, devs, procs, ooms, help] = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(3 + warnings.len().min(4) as u16),
         Constraint::Length(5),
         Constraint::Min(6),
         Constraint::Percentage(40),
@@ -430,7 +454,14 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     if let Some(e) = error {
         status = format!("{status}  STALE: {e}");
     }
-    f.render_widget(Paragraph::new(status).block(Block::bordered().title(format!(" vramhook top — {label} "))), head);
+    let mut head_lines = vec![Line::from(status)];
+    head_lines.extend(
+        warnings.into_iter().map(|w| Line::styled(w, Style::default().fg(Color::Red).add_modifier(Modifier::BOLD))),
+    );
+    f.render_widget(
+        Paragraph::new(head_lines).block(Block::bordered().title(format!(" vramhook top — {label} "))),
+        head,
+    );
 
     let rows = s.snapshot.devices.iter().map(|d| {
         Row::new(vec![
