@@ -151,8 +151,16 @@ impl Job {
         self.0.id()
     }
 
+    /// Its exit status (panics after a minute: a bound for a hang, not a measure).
     fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.0.wait()
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                return Ok(status);
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "job {} still running after a minute", self.id());
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -164,9 +172,24 @@ impl Drop for Job {
     }
 }
 
+/// The signals under test back to their defaults in a child: a test run in the background
+/// of a non-interactive shell inherits SIGINT and SIGQUIT ignored (and a job of its would
+/// then never die of them); a shell with job control starts a job with the defaults.
+fn default_signals(cmd: &mut Command) -> &mut Command {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Starts `words` as a job, stdout collected.
 fn start_job(words: &[String]) -> (Job, Arc<Mutex<String>>) {
-    let mut child = Command::new(&words[0])
+    let mut child = default_signals(&mut Command::new(&words[0]))
         .args(&words[1..])
         .process_group(0)
         .stdout(Stdio::piped())
@@ -272,9 +295,13 @@ fn the_programs_death_by_a_signal_is_what_the_shell_sees() {
 /// tmux on a server of the session's own (`-L NAME`): another test's server, exiting when
 /// its last session ends, never takes a new session down with it.
 fn tmux(server: &str, args: &[&str]) -> String {
-    let out = Command::new("tmux").arg("-L").arg(server).args(args).output().unwrap_or_else(|e| {
-        panic!("MISSING tmux ({e}): this test types ^C on a real terminal; install it with `apt-get install -y tmux`")
-    });
+    // The server (started by the first command) and its panes with the default dispositions.
+    let out =
+        default_signals(&mut Command::new("tmux")).arg("-L").arg(server).args(args).output().unwrap_or_else(|e| {
+            panic!(
+                "MISSING tmux ({e}): this test types ^C on a real terminal; install it with `apt-get install -y tmux`"
+            )
+        });
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
