@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_protocol::capture::ProcessEnd;
@@ -52,6 +52,8 @@ const N_FORWARDED: usize = FORWARDED.len();
 /// and sent by the kernel (the terminal's ^C, ^\ and hangup, to its whole foreground group).
 static PENDING_SENT: [AtomicU32; N_FORWARDED] = [const { AtomicU32::new(0) }; N_FORWARDED];
 static PENDING_TTY: [AtomicU32; N_FORWARDED] = [const { AtomicU32::new(0) }; N_FORWARDED];
+/// The sender (`si_pid`) of the last signal of each kind sent by a process.
+static SENDER: [AtomicI32; N_FORWARDED] = [const { AtomicI32::new(0) }; N_FORWARDED];
 /// `si_code` of a signal the kernel sent: the terminal's (it is not in the libc crate).
 const SI_KERNEL: libc::c_int = 0x80;
 
@@ -59,6 +61,10 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     let Some(i) = FORWARDED.iter().position(|s| *s == sig) else { return };
     // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
     let code = if info.is_null() { 0 } else { unsafe { (*info).si_code } };
+    if code != SI_KERNEL && !info.is_null() {
+        // SAFETY: as above; a signal a process sent carries its pid.
+        SENDER[i].store(unsafe { (*info).si_pid() }, Ordering::Relaxed);
+    }
     let pending = if code == SI_KERNEL { &PENDING_TTY } else { &PENDING_SENT };
     pending[i].fetch_add(1, Ordering::Relaxed);
 }
@@ -240,14 +246,15 @@ fn pipe() -> Option<(OwnedFd, OwnedFd)> {
 ///   group): passed on only if the command left `run`'s process group (it got none);
 /// - from a process (`kill`): passed on unless it was sent to `run`'s process group while
 ///   the command is in it (then the command got it too). The sentinel, a member of the
-///   group, tells which: a signal it also received went to the group. Without an answer
+///   group, tells which: a signal it also received, from the same sender, went to the
+///   group. Without an answer
 ///   from it, the signal is passed on (a signal is never lost; at worst seen twice).
 struct Forwarder {
     sentinel: Option<Sentinel>,
-    /// Signals the sentinel received that `run` has not yet counted (a group's signal is
+    /// Signals the sentinel received that `run` has not yet matched (a group's signal is
     /// queued to each member in one `kill()`; `run`'s handler may run just after the
-    /// question), each with when it was seen; forgotten after a second.
-    credit: Vec<(usize, Instant)>,
+    /// question), each with its sender and when it was seen; forgotten after a second.
+    credit: Vec<(usize, i32, Instant)>,
 }
 
 impl Forwarder {
@@ -268,18 +275,22 @@ impl Forwarder {
             }
             let now = Instant::now();
             if let Some(got) = s.received() {
-                self.credit.extend(got.into_iter().filter(|(_, code, _)| *code != SI_KERNEL).map(|(i, _, _)| (i, now)));
+                self.credit.extend(
+                    got.into_iter().filter(|(_, code, _)| *code != SI_KERNEL).map(|(i, _, from)| (i, from, now)),
+                );
             }
-            self.credit.retain(|(_, at)| now.duration_since(*at) < Duration::from_secs(1));
+            self.credit.retain(|(_, _, at)| now.duration_since(*at) < Duration::from_secs(1));
         }
         // SAFETY: getpgid/getpgrp have no memory preconditions.
         let shares_group = unsafe { libc::getpgid(child_pid) == libc::getpgrp() };
         for (i, sig) in FORWARDED.iter().enumerate() {
             let mut n = sent[i];
             if shares_group {
-                // Each of these the command received too, through the group.
+                // Each of these the command received too, through the group: the sentinel
+                // got the same signal from the same sender.
+                let from = SENDER[i].load(Ordering::Relaxed);
                 while n > 0 {
-                    let Some(k) = self.credit.iter().position(|(j, _)| *j == i) else { break };
+                    let Some(k) = self.credit.iter().position(|(j, pid, _)| *j == i && *pid == from) else { break };
                     self.credit.remove(k);
                     n -= 1;
                 }

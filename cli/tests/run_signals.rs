@@ -239,6 +239,29 @@ fn a_sigint_to_run_alone_is_passed_on_once() {
     assert_eq!(status.code(), Some(11), "one SIGINT passed on; output {:?}", text(&out));
 }
 
+/// The sentinel's signals are matched with `run`'s by sender: one that another process sent
+/// the sentinel alone does not make a signal sent to `run` alone look like the group's (it
+/// would not be passed on, and the program would never see it).
+#[test]
+fn a_signal_to_the_sentinel_alone_swallows_nothing() {
+    let rings = rings();
+    let (mut job, out) = start_job(&argv(Mode::Traced, rings.path(), "count"));
+    let (_, run_pid, _) = ready(&wait_for("ready", || text(&out)));
+    let children = std::fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).expect("run's children");
+    let sentinel: i32 = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &i32| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "vramhook-signal"))
+        .unwrap_or_else(|| panic!("no sentinel among run's children {children:?}"));
+    let by_another = Command::new("kill").args(["-INT", &sentinel.to_string()]).status().expect("kill(1)");
+    assert!(by_another.success());
+    kill(run_pid, libc::SIGINT); // to `run` alone, by this test: passed on
+    wait_for("int 1", || text(&out));
+    kill(run_pid, libc::SIGTERM);
+    let status = job.wait().expect("wait");
+    assert_eq!(status.code(), Some(11), "one SIGINT passed on; output {:?}", text(&out));
+}
+
 /// A job started with `&` by a non-interactive shell has SIGINT ignored. Untraced, a
 /// `kill -INT` of the job leaves it running; under `run` (before: killed, exit 130) too:
 /// `run` leaves the signal ignored, for itself and for the program. The SIGTERM after it
