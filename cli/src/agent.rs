@@ -175,8 +175,18 @@ impl Made {
     }
 
     fn undo(self) {
+        // `vramhook_agent::run` fails only while it starts, before it records anything: at
+        // most the first capture file, its header and first checkpoint. A directory holding
+        // more than that is kept (recorded data is never removed).
         if let Some(dir) = self.capture_dir {
-            let _ = std::fs::remove_dir_all(dir);
+            let fresh = std::fs::read_dir(&dir).is_ok_and(|d| {
+                let entries: Vec<_> = d.filter_map(|e| e.ok()).collect();
+                entries.len() <= 1
+                    && entries.iter().all(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() <= 1 << 20))
+            });
+            if fresh {
+                let _ = std::fs::remove_dir_all(dir);
+            }
         }
         for dir in self.ring_dirs {
             let _ = std::fs::remove_dir(dir); // the directory first, then its parent

@@ -164,3 +164,30 @@ fn agent_failing_after_it_made_its_ring_directory_removes_it() {
     assert!(!rings.parent().expect("parent").exists(), "and the parent it made");
     drop(holder);
 }
+
+#[test]
+fn agent_failing_after_it_made_its_capture_directory_removes_both() {
+    let (holder, rings) = missing_ring_dir("otlpfail");
+    let cap = tempfile::tempdir().expect("dir");
+    let captures = cap.path().join("captures");
+    // An exporter that cannot be built: the start fails after the capture has begun.
+    let out = Command::new(vramhook_bin())
+        .arg("agent")
+        .arg("--no-http")
+        .arg("--ring-dir")
+        .arg(&rings)
+        .arg("--capture-dir")
+        .arg(&captures)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "::not a url::")
+        .output()
+        .expect("vramhook agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let error: Vec<&str> = stderr.lines().filter(|l| l.starts_with("vramhook: error:")).collect();
+    assert_eq!(error.len(), 1, "{stderr}");
+    assert!(error[0].contains("OTLP"), "{stderr}");
+    assert_eq!(stderr.matches("invalid uri character").count(), 1, "the cause once: {stderr}");
+    assert!(!captures.exists(), "the capture directory it made is gone");
+    assert!(!rings.exists() && !rings.parent().expect("parent").exists(), "and the ring directories");
+    drop(holder);
+}
