@@ -72,6 +72,12 @@ const PROCESS: &[&str] = &["process.pid", "process.executable.name", "device"];
 const NONE: &[&str] = &[];
 const KIND: &[&str] = &["kind"];
 const FRAMEWORK: &[&str] = &["process.pid", "process.executable.name", "device", "framework"];
+/// The owner of refused rings (the effective uid of their processes).
+const OWNER: &[&str] = &["process.user.id"];
+
+fn per_owner(st: &StatsView, f: impl Fn(&crate::stats::RingsTooLarge) -> f64) -> Vec<Point> {
+    st.rings_too_large.iter().map(|t| (vec![("process.user.id", t.uid.to_string())], f(t))).collect()
+}
 
 /// Live processes only: an exited process's series end with it.
 fn live(snap: &ModelSnapshot) -> impl Iterator<Item = &ProcessView> {
@@ -533,6 +539,24 @@ pub const ALL: &[MetricDef] = &[
         values: |_, st| one(st.rings_refused),
     },
     MetricDef {
+        otel: "vramhook.agent.rings.too_large",
+        unit: "{ring}",
+        prom: "vramhook_agent_rings_too_large_total",
+        kind: Kind::Counter,
+        labels: OWNER,
+        help: "Rings refused for being larger than the agent reads (--max-ring-mib), by owner: their processes are not traced (also in rings_refused).",
+        values: |_, st| per_owner(st, |t| t.rings as f64),
+    },
+    MetricDef {
+        otel: "vramhook.agent.rings.too_large.max_ring_mib",
+        unit: "{MiB}",
+        prom: "vramhook_agent_rings_too_large_max_ring_mib",
+        kind: Kind::Gauge,
+        labels: OWNER,
+        help: "The --max-ring-mib that would read the largest ring refused for its size, by owner.",
+        values: |_, st| per_owner(st, |t| t.max_ring_mib as f64),
+    },
+    MetricDef {
         otel: "vramhook.agent.rings.hostile",
         unit: "{ring}",
         prom: "vramhook_agent_rings_hostile_total",
@@ -728,8 +752,19 @@ mod tests {
         let sample = Event::framework_sample(vramhook_protocol::FrameworkId::PyTorch, 4096, 1024, 2048, 1);
         m.apply(&sample.by(7, 7).at(3).on_device(0));
         let snap = m.snapshot();
+        // A ring refused for its size (its series exist only then).
+        let stats = StatsView {
+            rings_too_large: vec![crate::stats::RingsTooLarge {
+                uid: 1000,
+                rings: 1,
+                largest_bytes: (128 << 20) + 4096,
+                limit_bytes: (64 << 20) + 4096,
+                max_ring_mib: 128,
+            }],
+            ..StatsView::default()
+        };
         for def in ALL {
-            let points = points(def, &snap, &StatsView::default());
+            let points = points(def, &snap, &stats);
             assert!(!points.is_empty(), "{} has no points", def.prom);
             for (labels, _) in points {
                 let keys: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();

@@ -691,6 +691,16 @@ impl RingSource {
             // The writer creates the file, then sizes it: a scan may see it empty. Wait
             // while the process it names lives; what it left unsized when gone is refused.
             Err(RingError::TooSmall(_)) if process_alive(key.0, key.1) => return Err(OpenError::NotReady),
+            // Never silently: counted per owner (the agent's state, `/metrics`, `top`) and
+            // refused with the setting that takes it.
+            Err(RingError::TooLarge { len, max }) => {
+                crate::stats::note_too_large(meta.uid(), len, max);
+                return Err(OpenError::Refuse(format!(
+                    "ring file is {len} bytes, more than the {max} bytes this reader takes: its process is not \
+                     traced (--max-ring-mib {} takes it)",
+                    crate::stats::max_ring_mib_for(len)
+                )));
+            }
             Err(e) => return Err(OpenError::Refuse(e.to_string())),
         };
         let info = ring.reader.info().clone();

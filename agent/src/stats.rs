@@ -136,6 +136,52 @@ pub struct StatsView {
     /// processes already forgotten.
     #[serde(default)]
     pub ooms: Vec<OomTally>,
+    /// Rings refused for being larger than this reader takes (`--max-ring-mib`), per owner:
+    /// their processes are not traced.
+    #[serde(default)]
+    pub rings_too_large: Vec<RingsTooLarge>,
+}
+
+/// Rings of one owner refused for their size: their processes are not traced.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct RingsTooLarge {
+    /// The rings' owner (the traced processes' effective uid).
+    pub uid: u32,
+    /// Rings refused.
+    pub rings: u64,
+    /// The largest of them, in bytes.
+    pub largest_bytes: u64,
+    /// The largest ring the reader takes, in bytes.
+    pub limit_bytes: u64,
+    /// The `--max-ring-mib` that takes the largest of them.
+    pub max_ring_mib: u64,
+}
+
+/// Rings refused for their size, by owner. Process-wide: the ring source that refuses
+/// them has no handle on an agent's counters (one agent, or one `top`, per process).
+static TOO_LARGE: std::sync::Mutex<std::collections::BTreeMap<u32, RingsTooLarge>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The `--max-ring-mib` that takes a ring file of `len` bytes (its slots, rounded up to a
+/// MiB; the header page is allowed for by the setting).
+pub fn max_ring_mib_for(len: u64) -> u64 {
+    len.saturating_sub(vramhook_protocol::ring::HEADER_SIZE as u64).div_ceil(1 << 20)
+}
+
+/// Counts a ring of `uid`, `len` bytes, refused for being over `limit` bytes.
+pub fn note_too_large(uid: u32, len: u64, limit: u64) {
+    if let Ok(mut m) = TOO_LARGE.lock() {
+        let t = m.entry(uid).or_insert_with(|| RingsTooLarge { uid, ..RingsTooLarge::default() });
+        t.rings = t.rings.saturating_add(1);
+        t.largest_bytes = t.largest_bytes.max(len);
+        t.limit_bytes = limit;
+        t.max_ring_mib = max_ring_mib_for(t.largest_bytes);
+    }
+}
+
+/// Every owner's rings refused for their size so far, in this process.
+pub fn rings_too_large() -> Vec<RingsTooLarge> {
+    TOO_LARGE.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
 }
 
 /// OOM incidents on one device with one verdict.
@@ -235,6 +281,7 @@ impl AgentStats {
                         .collect()
                 })
                 .unwrap_or_default(),
+            rings_too_large: rings_too_large(),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -138,6 +138,75 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         otlp: args.otlp || vramhook_agent::otlp::configured_by_env(),
         recover: !args.no_recover,
     };
-    vramhook_agent::run(cfg, Arc::new(AtomicBool::new(false)))?;
+    // The address first, before anything is made: a busy port is one line and leaves no
+    // directory behind. (The agent binds again; what it made by then is removed on error.)
+    if let Some(addr) = cfg.listen {
+        std::net::TcpListener::bind(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    }
+    let made = Made::before(&cfg);
+    if let Err(e) = vramhook_agent::run(cfg, Arc::new(AtomicBool::new(false))) {
+        made.undo();
+        return Err(anyhow::anyhow!("{}", once_each(&e)));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An error and its causes, each said once: a cause whose text the message already
+/// carries (`cannot listen on ADDR: {source}`) is not repeated after it.
+fn once_each(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text = format!("{text}: {c_text}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// The directories a failed start may have made (the ring directory and its parent, the
+/// capture directory): those missing before the start, removed again if it fails.
+struct Made {
+    /// Removed only when empty (a traced process may have put its ring there meanwhile).
+    ring_dirs: Vec<PathBuf>,
+    /// Removed with what the failed start wrote in it.
+    capture_dir: Option<PathBuf>,
+}
+
+impl Made {
+    fn before(cfg: &AgentConfig) -> Made {
+        let missing = |d: &Path| std::fs::symlink_metadata(d).is_err();
+        let ring_dir = &cfg.ingest.ring_dir;
+        let parent = ring_dir.parent().filter(|p| !p.as_os_str().is_empty());
+        Made {
+            ring_dirs: [Some(ring_dir.as_path()), parent]
+                .into_iter()
+                .flatten()
+                .filter(|d| missing(d))
+                .map(PathBuf::from)
+                .collect(),
+            capture_dir: cfg.capture.as_ref().map(|c| c.dir.clone()).filter(|d| missing(d)),
+        }
+    }
+
+    fn undo(self) {
+        // `vramhook_agent::run` fails only while it starts, before it records anything: at
+        // most the first capture file, its header and first checkpoint. A directory holding
+        // more than that is kept (recorded data is never removed).
+        if let Some(dir) = self.capture_dir {
+            let fresh = std::fs::read_dir(&dir).is_ok_and(|d| {
+                let entries: Vec<_> = d.filter_map(|e| e.ok()).collect();
+                entries.len() <= 1
+                    && entries.iter().all(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() <= 1 << 20))
+            });
+            if fresh {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        for dir in self.ring_dirs {
+            let _ = std::fs::remove_dir(dir); // the directory first, then its parent
+        }
+    }
 }

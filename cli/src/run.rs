@@ -4,9 +4,10 @@ use crate::summary::{self, Recorder};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::nvml::Feed;
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
@@ -69,12 +70,18 @@ fn has_oom(item: &SourceItem<'_>) -> bool {
 /// A poll that delivered at least this many events is followed by the next one at once.
 const BUSY_POLL: u64 = 256;
 
-/// The signals `run` passes on to its command.
-const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals `run` passes on to its command (the ones a user or a supervisor sends to
+/// stop, reload or poke a program; job control's stop and continue act on the whole process
+/// group by themselves).
+const FORWARDED: [libc::c_int; 6] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2];
+const N_FORWARDED: usize = FORWARDED.len();
 /// Received and not yet handled, per signal of [`FORWARDED`]: sent by a process (`kill`),
-/// and sent by the kernel (the terminal's ^C and hangup, to its whole foreground group).
-static PENDING_SENT: [AtomicU32; 3] = [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)];
-static PENDING_TTY: [AtomicU32; 3] = [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)];
+/// and sent by the kernel (the terminal's ^C, ^\ and hangup, to its whole foreground group).
+static PENDING_SENT: [AtomicU32; N_FORWARDED] = [const { AtomicU32::new(0) }; N_FORWARDED];
+static PENDING_TTY: [AtomicU32; N_FORWARDED] = [const { AtomicU32::new(0) }; N_FORWARDED];
+/// The sender (`si_pid`) of the last signal of each kind sent by a process.
+static SENDER: [AtomicI32; N_FORWARDED] = [const { AtomicI32::new(0) }; N_FORWARDED];
 /// `si_code` of a signal the kernel sent: the terminal's (it is not in the libc crate).
 const SI_KERNEL: libc::c_int = 0x80;
 
@@ -82,14 +89,27 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     let Some(i) = FORWARDED.iter().position(|s| *s == sig) else { return };
     // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
     let code = if info.is_null() { 0 } else { unsafe { (*info).si_code } };
+    if code != SI_KERNEL && !info.is_null() {
+        // SAFETY: as above; a signal a process sent carries its pid.
+        SENDER[i].store(unsafe { (*info).si_pid() }, Ordering::Relaxed);
+    }
     let pending = if code == SI_KERNEL { &PENDING_TTY } else { &PENDING_SENT };
     pending[i].fetch_add(1, Ordering::Relaxed);
 }
 
+/// Catches the signals of [`FORWARDED`], except those `run` inherited as ignored: they
+/// stay ignored, for `run` and for its command (`exec` keeps an ignored signal ignored; a
+/// caught one it resets to the default, which made a job started with `&` by a
+/// non-interactive shell, whose SIGINT is ignored, die of a `kill -INT`).
 fn install_signal_handlers() {
     for sig in FORWARDED {
-        // SAFETY: a handler that only bumps atomics; sigaction with a zeroed, filled struct.
+        // SAFETY: reading the current disposition; then a handler that only bumps atomics,
+        // installed with a zeroed, filled struct.
         unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
@@ -99,28 +119,244 @@ fn install_signal_handlers() {
     }
 }
 
-/// Passes on to the command the signals `run` received, each once. A signal from the
-/// terminal (^C, hangup: the kernel sends it to the whole foreground process group) already
-/// reached the command when it shares our process group, so it is not sent again; one
-/// sent to `run` alone (`kill PID`) is forwarded.
-fn forward_signals(child_pid: i32) {
-    for (i, sig) in FORWARDED.iter().enumerate() {
-        let sent = PENDING_SENT[i].swap(0, Ordering::Relaxed);
-        let tty = PENDING_TTY[i].swap(0, Ordering::Relaxed);
-        // SAFETY: getpgid/getpgrp have no memory preconditions.
-        let shares_group = unsafe { libc::getpgid(child_pid) == libc::getpgrp() };
-        let n = sent + if shares_group { 0 } else { tty };
-        for _ in 0..n {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(child_pid, *sig) };
+/// A process of `run`'s own, in its process group, that only receives signals: a signal
+/// sent to the group reaches it as it reaches `run` and the command; one sent to `run`
+/// alone does not. Its siginfo alone cannot tell `run` which of the two it got; the
+/// sentinel can. It keeps the signals of [`FORWARDED`] blocked and pending, and on each
+/// question from `run` hands over those it holds (signal, `si_code`, sender).
+///
+/// It dies with `run` (`PR_SET_PDEATHSIG`), and is killed once the command is reaped.
+struct Sentinel {
+    pid: i32,
+    ask: OwnedFd,
+    answers: OwnedFd,
+}
+
+/// One of the sentinel's answers: signal number (0 ends an answer), `si_code`, sender pid.
+const ANSWER: usize = 12;
+
+impl Sentinel {
+    fn spawn() -> Option<Sentinel> {
+        let (ask_r, ask_w) = pipe()?;
+        let (ans_r, ans_w) = pipe()?;
+        // SAFETY: signal masks of this thread; fork, and in the child only async-signal-safe
+        // calls (prctl, close, read, sigtimedwait, write, _exit) on its own descriptors.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in FORWARDED {
+                libc::sigaddset(&mut set, sig);
+            }
+            // Blocked across the fork: the sentinel never runs `run`'s handlers.
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            let parent = libc::getpid();
+            let pid = libc::fork();
+            if pid == 0 {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+                libc::prctl(libc::PR_SET_NAME, c"vramhook-signal".as_ptr());
+                for fd in [0, 1, 2, ask_w.as_raw_fd(), ans_r.as_raw_fd()] {
+                    libc::close(fd);
+                }
+                sentinel_loop(ask_r.as_raw_fd(), ans_w.as_raw_fd(), &set);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            if pid < 0 {
+                return None;
+            }
+            Some(Sentinel { pid, ask: ask_w, answers: ans_r })
+        }
+    }
+
+    /// The signals the sentinel received since the last question: (index in
+    /// [`FORWARDED`], `si_code`, sender). `None` when it does not answer within 2 s.
+    fn received(&self) -> Option<Vec<(usize, libc::c_int, i32)>> {
+        // SAFETY: writes, polls and reads on our own pipe descriptors into our buffers.
+        unsafe {
+            if libc::write(self.ask.as_raw_fd(), [1u8].as_ptr().cast(), 1) != 1 {
+                return None;
+            }
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let mut buf: Vec<u8> = Vec::with_capacity(ANSWER * 4);
+            let mut out = Vec::new();
+            loop {
+                while buf.len() >= ANSWER {
+                    let rec: Vec<u8> = buf.drain(..ANSWER).collect();
+                    let field = |i: usize| i32::from_ne_bytes([rec[i], rec[i + 1], rec[i + 2], rec[i + 3]]);
+                    if field(0) == 0 {
+                        return Some(out);
+                    }
+                    if let Some(i) = FORWARDED.iter().position(|s| *s == field(0)) {
+                        out.push((i, field(4), field(8)));
+                    }
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                let mut pfd = libc::pollfd { fd: self.answers.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                if libc::poll(&mut pfd, 1, left.as_millis().clamp(1, 2000) as i32) <= 0 {
+                    continue; // EINTR (one of our signals) or not yet: the deadline decides
+                }
+                let mut chunk = [0u8; ANSWER * 8];
+                let n = libc::read(self.answers.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len());
+                if n <= 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n as usize]);
+            }
         }
     }
 }
 
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        // SAFETY: killing our own child (reaped by `run`'s waitpid(-1) loop).
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+    }
+}
+
+/// The sentinel's life: at each byte from `run`, every signal it holds, then an end mark.
+///
+/// # Safety
+/// Only in the forked sentinel: async-signal-safe calls on its own descriptors.
+unsafe fn sentinel_loop(ask: libc::c_int, answers: libc::c_int, set: &libc::sigset_t) -> ! {
+    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    loop {
+        let mut b = 0u8;
+        let n = libc::read(ask, (&raw mut b).cast(), 1);
+        if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+            libc::_exit(0); // `run` is gone
+        }
+        if n < 0 {
+            continue;
+        }
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigtimedwait(set, &mut info, &zero);
+            if sig <= 0 {
+                break;
+            }
+            write_answer(answers, [sig, info.si_code, info.si_pid()]);
+        }
+        write_answer(answers, [0, 0, 0]);
+    }
+}
+
+/// # Safety
+/// A write of a stack buffer to a descriptor of the caller's.
+unsafe fn write_answer(fd: libc::c_int, fields: [i32; 3]) {
+    let mut rec = [0u8; ANSWER];
+    for (i, f) in fields.iter().enumerate() {
+        rec[i * 4..i * 4 + 4].copy_from_slice(&f.to_ne_bytes());
+    }
+    libc::write(fd, rec.as_ptr().cast(), ANSWER);
+}
+
+fn pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 into our array; the descriptors are owned below.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return None;
+        }
+        Some((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
+
+/// Passes on to the command the signals `run` received, each once, so that the command
+/// sees each signal as it would without `run`:
+///
+/// - from the terminal (^C, ^\, hangup: the kernel sends them to the whole foreground
+///   group): passed on only if the command left `run`'s process group (it got none);
+/// - from a process (`kill`): passed on unless it was sent to `run`'s process group while
+///   the command is in it (then the command got it too). The sentinel, a member of the
+///   group, tells which: a signal it also received, from the same sender, went to the
+///   group. Without an answer
+///   from it, the signal is passed on (a signal is never lost; at worst seen twice).
+struct Forwarder {
+    sentinel: Option<Sentinel>,
+    /// Signals the sentinel received that `run` has not yet matched (a group's signal is
+    /// queued to each member in one `kill()`; `run`'s handler may run just after the
+    /// question), each with its sender and when it was seen; forgotten after a second.
+    credit: Vec<(usize, i32, Instant)>,
+}
+
+impl Forwarder {
+    fn forward(&mut self, child_pid: i32) {
+        let take = |p: &[AtomicU32; N_FORWARDED]| -> [u32; N_FORWARDED] {
+            std::array::from_fn(|i| p[i].swap(0, Ordering::Relaxed))
+        };
+        let (sent, tty) = (take(&PENDING_SENT), take(&PENDING_TTY));
+        if sent.iter().chain(tty.iter()).all(|n| *n == 0) {
+            return;
+        }
+        if let Some(s) = &self.sentinel {
+            // A group's signal is queued to every member within the sender's one `kill()`
+            // (under the task list lock); by the time `run` handled its copy the others are
+            // queued, give or take microseconds: 2 ms covers the sender's other CPU.
+            if sent.iter().any(|n| *n > 0) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let now = Instant::now();
+            if let Some(got) = s.received() {
+                self.credit.extend(
+                    got.into_iter().filter(|(_, code, _)| *code != SI_KERNEL).map(|(i, _, from)| (i, from, now)),
+                );
+            }
+            self.credit.retain(|(_, _, at)| now.duration_since(*at) < Duration::from_secs(1));
+        }
+        // SAFETY: getpgid/getpgrp have no memory preconditions.
+        let shares_group = unsafe { libc::getpgid(child_pid) == libc::getpgrp() };
+        for (i, sig) in FORWARDED.iter().enumerate() {
+            let mut n = sent[i];
+            if shares_group {
+                // Each of these the command received too, through the group: the sentinel
+                // got the same signal from the same sender.
+                let from = SENDER[i].load(Ordering::Relaxed);
+                while n > 0 {
+                    let Some(k) = self.credit.iter().position(|(j, pid, _)| *j == i && *pid == from) else { break };
+                    self.credit.remove(k);
+                    n -= 1;
+                }
+            } else {
+                n += tty[i];
+            }
+            for _ in 0..n {
+                // SAFETY: signalling our own child, not yet reaped.
+                unsafe { libc::kill(child_pid, *sig) };
+            }
+        }
+    }
+}
+
+/// Ends `run` as its command ended, by the same signal (its default action, with no core
+/// file of `run`'s own), so that the shell sees what it would have seen without `run`:
+/// `$?` of 128 + the signal, and a shell that stops at a job killed by SIGINT stops.
+pub fn die_like_the_command(sig: libc::c_int) -> ExitCode {
+    // SAFETY: setrlimit with a filled struct; resetting a disposition, unblocking and
+    // raising a signal on ourselves.
+    unsafe {
+        let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        libc::setrlimit(libc::RLIMIT_CORE, &none);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    // A signal whose default is not to end a process (none the command died of).
+    ExitCode::from((128 + sig).clamp(0, 255) as u8)
+}
+
 /// How a process whose stream ended without an exit status stands with us.
 enum Reaped {
-    /// Our child, reaped now: its status.
-    Now(i32),
+    /// Our child, reaped now: its wait status.
+    Now(libc::c_int),
     /// Our child, still running (its ring was closed on its exit mark): reaped later.
     Later,
     /// Not our child (its parent reaps it): its status cannot be known.
@@ -139,7 +375,7 @@ fn reap(pid: u32) -> Reaped {
     let mut status = 0;
     // SAFETY: waitpid with a valid out pointer.
     match unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) } {
-        p if p > 0 => Reaped::Now(wait_status_code(status)),
+        p if p > 0 => Reaped::Now(status),
         0 => Reaped::Later,
         _ => Reaped::NotOurs,
     }
@@ -208,6 +444,11 @@ fn random_run_id() -> u64 {
     id.max(1)
 }
 
+/// The signal that ended a process, from its wait status.
+fn term_signal(status: libc::c_int) -> Option<libc::c_int> {
+    libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status))
+}
+
 fn wait_status_code(status: libc::c_int) -> i32 {
     if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
@@ -237,6 +478,8 @@ pub struct TracedRun<'a> {
 
 pub struct RunOutcome {
     pub exit_code: i32,
+    /// The signal that ended the command, if one did (`exit_code` is then 128 + it).
+    pub signal: Option<libc::c_int>,
     pub recorder: Recorder,
 }
 
@@ -263,7 +506,9 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     let tsc = TscClock::calibrate(Duration::from_millis(10));
     let mut recorder = Recorder::new(run.record)?;
     let mut source = RingSource::new(&ring_dir, RingFilter { run_id: Some(run_id) }, tsc);
-    if let Some(slots) = run.ring_slots {
+    // Asked for here, or inherited from the environment (the interposer reads it too).
+    let inherited = std::env::var("VRAMHOOK_RING_SLOTS").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(slots) = run.ring_slots.or(inherited) {
         // Rings as big as asked for are taken (two lanes' rounding to spare).
         let asked = (slots.max(1) as u128 * 64 * 2 + 4096 * 2).min(u64::MAX as u128) as u64;
         source.max_ring_bytes = source.max_ring_bytes.max(asked);
@@ -308,6 +553,8 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     // Before the spawn, so that no signal finds us without a handler (the command starts
     // with the default dispositions: exec resets caught signals).
     install_signal_handlers();
+    let mut forwarder = Forwarder { sentinel: Sentinel::spawn(), credit: Vec::new() };
+    let sentinel_pid = forwarder.sentinel.as_ref().map_or(0, |s| s.pid);
     let child = cmd.spawn().with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
     // NVML's per-process usage into the capture: periodic, and after each failure.
     let mut nvml = Feed::spawn(nvml, "vramhook", false);
@@ -327,6 +574,7 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     let mut last_discover = Instant::now() - discover_every;
 
     let mut exit_code = None;
+    let mut child_signal = None;
     let mut statuses: BTreeMap<u32, i32> = BTreeMap::new();
     // Streams of our children that ended before we reaped them: their end waits for the
     // exit status (so a capture's process end never lacks a status `run` knew).
@@ -335,19 +583,27 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     let mut idle = Duration::ZERO;
     let mut last_report = Instant::now();
     loop {
-        forward_signals(child_pid);
+        if exit_code.is_none() {
+            forwarder.forward(child_pid);
+        } else {
+            // The command is reaped: nothing to pass signals on to (its pid may be reused).
+            forwarder.sentinel = None;
+        }
         // Reap every descendant that has exited.
         while descendants_left {
             let mut status = 0;
             // SAFETY: waitpid with a valid out pointer.
             let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid > 0 {
+            if pid > 0 && pid == sentinel_pid {
+                continue;
+            } else if pid > 0 {
                 let code = wait_status_code(status);
                 source.set_exit_status(pid as u32, code);
                 recorder.note_exit_status(pid as u32, code);
                 statuses.insert(pid as u32, code);
                 if pid == child_pid {
                     exit_code = Some(code);
+                    child_signal = term_signal(status);
                 }
             } else if pid == 0 {
                 break;
@@ -371,8 +627,12 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
         let mut oom = false;
         let summary = source.poll(&mut |item| match item {
             SourceItem::End(mut end) if end.exit_status.is_none() => match reap(end.pid) {
-                Reaped::Now(code) => {
+                Reaped::Now(status) => {
+                    let code = wait_status_code(status);
                     source_statuses_note(&mut statuses, &mut exit_code, child_pid, end.pid, code);
+                    if end.pid as i32 == child_pid {
+                        child_signal = term_signal(status);
+                    }
                     recorder.note_exit_status(end.pid, code);
                     end.exit_status = Some(code);
                     recorder.handle(SourceItem::End(end));
@@ -442,7 +702,7 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     // source's locks released first), so nothing accumulates across runs.
     drop(source);
     collect_garbage(&ring_dir_fd);
-    Ok(RunOutcome { exit_code: exit_code.unwrap_or(1), recorder })
+    Ok(RunOutcome { exit_code: exit_code.unwrap_or(1), signal: child_signal, recorder })
 }
 
 /// Applies the gc rules to the ring directory (rings of processes that are gone).
@@ -487,5 +747,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8))
+    match outcome.signal {
+        Some(sig) => Ok(die_like_the_command(sig)),
+        None => Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8)),
+    }
 }

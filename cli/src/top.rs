@@ -2,7 +2,7 @@
 //! agent's state endpoint or, with no agent, from the rings directly.
 
 use anyhow::{Context, Result};
-use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind};
+use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
@@ -10,6 +10,7 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::http::{State, StateClient};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
@@ -32,6 +33,9 @@ pub struct TopArgs {
     /// Refresh interval in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub interval: u64,
+    /// Direct mode: largest ring to read, in MiB of slots (as `vramhook agent --max-ring-mib`).
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub max_ring_mib: u64,
     /// Print one frame as plain text (WIDTHxHEIGHT characters, default 120x40) and exit:
     /// for scripts, logs and terminals without a UI.
     #[arg(long, value_name = "WxH", num_args = 0..=1, default_missing_value = "120x40")]
@@ -51,10 +55,11 @@ enum Source {
 }
 
 impl Source {
-    fn direct(dir: PathBuf) -> Source {
+    fn direct(dir: PathBuf, max_ring_mib: u64) -> Source {
         let ring_dir = dir.display().to_string();
         let mut source = RingSource::new(dir, RingFilter::default(), None);
         source.skip_run_rings = true;
+        source.max_ring_bytes = max_ring_mib.max(1).saturating_mul(1 << 20).saturating_add(4096);
         Source::Direct {
             source: Box::new(source),
             model: Box::new(Model::new(vramhook_agent::model_config())),
@@ -86,6 +91,7 @@ impl Source {
                 stats.dropped_in_ring += vramhook_agent::stats::dropped_in_ring(marked, &summary);
                 stats.records_malformed += summary.malformed;
                 stats.rings_refused += source.take_refusals().len() as u64;
+                stats.rings_too_large = vramhook_agent::stats::rings_too_large();
                 stats.rings_open = source.open_rings() as u64;
                 Ok(State { agent: (**stats).clone(), ring_dir: ring_dir.clone(), snapshot: model.snapshot() })
             }
@@ -115,14 +121,14 @@ impl Source {
 pub fn top(args: TopArgs) -> Result<ExitCode> {
     let ring_dir = args.ring_dir.clone().unwrap_or_else(default_ring_dir);
     let mut source = if args.direct {
-        Source::direct(ring_dir)
+        Source::direct(ring_dir, args.max_ring_mib)
     } else {
         let client = StateClient::new(&args.agent).map_err(anyhow::Error::msg)?;
         match client.fetch(Duration::from_secs(2)) {
             Ok(_) => Source::Agent(client),
             Err(e) => {
                 eprintln!("vramhook top: no agent at {} ({e}); reading the rings directly", args.agent);
-                Source::direct(ring_dir)
+                Source::direct(ring_dir, args.max_ring_mib)
             }
         }
     };
@@ -147,11 +153,104 @@ pub fn top(args: TopArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    let foreground = Foreground::take()?;
+    install_stop_handlers();
     let mut terminal = ratatui::try_init().context("cannot start the terminal UI")?;
     let result = run_ui(&mut terminal, &mut source, Duration::from_millis(args.interval.max(50)));
     ratatui::restore();
+    drop(foreground);
     result?;
-    Ok(ExitCode::SUCCESS)
+    match STOP_SIGNAL.load(Ordering::Relaxed) {
+        0 => Ok(ExitCode::SUCCESS),
+        sig => Ok(die_by(sig)),
+    }
+}
+
+/// The signal that asked `top` to stop (`timeout`'s SIGTERM, a hangup, `kill -INT`): it
+/// then restores the terminal, gives the foreground back and dies by that signal.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::Relaxed);
+}
+
+fn install_stop_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: a handler that only stores an atomic; sigaction with a zeroed, filled struct.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Dies by `sig` (its default action), as a shell expects of a program it stopped so;
+/// exit status 128 + `sig` if that does not end the process.
+fn die_by(sig: libc::c_int) -> ExitCode {
+    // SAFETY: resetting a disposition and raising a signal on ourselves.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+    ExitCode::from((128 + sig).clamp(0, 255) as u8)
+}
+
+/// The terminal's foreground, taken for as long as `top` runs when it starts in a
+/// background process group: under `timeout` (which puts its command in a group of its
+/// own) or a script's job. There, setting up the terminal stopped it (SIGTTOU) before it
+/// drew anything, and it could not read a key. Given back when dropped.
+struct Foreground {
+    previous: libc::pid_t,
+}
+
+impl Foreground {
+    fn take() -> Result<Option<Foreground>> {
+        // SAFETY: isatty, tcgetpgrp and getpgrp on our own descriptors.
+        let (tty, fg, own) = unsafe { (libc::isatty(1) == 1, libc::tcgetpgrp(1), libc::getpgrp()) };
+        if !tty {
+            anyhow::bail!(
+                "vramhook top needs a terminal, and its output is not one: `vramhook top --once` prints one frame as text"
+            );
+        }
+        if fg < 0 || fg == own {
+            return Ok(None);
+        }
+        set_foreground(own).with_context(|| {
+            format!(
+                "vramhook top runs in a background process group ({own}) and cannot take the terminal from \
+                 group {fg}: run it in the foreground (`timeout --foreground`), or use `--once`"
+            )
+        })?;
+        Ok(Some(Foreground { previous: fg }))
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        let _ = set_foreground(self.previous);
+    }
+}
+
+/// Makes `pgrp` the terminal's foreground group, with SIGTTOU blocked (a process of a
+/// background group that does this is otherwise stopped).
+fn set_foreground(pgrp: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: signal masks of our own thread; tcsetpgrp on our own descriptor.
+    unsafe {
+        let (mut block, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+        let r = libc::tcsetpgrp(1, pgrp);
+        let err = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
 }
 
 fn run_ui(terminal: &mut ratatui::DefaultTerminal, source: &mut Source, interval: Duration) -> Result<()> {
@@ -160,6 +259,9 @@ fn run_ui(terminal: &mut ratatui::DefaultTerminal, source: &mut Source, interval
     let mut error: Option<String> = None;
     let mut last = Instant::now() - interval;
     loop {
+        if STOP_SIGNAL.load(Ordering::Relaxed) != 0 {
+            return Ok(());
+        }
         if last.elapsed() >= interval {
             last = Instant::now();
             match source.refresh() {
@@ -173,13 +275,20 @@ fn run_ui(terminal: &mut ratatui::DefaultTerminal, source: &mut Source, interval
         let label = source.label();
         let clock = Clock::now(source.local());
         terminal.draw(|f| draw(f, &label, state.as_ref(), error.as_deref(), sort, clock))?;
-        if event::poll(Duration::from_millis(100))? {
+        // A signal that interrupts the wait ends `top` (above), not as an error.
+        let ready = match event::poll(Duration::from_millis(100)) {
+            Err(_) if STOP_SIGNAL.load(Ordering::Relaxed) != 0 => continue,
+            r => r?,
+        };
+        if ready {
             if let TermEvent::Key(k) = event::read()? {
                 if k.kind != KeyEventKind::Press {
                     continue;
                 }
                 match k.code {
                     KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    // Raw mode: ^C is a key here, not SIGINT.
+                    KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return Ok(()),
                     KeyCode::Char('l') => sort = Sort::Live,
                     KeyCode::Char('p') => sort = Sort::Peak,
                     KeyCode::Char('n') => sort = Sort::Pid,
@@ -306,9 +415,28 @@ fn oom_lines(s: &State, width: usize, height: usize, clock: Clock) -> Vec<Line<'
     out
 }
 
+/// One line per owner whose rings were refused for their size: processes not traced at
+/// all, with the setting that reads them.
+fn too_large_lines(a: &StatsView) -> Vec<String> {
+    a.rings_too_large
+        .iter()
+        .map(|t| {
+            format!(
+                "NOT TRACED: {} ring(s) of uid {} larger than the reader takes ({} > {}): restart it with --max-ring-mib {}",
+                t.rings,
+                t.uid,
+                fmt_bytes(t.largest_bytes),
+                fmt_bytes(t.limit_bytes),
+                t.max_ring_mib
+            )
+        })
+        .collect()
+}
+
 fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort, clock: Clock) {
+    let warnings = state.map(|s| too_large_lines(&s.agent)).unwrap_or_default();
     let [head, devs, procs, ooms, help] = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(3 + warnings.len().min(4) as u16),
         Constraint::Length(5),
         Constraint::Min(6),
         Constraint::Percentage(40),
@@ -326,7 +454,14 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     if let Some(e) = error {
         status = format!("{status}  STALE: {e}");
     }
-    f.render_widget(Paragraph::new(status).block(Block::bordered().title(format!(" vramhook top — {label} "))), head);
+    let mut head_lines = vec![Line::from(status)];
+    head_lines.extend(
+        warnings.into_iter().map(|w| Line::styled(w, Style::default().fg(Color::Red).add_modifier(Modifier::BOLD))),
+    );
+    f.render_widget(
+        Paragraph::new(head_lines).block(Block::bordered().title(format!(" vramhook top — {label} "))),
+        head,
+    );
 
     let rows = s.snapshot.devices.iter().map(|d| {
         Row::new(vec![

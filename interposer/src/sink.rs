@@ -703,6 +703,29 @@ fn warn(reason: &[u8], dir: &[u8]) {
     unsafe { libc::write(2, line.buf.as_ptr() as *const libc::c_void, line.len) };
 }
 
+/// A ring larger than an agent reads by default (`vramhook agent --max-ring-mib`, 64 MiB of
+/// slots) is refused by it, and nothing of this process would be recorded: said once, when
+/// the ring is made (at the first CUDA call, never before), with the setting that reads it.
+/// Not under `vramhook run`, whose reader takes rings as large as it asked for.
+fn say_if_an_agent_refuses(len: u64) {
+    use vramhook_protocol::ring::{DEFAULT_MAX_RING_BYTES, HEADER_SIZE};
+    if len <= DEFAULT_MAX_RING_BYTES
+        || config::RUN_ID.load(Ordering::Relaxed) != 0
+        || config::QUIET.load(Ordering::Relaxed)
+    {
+        return;
+    }
+    let mib = (len - HEADER_SIZE as u64).div_ceil(1 << 20);
+    let mut line = StackStr::<512>::new();
+    line.push(b"vramhook: this process's ring is ");
+    line.push_u64(mib);
+    line.push(b" MiB (VRAMHOOK_RING_SLOTS), more than an agent reads by default (64 MiB): start the agent with --max-ring-mib ");
+    line.push_u64(mib);
+    line.push(b", or it refuses this ring and records nothing of this process. VRAMHOOK_QUIET=1 silences this.\n");
+    // SAFETY: writing our buffer to stderr; a failed write is ignored.
+    unsafe { libc::write(2, line.buf.as_ptr() as *const libc::c_void, line.len) };
+}
+
 fn errno_name() -> &'static [u8] {
     ringdir::errno_text(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
 }
@@ -918,6 +941,7 @@ fn create_ring() -> bool {
         return false;
     }
     drop(dir_fd);
+    say_if_an_agent_refuses(len as u64);
     // SAFETY: only the creating thread writes here, before READY is published.
     unsafe { (*RING.writer.get()).write(writer) };
     RING.map.store(map as usize, Ordering::Relaxed);
