@@ -280,11 +280,11 @@ fn oom_lines(s: &State, width: usize, height: usize, clock: Clock) -> Vec<Line<'
     let incidents = &s.snapshot.incidents;
     for (shown, i) in incidents.iter().rev().enumerate() {
         let head = format!(
-            "{} · pid {} dev {} · {:?}: asked {} ({})",
+            "{} · pid {} dev {} · {}: asked {} ({})",
             clock.when(i.ts_ns, s.snapshot.now_ns),
             i.pid,
             i.device,
-            i.verdict,
+            i.verdict.name(),
             fmt_bytes(i.requested_bytes),
             i.api.name()
         );

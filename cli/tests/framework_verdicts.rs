@@ -48,8 +48,8 @@ fn a_fragmented_cache_with_the_simulated_lens_is_framework_fragmentation_with_it
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
-    assert_eq!(o["outcome"], "Failed");
+    assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "failed");
     assert_eq!(o["framework"], "pytorch", "attributed from the libc10_cuda.so it maps");
     let l = &o["framework_oom"];
     assert_eq!(l["requested"], 2000 * MIB);
@@ -70,7 +70,7 @@ fn without_the_lens_the_same_cache_is_framework_cache_not_capacity() {
     let (cap, _) = run(dir.path(), "nolens", &[&workload("torch_fragmented")], &[("SIM_NO_LENS", "1")]);
     let r = report(&cap);
     let o = &r["ooms"][0];
-    assert_eq!(o["verdict_name"], "framework_cache", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "framework_cache", "{}", o["explanation"]);
     assert!(o["explanation"].as_str().is_some_and(|t| t.contains("PyTorch held 15.62 GiB")), "{}", o["explanation"]);
     assert_eq!(o["framework_oom"], Value::Null);
 }
@@ -93,7 +93,7 @@ fn a_true_shortage_stays_capacity() {
     let r = report(&cap);
     let ooms = r["ooms"].as_array().expect("ooms");
     assert!(!ooms.is_empty());
-    assert!(ooms.iter().all(|o| o["verdict_name"] == "capacity"), "{ooms:#?}");
+    assert!(ooms.iter().all(|o| o["verdict"] == "capacity"), "{ooms:#?}");
 }
 
 /// A framework library loaded after the process's first CUDA call (the ring's creation scan
@@ -122,7 +122,7 @@ fn a_framework_library_loaded_after_the_first_cuda_call_is_attributed() {
         // The fill's last 100 MiB and the 500 MiB request.
         assert_eq!(ooms.len(), 2, "{name}: {ooms:#?}");
         for o in ooms {
-            assert_eq!(o["verdict_name"], verdict, "{name}: {}", o["explanation"]);
+            assert_eq!(o["verdict"], verdict, "{name}: {}", o["explanation"]);
             assert_eq!(o["framework"], framework, "{name}");
         }
     }
@@ -164,8 +164,8 @@ fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
             assert_eq!(out.status.code(), Some(0), "{stderr}");
             assert!(stdout.contains("no_oom"), "{stdout}");
             assert_eq!(ooms.len(), 1, "{ooms:#?}");
-            assert_eq!(ooms[0]["outcome"], "Recovered");
-            assert_eq!(ooms[0]["verdict_name"], "reclaimable", "{}", ooms[0]["explanation"]);
+            assert_eq!(ooms[0]["outcome"], "recovered");
+            assert_eq!(ooms[0]["verdict"], "reclaimable", "{}", ooms[0]["explanation"]);
             continue;
         }
         assert_eq!(out.status.code(), Some(1), "{name}: the program raised its OOM: {stderr}");
@@ -181,8 +181,8 @@ fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
         assert_eq!(last["aux"], if largest.is_null() { unknown } else { largest.clone() }, "{name}");
         assert_eq!(ooms.len(), 1, "{name}: {ooms:#?}");
         let o = &ooms[0];
-        assert_eq!(o["verdict_name"], "framework_fragmentation", "{name}: {}", o["explanation"]);
-        assert_eq!(o["outcome"], "FailedAgain", "{name}");
+        assert_eq!(o["verdict"], "framework_fragmentation", "{name}: {}", o["explanation"]);
+        assert_eq!(o["outcome"], "failed_again", "{name}");
         assert_eq!(o["requested_bytes"], 300 * MIB);
         let text = o["explanation"].as_str().expect("explanation");
         assert!(text.contains(&format!("{framework}'s lens")), "{name}: {text}");
@@ -243,8 +243,8 @@ fn the_python_lens_sees_the_cache_of_a_python_program() {
     assert!(stack_snapshots(dir.path()).is_empty(), "stacks are off by default");
     let r = report(&cap);
     let o = &r["ooms"][0];
-    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
-    assert_eq!(o["outcome"], "Failed");
+    assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "failed");
     let l = &o["framework_oom"];
     assert_eq!(l["requested"], 300 * MIB);
     assert_eq!((l["reserved"].as_u64(), l["allocated"].as_u64()), (Some(1000 * MIB), Some(600 * MIB)));
@@ -351,7 +351,7 @@ fn with_stacks_on_the_lens_dumps_the_snapshot_and_analyze_names_the_lines_that_h
     // The capture's incident (the lens's verdict) carries the snapshot's stacks.
     let o =
         r["ooms"].as_array().unwrap().iter().find(|o| o["from_snapshot"].is_null()).expect("the capture's incident");
-    assert_eq!(o["verdict_name"], "framework_fragmentation");
+    assert_eq!(o["verdict"], "framework_fragmentation");
     let live = &o["live_at_oom"];
     assert_eq!((live["allocations"].as_u64(), live["bytes"].as_u64()), (Some(10), Some(600 * MIB)), "{live}");
     assert_eq!(live["without_stack"], 0);

@@ -207,7 +207,7 @@ fn ooms_html(h: &mut String, r: &Report) {
     for (n, o) in r.ooms.iter().enumerate() {
         h.push_str(&format!(
             "<div class=oom id=oom-{}><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
-             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {:?} after {} failure(s), {} retries; {} freed in between\n",
+             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {} after {} failure(s), {} retries; {} freed in between\n",
             o.id,
             n + 1,
             rel(r, o.ts_ns),
@@ -223,7 +223,7 @@ fn ooms_html(h: &mut String, r: &Report) {
                 Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&o.explanation).replace('\n', "<br>"),
                 None => esc(&o.explanation).replace('\n', "<br>"),
             },
-            o.outcome,
+            o.outcome.name(),
             o.failures,
             o.retries,
             fmt_bytes(o.freed_bytes_between)

@@ -223,14 +223,14 @@ pub fn render(r: &Report) -> String {
         if let Some(line) = snapshot_origin(r, i) {
             let _ = writeln!(o, "     {line}");
         }
-        let _ = writeln!(o, "     verdict: {}", i.verdict_name.to_uppercase());
+        let _ = writeln!(o, "     verdict: {}", i.verdict_name);
         for line in i.explanation.lines() {
             let _ = writeln!(o, "     {line}");
         }
         let _ = writeln!(
             o,
-            "     outcome: {:?} after {} failure(s), {} retr{}; {} freed in between; idle: own {}, other processes {}",
-            i.outcome,
+            "     outcome: {} after {} failure(s), {} retr{}; {} freed in between; idle: own {}, other processes {}",
+            i.outcome.name(),
             i.failures,
             i.retries,
             if i.retries == 1 { "y" } else { "ies" },
