@@ -279,7 +279,7 @@ fn vmm_reservations_name_their_device_in_real_captures() {
         .expect("analyze");
     assert_eq!(r.fragmentation.len(), 1);
     assert_eq!(r.fragmentation[0].device, -1, "nothing was mapped: no device to name");
-    assert!(text::render(&r).contains("pid 555 dev ? VmmReservation"));
+    assert!(text::render(&r).contains("pid 555 dev ? VMM reservation"));
 }
 
 /// A pid reused is another process with its own losses: each process-end frame's drops go
