@@ -493,7 +493,7 @@ mod tests {
         let clock = Clock(Some((10_000_000_000, 1_796_184_010_000_000_000)));
         let lines = text(&oom_lines(&s, 70, 100, clock));
         let joined = lines.join(" ");
-        assert!(lines[0].starts_with("04:00:04 UTC (6s ago) · pid 100 dev 0 · Capacity: asked 3.00 GiB"), "{lines:#?}");
+        assert!(lines[0].starts_with("04:00:04 UTC (6s ago) · pid 100 dev 0 · capacity: asked 3.00 GiB"), "{lines:#?}");
         for i in &s.snapshot.incidents {
             let words: Vec<&str> = i.explanation.split_whitespace().collect();
             assert!(joined.split_whitespace().collect::<Vec<_>>().windows(words.len()).any(|w| w == words), "{joined}");
