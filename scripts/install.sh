@@ -5,6 +5,12 @@
 #   scripts/install.sh [--from DIR] [--destdir DIR]     install (builds target/release first
 #                                                       when DIR has no binaries)
 #   scripts/install.sh --uninstall [--destdir DIR]      remove what install put in place
+#   scripts/install.sh --user [--from DIR] [--uninstall]
+#                                                       for this user only, no root, no units:
+#       ~/.local/bin/vramhook                         the CLI and agent
+#       ~/.local/share/vramhook/libvramhook.so        the interposer (`vramhook run` finds it)
+#       ~/.local/share/vramhook/lens/                 the PyTorch lens (`vramhook lens-dir`)
+#     and says whether ~/.local/bin is on PATH, with the line to add when it is not.
 #
 # What goes where (the paths the units, the DaemonSet and the README use):
 #   /usr/local/bin/vramhook                       the CLI and agent
@@ -20,15 +26,55 @@ cd "$(dirname "$0")/.."
 from=target/release
 destdir=""
 mode=install
+user=0
 while (($#)); do
     case "$1" in
         --from) from="$2"; shift 2 ;;
         --destdir) destdir="${2%/}"; shift 2 ;;
         --uninstall) mode=uninstall; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        --user) user=1; shift ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+
+if [ "$user" = 1 ]; then
+    [ -z "$destdir" ] || { echo "install.sh: --user and --destdir do not go together" >&2; exit 2; }
+    ubin="$HOME/.local/bin"
+    ushare="$HOME/.local/share/vramhook"
+    if [ "$mode" = uninstall ]; then
+        for f in "$ubin/vramhook" "$ushare/libvramhook.so"; do
+            if [ -e "$f" ]; then rm -f "$f"; echo "removed $f"; fi
+        done
+        if [ -d "$ushare/lens" ]; then rm -rf "$ushare/lens"; echo "removed $ushare/lens"; fi
+        rmdir "$ushare" 2>/dev/null || true
+        exit 0
+    fi
+    if [ ! -x "$from/vramhook" ] || [ ! -f "$from/libvramhook.so" ]; then
+        echo "install.sh: no vramhook and libvramhook.so in $from (build them: cargo build --release -p vramhook -p vramhook-interposer)" >&2
+        exit 1
+    fi
+    mkdir -p "$ubin" "$ushare/lens"
+    # Through a temporary name and a rename: a vramhook running from there keeps its file.
+    install -m 0755 "$from/vramhook" "$ubin/.vramhook.new" && mv -f "$ubin/.vramhook.new" "$ubin/vramhook"
+    install -m 0755 "$from/libvramhook.so" "$ushare/.libvramhook.so.new" && mv -f "$ushare/.libvramhook.so.new" "$ushare/libvramhook.so"
+    rm -rf "$ushare/lens.new"
+    mkdir -p "$ushare/lens.new"
+    cp -R lens/sitecustomize.py lens/vramhook_lens "$ushare/lens.new/"
+    find "$ushare/lens.new" -name __pycache__ -prune -exec rm -rf {} +
+    rm -rf "$ushare/lens" && mv "$ushare/lens.new" "$ushare/lens"
+    echo "installed $ubin/vramhook"
+    echo "installed $ushare/libvramhook.so"
+    echo "installed $ushare/lens/"
+    case ":$PATH:" in
+        *":$ubin:"*) echo "install.sh: $ubin is on your PATH: run vramhook --version" ;;
+        *)
+            echo "install.sh: $ubin is not on your PATH. Add it (then open a new shell):"
+            echo "    echo 'export PATH=\"\$HOME/.local/bin:\$PATH\"' >> ~/.bashrc"
+            echo "or run it as $ubin/vramhook" ;;
+    esac
+    exit 0
+fi
 
 bin="$destdir/usr/local/bin/vramhook"
 lib="$destdir/opt/vramhook/libvramhook.so"

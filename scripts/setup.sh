@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# Sets up a new machine and runs the main job on a built-in default:
-#   - installs the system packages the tools and tests need (Debian/Ubuntu, apt-get);
-#   - builds the real OTLP backends the agent's tests use (Jaeger v2, Prometheus 3, with go install);
-#   - builds the simulated CUDA driver (tests/simcuda) and vramhook itself;
+# Sets up a new machine for vramhook and runs the main job on a built-in default:
+#   - installs the system packages vramhook's build needs (Debian/Ubuntu, apt-get): make, a
+#     C compiler, python3, and clang, llvm and libbpf-dev for the eBPF programs;
+#   - builds the simulated CUDA driver (tests/simcuda) and vramhook itself (the `vramhook`
+#     binary and the interposer `libvramhook.so`, in target/$VRAMHOOK_PROFILE/);
+#   - installs them for this user (scripts/install.sh --user: ~/.local/bin/vramhook,
+#     ~/.local/share/vramhook/libvramhook.so and the PyTorch lens) and says whether
+#     ~/.local/bin is on PATH, with the one line to add when it is not;
 #   - traces the demo workload on the simulated driver and analyses its capture.
-# Env: VRAMHOOK_PROFILE=release|debug (default release), SETUP_SKIP_BACKENDS=1, SETUP_NO_DEMO=1.
+# The tests' own tools (chromium, tmux, Go and the Go-built backends: Prometheus, promtool,
+# Jaeger, cargo-deb, maturin) are not set up here: scripts/test.sh builds them when missing
+# and keeps them in .tools/ between runs.
+# Env: VRAMHOOK_PROFILE=release|debug (default release), SETUP_NO_INSTALL=1, SETUP_NO_DEMO=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 profile="${VRAMHOOK_PROFILE:-release}"
+case "$profile" in
+    release|debug) ;;
+    *) echo "setup: VRAMHOOK_PROFILE must be release or debug, not $profile" >&2; exit 2 ;;
+esac
 
 missing=()
 command -v make >/dev/null || missing+=(make)
 command -v cc >/dev/null || missing+=(gcc)
 command -v python3 >/dev/null || missing+=(python3)
-command -v chromium >/dev/null || missing+=(chromium)
-command -v tmux >/dev/null || missing+=(tmux)
-command -v go >/dev/null || missing+=(golang-go)
-command -v systemd-analyze >/dev/null || missing+=(systemd)
+# The README's recipes read the agent's /metrics with curl.
+command -v curl >/dev/null || missing+=(curl)
 # eBPF mode: the BPF programs are built by clang against the libbpf headers.
 command -v clang >/dev/null || missing+=(clang)
 command -v llvm-strip >/dev/null || missing+=(llvm)
@@ -31,18 +40,23 @@ if ((${#missing[@]})); then
 fi
 command -v cargo >/dev/null || { echo "setup: Rust is required (cargo not found; see https://rustup.rs)" >&2; exit 1; }
 
-[ "${SETUP_SKIP_BACKENDS:-0}" = 1 ] || scripts/ci-backends.sh
-
 make -s -C tests/simcuda
+# Only the CLI and the interposer: the tests build the rest (scripts/test.sh).
 if [ "$profile" = release ]; then
-    cargo build --release --workspace
+    cargo build --release -p vramhook -p vramhook-interposer
 else
-    cargo build --workspace
+    cargo build -p vramhook -p vramhook-interposer
+fi
+bin="$root/target/$profile/vramhook"
+lib="$root/target/$profile/libvramhook.so"
+echo "setup: built $bin and $lib"
+
+if [ "${SETUP_NO_INSTALL:-0}" != 1 ]; then
+    scripts/install.sh --user --from "target/$profile"
 fi
 
 if [ "${SETUP_NO_DEMO:-0}" != 1 ]; then
     mkdir -p target/demo
-    bin="$root/target/$profile/vramhook"
     echo
     echo "== vramhook demo: a PyTorch-style caching allocator on the simulated CUDA driver, traced"
     "$bin" demo --record target/demo/vramhook-demo.vhc

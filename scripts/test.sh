@@ -1,10 +1,29 @@
 #!/usr/bin/env bash
 # Runs all the tests: formatting and lints, the simulated driver's self-test, and the
 # workspace's tests (unit, property, corruption, end to end through the simulated CUDA
-# driver, real Jaeger and Prometheus on loopback, headless Chromium). Run
-# scripts/setup.sh once first (it installs chromium, tmux and the Go-built backends).
+# driver, real Jaeger and Prometheus on loopback, headless Chromium, the README's recipes).
+# Run scripts/setup.sh once first (it builds vramhook and the simulated driver).
+# What only the tests need is set up here when missing: chromium, tmux, Go and systemd's
+# tools (apt-get), and the Go-built backends and packagers (scripts/ci-backends.sh:
+# Prometheus, promtool, Jaeger, k8s-check, cargo-deb, maturin), built once and cached in
+# .tools/ between runs (a second run builds nothing). TEST_SKIP_BACKENDS=1 skips them:
+# their tests then say "not run".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v tmux >/dev/null || missing+=(tmux)
+command -v go >/dev/null || missing+=(golang-go)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+    echo "test: installing ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+[ "${TEST_SKIP_BACKENDS:-0}" = 1 ] || scripts/ci-backends.sh
 make -s -C tests/simcuda
 cargo fmt --all -- --check
 cargo build --workspace --all-targets

@@ -394,9 +394,9 @@ fn notes(r: &mut Replayer, processes: &[ProcessReport]) -> Vec<String> {
     notes.extend(folded_notes(&r.folded));
     if r.exits_summarised > 0 {
         notes.push(format!(
-            "{} processes exited after the work budget for full views at exit was spent: their size and age \
+            "{} exited after the work budget for full views at exit was spent: their size and age \
              histograms and largest allocations at exit are not listed",
-            r.exits_summarised
+            crate::render::count(r.exits_summarised, "process", "processes")
         ));
     }
     notes
@@ -438,8 +438,8 @@ fn folded_notes(f: &Folded) -> Vec<String> {
     let limit = f.max_items;
     if f.processes > 0 {
         out.push(format!(
-            "{} more processes past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
-            f.processes,
+            "{} past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+            crate::render::count(f.processes, "more process", "more processes"),
             f.process_events,
             fmt_bytes(f.process_bytes)
         ));

@@ -7,8 +7,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 
-/// Version of the JSON report's schema.
-pub const SCHEMA_VERSION: u32 = 3;
+/// Version of the JSON report's schema (4: `ooms[].verdict`, `ooms[].outcome` and
+/// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone).
+pub const SCHEMA_VERSION: u32 = 4;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -373,13 +374,17 @@ pub struct OomReport {
     pub requested_bytes: u64,
     pub device_free_bytes: Option<u64>,
     pub device_total_bytes: Option<u64>,
+    /// In JSON its name (`capacity`, `framework_fragmentation`, …: [`Verdict::name`]).
     pub verdict: Verdict,
+    /// The same name, for Rust callers (not in JSON: `verdict` carries it).
+    #[serde(skip)]
     pub verdict_name: String,
     pub unknown_reason: Option<String>,
     pub explanation: String,
     pub failures: u64,
     pub retries: u64,
     pub freed_bytes_between: u64,
+    /// In JSON its name (`recovered`, `failed_again`, `open`, `failed`: [`Outcome::name`]).
     pub outcome: Outcome,
     pub own_idle_bytes: u64,
     pub other_idle_bytes: u64,

@@ -49,7 +49,7 @@ fn lens_records_become_timelines_with_the_agents_numbers() {
     let line = t.lines().find(|l| l.contains("pid 100 dev 1 pytorch (lens, 41 readings)")).expect("text line");
     assert!(line.contains("reserved peak 4.00 GiB"), "{line}");
     assert!(line.contains("largest free block 512.00 MiB (last measured), fragmentation 0.50"), "{line}");
-    assert!(line.contains("1 framework OOM(s)"), "{line}");
+    assert!(line.contains("; 1 framework OOM"), "{line}");
     let h = html::render(&r);
     assert!(h.contains("id=plot-fw-bytes") && h.contains("id=plot-fw-frag"));
     assert!(!h.contains("id=no-framework"));

@@ -249,10 +249,11 @@ fn text_and_json_reports_carry_the_log_incidents() {
     let r = run(&[fixture("h200-oom/torch_default_fragmented.log")]);
     let text = vramhook_analyzer::render::text::render(&r);
     assert!(text.contains("FROM LOGS (1 incident(s) in 1 file(s))"), "{text}");
-    assert!(text.contains("FRAMEWORK_FRAGMENTATION"), "{text}");
+    assert!(text.contains("): framework_fragmentation"), "{text}");
     let json = serde_json::to_value(&r).expect("json");
-    assert_eq!(json["schema_version"], 3);
-    assert_eq!(json["log_incidents"][0]["verdict_name"], "framework_fragmentation");
+    assert_eq!(json["schema_version"], 4);
+    assert_eq!(json["log_incidents"][0]["verdict"], "framework_fragmentation");
+    assert!(json["log_incidents"][0].get("verdict_name").is_none(), "schema 4: verdict_name is gone");
 }
 
 /// The fuzz body over every fixture, with each parser alone and all together, and over

@@ -17,7 +17,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
     assert_eq!(r.inputs[0].status, InputStatus::Complete);
-    assert_eq!(r.schema_version, 3);
+    assert_eq!(r.schema_version, 4);
     let p = proc(&r, 100);
     assert_eq!(p.command, "python train.py");
     assert_eq!(p.device, 0);
@@ -59,7 +59,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     assert!(r.timelines.devices[0].free_bytes.len() >= 2);
 
     let t = text::render(&r);
-    for needle in ["OOM INCIDENTS (1)", "verdict: CAPACITY", "LEAKS", "FRAGMENTATION", "INCOMPLETE", "200.00 GiB"] {
+    for needle in ["OOM INCIDENTS (1)", "verdict: capacity", "LEAKS", "FRAGMENTATION", "INCOMPLETE", "200.00 GiB"] {
         assert!(t.contains(needle), "text report lacks {needle:?}:\n{t}");
     }
 }
@@ -279,7 +279,7 @@ fn vmm_reservations_name_their_device_in_real_captures() {
         .expect("analyze");
     assert_eq!(r.fragmentation.len(), 1);
     assert_eq!(r.fragmentation[0].device, -1, "nothing was mapped: no device to name");
-    assert!(text::render(&r).contains("pid 555 dev ? VmmReservation"));
+    assert!(text::render(&r).contains("pid 555 dev ? VMM reservation"));
 }
 
 /// A pid reused is another process with its own losses: each process-end frame's drops go

@@ -389,11 +389,11 @@ fn oom_lines(s: &State, width: usize, height: usize, clock: Clock) -> Vec<Line<'
     let incidents = &s.snapshot.incidents;
     for (shown, i) in incidents.iter().rev().enumerate() {
         let head = format!(
-            "{} · pid {} dev {} · {:?}: asked {} ({})",
+            "{} · pid {} dev {} · {}: asked {} ({})",
             clock.when(i.ts_ns, s.snapshot.now_ns),
             i.pid,
             i.device,
-            i.verdict,
+            i.verdict.name(),
             fmt_bytes(i.requested_bytes),
             i.api.name()
         );
@@ -522,22 +522,24 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
     // Byte columns of 10: "138.04 GiB" (fmt_bytes stays below 1,000 of a unit but for
     // 1000..1023.99, which is cut to its first 10 characters). A lens's free cache is in
     // releasable + stranded (the cache's whole free segments, and its split blocks).
+    // pid, command, live, held, releasable, stranded, streams, peak, allocs, free span, frag,
+    // c.frag, fit, OOMs, dropped: 136 columns with their gaps, for a 140-column terminal.
     let widths = [
         Constraint::Length(8),
-        Constraint::Min(16),
+        Constraint::Min(14),
         Constraint::Length(10),
         Constraint::Length(10),
         Constraint::Length(10),
         Constraint::Length(10),
         Constraint::Length(7),
         Constraint::Length(10),
-        Constraint::Length(7),
+        Constraint::Length(6),
         Constraint::Length(10),
         Constraint::Length(5),
-        Constraint::Length(7),
+        Constraint::Length(6),
         Constraint::Length(5),
         Constraint::Length(4),
-        Constraint::Length(8),
+        Constraint::Length(7),
     ];
     let sort_name = match sort {
         Sort::Live => "live",
@@ -670,7 +672,7 @@ mod tests {
         let clock = Clock(Some((10_000_000_000, 1_796_184_010_000_000_000)));
         let lines = text(&oom_lines(&s, 70, 100, clock));
         let joined = lines.join(" ");
-        assert!(lines[0].starts_with("04:00:04 UTC (6s ago) · pid 100 dev 0 · Capacity: asked 3.00 GiB"), "{lines:#?}");
+        assert!(lines[0].starts_with("04:00:04 UTC (6s ago) · pid 100 dev 0 · capacity: asked 3.00 GiB"), "{lines:#?}");
         for i in &s.snapshot.incidents {
             let words: Vec<&str> = i.explanation.split_whitespace().collect();
             assert!(joined.split_whitespace().collect::<Vec<_>>().windows(words.len()).any(|w| w == words), "{joined}");

@@ -64,7 +64,7 @@ fn top_shows_processes_peaks_and_ooms_from_the_agent() {
         s.contains(&pid.to_string())
             && s.contains("6.00 MiB")
             && s.contains("recent OOMs (1 total)")
-            && s.contains("Capacity")
+            && s.contains("capacity: asked")
     });
     assert!(screen.contains("10.01 MiB"), "peak shown:\n{screen}");
     // The OOM whole: its time on this host's clock, and every word of its explanation.

@@ -64,7 +64,7 @@ fn demo_oom_post_mortem_in_every_format() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cap = record(dir.path(), "torch_caching", &[]);
     let r = json(&[s(&cap)]);
-    assert_eq!(r["schema_version"], 3);
+    assert_eq!(r["schema_version"], 4);
     let procs = r["processes"].as_array().expect("processes");
     assert_eq!(procs.len(), 1);
     let p = &procs[0];
@@ -77,14 +77,14 @@ fn demo_oom_post_mortem_in_every_format() {
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "fail, free the cache, retry, fail: one incident");
     assert_eq!(ooms[0]["requested_bytes"], 200u64 << 30);
-    assert_eq!(ooms[0]["verdict"], "Capacity");
-    assert_eq!(ooms[0]["outcome"], "FailedAgain");
+    assert_eq!(ooms[0]["verdict"], "capacity");
+    assert_eq!(ooms[0]["outcome"], "failed_again");
     assert!(!ooms[0]["lead_up"].as_array().expect("lead_up").is_empty());
     assert_eq!(r["leaks"][0]["kind"], "live_at_exit");
     assert_eq!(r["layout"]["reason"], "first OOM");
 
     let text = String::from_utf8_lossy(&analyze(&[s(&cap)]).stdout).into_owned();
-    for needle in ["OOM INCIDENTS (1)", "verdict: CAPACITY", "200.00 GiB", "LEAKS (1)", "710.00 MiB"] {
+    for needle in ["OOM INCIDENTS (1)", "verdict: capacity", "200.00 GiB", "LEAKS (1)", "710.00 MiB"] {
         assert!(text.contains(needle), "text lacks {needle:?}:\n{text}");
     }
 
@@ -175,7 +175,7 @@ fn real_h200_snapshot_and_capture() {
     let r = json(&[s(&fixtures.join("torch_snapshot_h200.pickle"))]);
     assert_eq!(r["inputs"][0]["kind"], "pytorch_snapshot");
     assert_eq!(r["inputs"][0]["pytorch"]["reserved_bytes"], 807_403_520u64);
-    assert_eq!(r["ooms"][0]["verdict"], "Capacity");
+    assert_eq!(r["ooms"][0]["verdict"], "capacity");
     let r = json(&[s(&fixtures.join("h200_torch_default.vhc"))]);
     assert_eq!(r["ooms"][0]["requested_bytes"], 200u64 << 30);
 }
@@ -206,7 +206,7 @@ fn captures_from_two_hosts_give_a_report_per_host_and_for_the_fleet() {
     assert_eq!(b["ooms"].as_array().map(Vec::len), Some(0));
     // leak --n 4 leaves 6,295,456 bytes live at exit (the simulated driver's ground truth).
     assert_eq!(v["summary"][1]["leaked_bytes"], 6_295_456u64, "{}", v["summary"]);
-    let verdict = a["ooms"][0]["verdict_name"].as_str().expect("verdict");
+    let verdict = a["ooms"][0]["verdict"].as_str().expect("verdict");
     assert_eq!(v["fleet"]["ooms_by_verdict"][verdict], 1);
     assert_eq!(v["fleet"]["ooms"], 1);
     assert_eq!(v["fleet"]["hosts"], 2);
@@ -282,7 +282,7 @@ fn a_snapshot_with_its_own_capture_joins_that_process() {
         .iter()
         .find(|o| o["from_snapshot"].is_string() && o["requested_bytes"] == 2u64 << 30)
         .expect("the snapshot's 2 GiB incident");
-    assert_eq!((&fatal["pid"], &fatal["verdict_name"]), (&Value::from(468), &Value::from("framework_fragmentation")));
+    assert_eq!((&fatal["pid"], &fatal["verdict"]), (&Value::from(468), &Value::from("framework_fragmentation")));
     let out = analyze(&[s(&cap), s(&snap)]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("joined to pid 468: 139 of its 139 segments are allocations of pid 468"), "{text}");

@@ -48,8 +48,8 @@ fn a_fragmented_cache_with_the_simulated_lens_is_framework_fragmentation_with_it
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
-    assert_eq!(o["outcome"], "Failed");
+    assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "failed");
     assert_eq!(o["framework"], "pytorch", "attributed from the libc10_cuda.so it maps");
     let l = &o["framework_oom"];
     assert_eq!(l["requested"], 2000 * MIB);
@@ -70,7 +70,7 @@ fn without_the_lens_the_same_cache_is_framework_cache_not_capacity() {
     let (cap, _) = run(dir.path(), "nolens", &[&workload("torch_fragmented")], &[("SIM_NO_LENS", "1")]);
     let r = report(&cap);
     let o = &r["ooms"][0];
-    assert_eq!(o["verdict_name"], "framework_cache", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "framework_cache", "{}", o["explanation"]);
     assert!(o["explanation"].as_str().is_some_and(|t| t.contains("PyTorch held 15.62 GiB")), "{}", o["explanation"]);
     assert_eq!(o["framework_oom"], Value::Null);
 }
@@ -93,7 +93,7 @@ fn a_true_shortage_stays_capacity() {
     let r = report(&cap);
     let ooms = r["ooms"].as_array().expect("ooms");
     assert!(!ooms.is_empty());
-    assert!(ooms.iter().all(|o| o["verdict_name"] == "capacity"), "{ooms:#?}");
+    assert!(ooms.iter().all(|o| o["verdict"] == "capacity"), "{ooms:#?}");
 }
 
 /// A framework library loaded after the process's first CUDA call (the ring's creation scan
@@ -122,7 +122,7 @@ fn a_framework_library_loaded_after_the_first_cuda_call_is_attributed() {
         // The fill's last 100 MiB and the 500 MiB request.
         assert_eq!(ooms.len(), 2, "{name}: {ooms:#?}");
         for o in ooms {
-            assert_eq!(o["verdict_name"], verdict, "{name}: {}", o["explanation"]);
+            assert_eq!(o["verdict"], verdict, "{name}: {}", o["explanation"]);
             assert_eq!(o["framework"], framework, "{name}");
         }
     }
@@ -165,8 +165,8 @@ fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
             assert_eq!(out.status.code(), Some(0), "{stderr}");
             assert!(stdout.contains("no_oom"), "{stdout}");
             assert_eq!(ooms.len(), 1, "{ooms:#?}");
-            assert_eq!(ooms[0]["outcome"], "Recovered");
-            assert_eq!(ooms[0]["verdict_name"], "reclaimable", "{}", ooms[0]["explanation"]);
+            assert_eq!(ooms[0]["outcome"], "recovered");
+            assert_eq!(ooms[0]["verdict"], "reclaimable", "{}", ooms[0]["explanation"]);
             continue;
         }
         assert_eq!(out.status.code(), Some(1), "{name}: the program raised its OOM: {stderr}");
@@ -182,9 +182,9 @@ fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
         assert_eq!(last["aux"], if largest.is_null() { unknown } else { largest.clone() }, "{name}");
         assert_eq!(ooms.len(), 1, "{name}: {ooms:#?}");
         let o = &ooms[0];
-        assert_eq!(o["verdict_name"], "framework_fragmentation", "{name}: {}", o["explanation"]);
+        assert_eq!(o["verdict"], "framework_fragmentation", "{name}: {}", o["explanation"]);
         // The framework raised: its lens (at exit, on this Python) says it gave up.
-        assert_eq!(o["outcome"], "Failed", "{name}");
+        assert_eq!(o["outcome"], "failed", "{name}");
         assert_eq!(o["framework_oom"]["requested"], 300 * MIB, "{name}");
         assert_eq!(o["framework_oom"]["allocated"], 600 * MIB, "{name}");
         assert_eq!(o["requested_bytes"], 300 * MIB);
@@ -242,7 +242,7 @@ fn a_slow_snapshot_does_not_move_the_pytorch_lens_oom_record() {
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!((o["verdict_name"].as_str(), o["outcome"].as_str()), (Some("framework_fragmentation"), Some("Failed")));
+    assert_eq!((o["verdict"].as_str(), o["outcome"].as_str()), (Some("framework_fragmentation"), Some("failed")));
     let l = &o["framework_oom"];
     assert_eq!((l["largest_free_block"].as_u64(), l["segments_listed"].as_u64()), (Some(40 * MIB), Some(10)));
     assert!(
@@ -333,8 +333,8 @@ fn each_frameworks_raised_oom_is_one_incident_with_its_own_numbers() {
         let ooms = r["ooms"].as_array().expect("ooms");
         assert_eq!(ooms.len(), 1, "{}: {ooms:#?}", c.name);
         let o = &ooms[0];
-        assert_eq!((o["api"].as_str(), o["outcome"].as_str()), (Some(c.api), Some("Failed")), "{}", c.name);
-        assert_eq!(o["verdict_name"], "framework_fragmentation", "{}: {}", c.name, o["explanation"]);
+        assert_eq!((o["api"].as_str(), o["outcome"].as_str()), (Some(c.api), Some("failed")), "{}", c.name);
+        assert_eq!(o["verdict"], "framework_fragmentation", "{}: {}", c.name, o["explanation"]);
         let l = &o["framework_oom"];
         let got = [l["requested"].as_u64(), l["reserved"].as_u64(), l["allocated"].as_u64()];
         assert_eq!(got, c.lens.map(Some), "{}: {l}", c.name);
@@ -388,8 +388,8 @@ fn on_python_312_the_raise_is_recorded_where_it_happens_even_when_caught() {
         let r = report(&cap);
         let ooms = r["ooms"].as_array().expect("ooms");
         assert_eq!(ooms.len(), 1, "{name}: {ooms:#?}");
-        assert_eq!((ooms[0]["api"].as_str(), ooms[0]["outcome"].as_str()), (Some("lens"), Some("Failed")));
-        assert_eq!(ooms[0]["verdict_name"], "framework_fragmentation", "{name}");
+        assert_eq!((ooms[0]["api"].as_str(), ooms[0]["outcome"].as_str()), (Some("lens"), Some("failed")));
+        assert_eq!(ooms[0]["verdict"], "framework_fragmentation", "{name}");
         let oom = dump_kind(&cap, "framework_oom");
         assert_eq!(oom.len(), 1, "{name}: RAISE fires in each frame; one record");
         if args.is_empty() {
@@ -409,8 +409,8 @@ fn on_python_312_the_raise_is_recorded_where_it_happens_even_when_caught() {
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!((o["api"].as_str(), o["outcome"].as_str()), (Some("cuMemAlloc_v2"), Some("Failed")));
-    assert_eq!(o["verdict_name"], "capacity", "{}", o["explanation"]);
+    assert_eq!((o["api"].as_str(), o["outcome"].as_str()), (Some("cuMemAlloc_v2"), Some("failed")));
+    assert_eq!(o["verdict"], "capacity", "{}", o["explanation"]);
     let l = &o["framework_oom"];
     assert_eq!((l["requested"].as_u64(), l["allocated"].as_u64()), (Some(100 * MIB), Some(1000 * MIB)), "{l}");
     assert_eq!(l["reserved"], l["allocated"], "nothing cached: {l}");
@@ -443,9 +443,9 @@ fn cupys_retry_after_freeing_its_cached_blocks_ends_recovered() {
     let ooms = r["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!((o["outcome"].as_str(), o["retries"].as_u64()), (Some("Recovered"), Some(1)), "{o:#}");
+    assert_eq!((o["outcome"].as_str(), o["retries"].as_u64()), (Some("recovered"), Some(1)), "{o:#}");
     assert_eq!(o["freed_bytes_between"].as_u64(), Some(blocks * 10 * MIB));
-    assert_eq!(o["verdict_name"], "reclaimable", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "reclaimable", "{}", o["explanation"]);
     assert!(dump_kind(&cap, "framework_oom").is_empty());
 }
 
@@ -509,8 +509,8 @@ fn the_python_lens_sees_the_cache_of_a_python_program() {
     assert!(stack_snapshots(dir.path()).is_empty(), "stacks are off by default");
     let r = report(&cap);
     let o = &r["ooms"][0];
-    assert_eq!(o["verdict_name"], "framework_fragmentation", "{}", o["explanation"]);
-    assert_eq!(o["outcome"], "Failed");
+    assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
+    assert_eq!(o["outcome"], "failed");
     let l = &o["framework_oom"];
     assert_eq!(l["requested"], 300 * MIB);
     assert_eq!((l["reserved"].as_u64(), l["allocated"].as_u64()), (Some(1000 * MIB), Some(600 * MIB)));
@@ -617,7 +617,7 @@ fn with_stacks_on_the_lens_dumps_the_snapshot_and_analyze_names_the_lines_that_h
     // The capture's incident (the lens's verdict) carries the snapshot's stacks.
     let o =
         r["ooms"].as_array().unwrap().iter().find(|o| o["from_snapshot"].is_null()).expect("the capture's incident");
-    assert_eq!(o["verdict_name"], "framework_fragmentation");
+    assert_eq!(o["verdict"], "framework_fragmentation");
     let live = &o["live_at_oom"];
     assert_eq!((live["allocations"].as_u64(), live["bytes"].as_u64()), (Some(10), Some(600 * MIB)), "{live}");
     assert_eq!(live["without_stack"], 0);

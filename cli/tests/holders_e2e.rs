@@ -113,7 +113,7 @@ fn check_report(captures: &[PathBuf], scene: &Scene, asker: u32) {
     let o = &ooms[0];
     assert_eq!((o["pid"].as_u64(), o["requested_bytes"].as_u64()), (Some(u64::from(asker)), Some(ASKED)));
     assert_eq!(o["device_free_bytes"].as_u64(), Some(VRAM - HELD), "the holder's pages are gone from the device");
-    assert_eq!(o["verdict_name"], "other_process", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
     let named = format!("pid {} (wait_alloc): 200.00 MiB held, 200.00 MiB in use (untraced", scene.holder_pid);
     let explanation = o["explanation"].as_str().expect("explanation");
     assert!(explanation.contains(&named), "{explanation}");
@@ -195,7 +195,7 @@ fn the_agent_names_an_untraced_holder_from_nvml_live_and_in_its_capture() {
     assert_eq!(incidents.len(), 1, "{incidents:#?}");
     let inc = &incidents[0];
     assert_eq!(inc["pid"], asker_pid);
-    assert_eq!(inc["verdict"], "OtherProcess", "{}", inc["explanation"]);
+    assert_eq!(inc["verdict"], "other_process", "{}", inc["explanation"]);
     let holders = inc["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 1, "the holder only (the asker is not its own holder): {holders:#?}");
     let h = &holders[0];
@@ -274,7 +274,7 @@ fn without_nvml_the_same_failure_is_capacity_with_no_holder_seen() {
     assert!(dump(&capture).iter().all(|e| e["kind"] != "gpu_process"), "no NVML record with --nvml-interval 0");
     let report: Value = serde_json::from_str(&analyze(&[capture], true)).expect("JSON report");
     let o = &report["ooms"][0];
-    assert_eq!(o["verdict_name"], "capacity", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "capacity", "{}", o["explanation"]);
     let explanation = o["explanation"].as_str().expect("explanation");
     // (On this small device the 200 MiB no traced process holds are within the traced
     // processes' context allowance: not even stated as untraced.)

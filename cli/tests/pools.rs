@@ -81,7 +81,7 @@ fn idle_pool_reserve_is_reclaimable_at_an_oom() {
     let ooms = report["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:#?}");
     let o = &ooms[0];
-    assert_eq!(o["verdict_name"], "reclaimable", "{}", o["explanation"]);
+    assert_eq!(o["verdict"], "reclaimable", "{}", o["explanation"]);
     assert_eq!(o["own_idle_bytes"], 2048 * MIB - LIVE, "{o}");
 }
 

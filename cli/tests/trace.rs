@@ -282,7 +282,7 @@ fn ollama_shape_silent_server_and_discovery_runners_traced_and_a_restart() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
     let ooms = report["ooms"].as_array().expect("ooms");
     assert_eq!(ooms.len(), 1, "{ooms:?}");
-    assert_eq!((ooms[0]["pid"].as_u64(), ooms[0]["verdict_name"].as_str()), (Some(pids["b"] as u64), Some("capacity")));
+    assert_eq!((ooms[0]["pid"].as_u64(), ooms[0]["verdict"].as_str()), (Some(pids["b"] as u64), Some("capacity")));
     assert_eq!(ooms[0]["requested_bytes"].as_u64(), Some(20 << 30));
     let vmm: Vec<u64> = t
         .events

@@ -504,7 +504,10 @@ pub struct LayoutEntry {
     pub handle: Option<u64>,
 }
 
+/// In JSON (reports, the agent's state) each verdict is its [`Verdict::name`]; checkpoints
+/// (postcard) encode a variant by its index, so the names do not reach them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The device did not have the bytes, even counting every idle byte of traced processes.
     Capacity,
@@ -554,7 +557,10 @@ impl Verdict {
     }
 }
 
+/// In JSON each outcome is its [`Outcome::name`] (`recovered`, `failed_again`, `open`,
+/// `failed`); checkpoints (postcard) encode a variant by its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// A retry of the same size succeeded.
     Recovered,
@@ -567,6 +573,21 @@ pub enum Outcome {
     /// process moved on without the bytes: its window closed with no retry, another request
     /// failed, or it exited.
     Failed,
+}
+
+impl Outcome {
+    /// Every outcome, in a fixed order.
+    pub const ALL: [Outcome; 4] = [Outcome::Recovered, Outcome::FailedAgain, Outcome::Open, Outcome::Failed];
+
+    /// Its fixed name, as reports, logs and exports use it (the same as in JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Recovered => "recovered",
+            Outcome::FailedAgain => "failed_again",
+            Outcome::Open => "open",
+            Outcome::Failed => "failed",
+        }
+    }
 }
 
 /// Free space of one arena at the moment of a failure.

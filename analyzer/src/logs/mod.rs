@@ -87,7 +87,9 @@ pub struct LogIncident {
     /// Each number as the log wrote it, by field name: an explanation quotes these.
     pub quoted: Vec<(String, String)>,
     pub numbers: FrameworkOom,
-    /// `capacity`, `framework_fragmentation`, `other_process`, `unknown`, or `not_an_oom`.
+    /// `capacity`, `framework_fragmentation`, `other_process`, `unknown`, or `not_an_oom`
+    /// (`verdict` in JSON, as a capture incident's).
+    #[serde(rename = "verdict")]
     pub verdict_name: String,
     pub missing: Vec<String>,
     pub unknown_reason: Option<String>,
@@ -822,16 +824,7 @@ pub fn render_text(o: &mut String, r: &crate::Report) {
         if let Some(t) = &i.time {
             pid += &format!(", logged {t}");
         }
-        let _ = writeln!(
-            o,
-            "  L{} {}:{} ({}, {}): {}",
-            n + 1,
-            i.file,
-            i.line,
-            i.source,
-            pid,
-            i.verdict_name.to_uppercase()
-        );
+        let _ = writeln!(o, "  L{} {}:{} ({}, {}): {}", n + 1, i.file, i.line, i.source, pid, i.verdict_name);
         let _ = writeln!(o, "     {}", i.explanation);
         if let Some(fix) = &i.fix {
             let _ = writeln!(o, "     fix: {fix}");

@@ -68,7 +68,8 @@ pub fn render(r: &Report) -> String {
         layout: &r.layout,
         captured: r.inputs.iter().any(|i| i.kind != InputKind::Log),
     };
-    let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".into()).replace('<', "\\u003c");
+    // Paths folded as everywhere on the page (the plots' legends name the commands).
+    let json = super::tidy_paths(&serde_json::to_string(&data).unwrap_or_else(|_| "{}".into())).replace('<', "\\u003c");
     let mut h = String::new();
     h.push_str("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>vramhook post-mortem</title>\n");
     h.push_str("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n");
@@ -88,13 +89,13 @@ pub fn render(r: &Report) -> String {
         h.push_str(&esc(&format!("{} (log{}) ", f.path, if f.gzip { ", gzip" } else { "" })));
     }
     h.push_str(&format!(
-        "<br>{} events over {} · {} processes · {} OOM incidents{} · {} leaks</div>\n",
+        "<br>{} events over {} · {} · {}{} · {}</div>\n",
         r.events,
         rel(r, r.time.last_ts_ns).trim_start_matches('+'),
-        r.processes.len(),
-        r.ooms.len(),
+        super::count(r.processes.len() as u64, "process", "processes"),
+        super::count(r.ooms.len() as u64, "OOM incident", "OOM incidents"),
         if r.logs.is_empty() { String::new() } else { format!(" · {} from logs", r.log_incidents.len()) },
-        r.leaks.len()
+        super::count(r.leaks.len() as u64, "leak", "leaks")
     ));
     // Why first: the verdicts, then what limits them, then the plots that show how it came to that.
     ooms_html(&mut h, r);
@@ -128,7 +129,7 @@ pub fn render(r: &Report) -> String {
     h.push_str(&rows(&r.processes, &[true, false, true, true, true, true, true, true, true, false], |p| {
         vec![
             p.pid.to_string(),
-            display_command(&p.command),
+            super::tidy_paths(&display_command(&p.command)),
             p.device.to_string(),
             fmt_bytes(p.peak_bytes),
             fmt_bytes(p.final_live_bytes),
@@ -170,7 +171,7 @@ pub fn render(r: &Report) -> String {
         h.push_str(&rows(&r.leaks, &[true, false, false, true, false], |l| {
             vec![
                 l.pid.to_string(),
-                display_command(&l.command),
+                super::tidy_paths(&display_command(&l.command)),
                 l.kind.to_string(),
                 fmt_bytes(l.bytes),
                 l.detail.clone(),
@@ -204,12 +205,12 @@ fn ooms_html(h: &mut String, r: &Report) {
     for (n, o) in r.ooms.iter().enumerate() {
         h.push_str(&format!(
             "<div class=oom id=oom-{}><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
-             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {:?} after {} failure(s), {} retries; {} freed in between\n",
+             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {} after {}, {}; {} freed in between\n",
             o.id,
             n + 1,
             rel(r, o.ts_ns),
             o.pid,
-            esc(&display_command(&o.command)),
+            esc(&super::tidy_paths(&display_command(&o.command))),
             o.device,
             esc(&o.api),
             fmt_bytes(o.requested_bytes),
@@ -217,12 +218,12 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.device_total_bytes.map_or("?".into(), fmt_bytes),
             esc(&o.verdict_name),
             match crate::render::text::snapshot_origin(r, o) {
-                Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&o.explanation).replace('\n', "<br>"),
-                None => esc(&o.explanation).replace('\n', "<br>"),
+                Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),
+                None => esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),
             },
-            o.outcome,
-            o.failures,
-            o.retries,
+            o.outcome.name(),
+            super::count(o.failures, "failure", "failures"),
+            super::count(o.retries, "retry", "retries"),
             fmt_bytes(o.freed_bytes_between)
         ));
         if !o.holders.is_empty() {
@@ -258,7 +259,7 @@ fn ooms_html(h: &mut String, r: &Report) {
             h.push_str("</pre></details>");
         }
         if !o.lead_up.is_empty() {
-            h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>size<th>address<th>result</tr>\n");
+            h.push_str("<details><summary>lead-up events</summary><table><tr><th>time<th>tid<th>kind<th>api<th>bytes and address<th>result</tr>\n");
             for e in &o.lead_up {
                 h.push_str(&row(
                     &[
@@ -266,11 +267,10 @@ fn ooms_html(h: &mut String, r: &Report) {
                         e.tid.to_string(),
                         e.kind.clone(),
                         e.api.clone(),
-                        fmt_bytes(e.size),
-                        format!("{:#x}", e.addr),
+                        super::event_words(e).trim_start().to_string(),
                         vramhook_protocol::record::result_name(e.result).to_string(),
                     ],
-                    &[false, true, false, false, true, false, false],
+                    &[false, true, false, false, false, false],
                 ));
             }
             h.push_str("</table></details>");

@@ -6,3 +6,109 @@
 pub mod html;
 pub mod perfetto;
 pub mod text;
+
+/// `n` and its noun, singular for one: `count(1, "process", "processes")` is "1 process".
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `s` with every path in it folded lexically: `.` components dropped and `dir/..` pairs
+/// removed, so `/repo/target/release/../../tests/x` reads `/repo/tests/x`. A path is a run
+/// of characters without blanks, quotes, parentheses or commas that holds a `/`.
+pub fn tidy_paths(s: &str) -> String {
+    if !s.contains("/.") {
+        return s.to_string();
+    }
+    let is_sep = |c: char| c.is_whitespace() || matches!(c, '(' | ')' | '"' | '\'' | ',' | ';' | '[' | ']');
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while !rest.is_empty() {
+        let end = rest.find(is_sep).unwrap_or(rest.len());
+        let (token, tail) = rest.split_at(end);
+        out.push_str(&tidy_path(token));
+        let sep_len = tail.chars().next().map_or(0, char::len_utf8);
+        out.push_str(&tail[..sep_len]);
+        rest = &tail[sep_len..];
+    }
+    out
+}
+
+fn tidy_path(token: &str) -> String {
+    if !token.contains('/') || !token.split('/').any(|c| c == "." || c == "..") {
+        return token.to_string();
+    }
+    let absolute = token.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for c in token.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => match parts.last() {
+                Some(&last) if last != ".." => {
+                    parts.pop();
+                }
+                // Above the root there is only the root.
+                _ if absolute => {}
+                _ => parts.push(".."),
+            },
+            c => parts.push(c),
+        }
+    }
+    let joined = parts.join("/");
+    let trailing = if token.ends_with('/') && !joined.is_empty() { "/" } else { "" };
+    match (absolute, joined.is_empty()) {
+        (true, _) => format!("/{joined}{trailing}"),
+        (false, true) => ".".to_string(),
+        (false, false) => format!("{joined}{trailing}"),
+    }
+}
+
+/// An arena's kind in words (the text and HTML reports).
+pub fn arena_kind(k: vramhook_model::ArenaKind) -> &'static str {
+    match k {
+        vramhook_model::ArenaKind::VmmReservation => "VMM reservation",
+        vramhook_model::ArenaKind::Pool => "pool",
+        vramhook_model::ArenaKind::FrameworkSegment => "framework segment",
+    }
+}
+
+/// What a lead-up event's size and address words hold, in words: the address only where
+/// the event has one (a lens record's or a device sample's words are byte counts).
+pub fn event_words(e: &crate::EventLine) -> String {
+    use vramhook_model::fmt_bytes;
+    match e.kind.as_str() {
+        "mem_info" => format!("device free {} of {}", fmt_bytes(e.addr), fmt_bytes(e.size)),
+        "framework_sample" => format!("{} allocated of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
+        "pool_sample" => format!("{} used of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
+        "framework_oom" => format!("{} requested, {} reserved", fmt_bytes(e.addr), fmt_bytes(e.size)),
+        "pool_trim" => format!("keep {}", fmt_bytes(e.size)),
+        "dropped" => count(e.size, "event lost", "events lost"),
+        "process_start" => format!("parent pid {}", e.addr),
+        "process_exit" | "pool_create" | "pool_destroy" | "stream_create" | "stream_destroy" | "frameworks"
+        | "hook_miss" => String::new(),
+        _ if e.addr == 0 => format!("{:>11}", fmt_bytes(e.size)),
+        _ => format!("{:>11} at {:#x}", fmt_bytes(e.size), e.addr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_folded() {
+        assert_eq!(
+            tidy_paths("process 1 (/w/target/release/../../tests/simcuda/x --n 4) asked"),
+            "process 1 (/w/tests/simcuda/x --n 4) asked"
+        );
+        assert_eq!(tidy_paths("./a/./b/../c and ../up/x and 1.5/2 and /.."), "a/c and ../up/x and 1.5/2 and /");
+        assert_eq!(tidy_paths("no path here."), "no path here.");
+    }
+
+    #[test]
+    fn counts_agree() {
+        assert_eq!(count(1u64, "process", "processes"), "1 process");
+        assert_eq!(count(0u64, "leak", "leaks"), "0 leaks");
+        assert_eq!(count(2u32, "retry", "retries"), "2 retries");
+    }
+}

@@ -34,7 +34,7 @@ fn opt_bytes(v: Option<u64>) -> String {
 }
 
 fn short(s: &str, n: usize) -> String {
-    let s = &display_command(s);
+    let s = &super::tidy_paths(&display_command(s));
     if s.chars().count() <= n {
         s.to_string()
     } else {
@@ -297,17 +297,16 @@ pub fn render(r: &Report) -> String {
         if let Some(line) = snapshot_origin(r, i) {
             let _ = writeln!(o, "     {line}");
         }
-        let _ = writeln!(o, "     verdict: {}", i.verdict_name.to_uppercase());
+        let _ = writeln!(o, "     verdict: {}", i.verdict_name);
         for line in i.explanation.lines() {
-            let _ = writeln!(o, "     {line}");
+            let _ = writeln!(o, "     {}", super::tidy_paths(line));
         }
         let _ = writeln!(
             o,
-            "     outcome: {:?} after {} failure(s), {} retr{}; {} freed in between; idle: own {}, other processes {}",
-            i.outcome,
-            i.failures,
-            i.retries,
-            if i.retries == 1 { "y" } else { "ies" },
+            "     outcome: {} after {}, {}; {} freed in between; idle: own {}, other processes {}",
+            i.outcome.name(),
+            super::count(i.failures, "failure", "failures"),
+            super::count(i.retries, "retry", "retries"),
             fmt_bytes(i.freed_bytes_between),
             fmt_bytes(i.own_idle_bytes),
             fmt_bytes(i.other_idle_bytes)
@@ -323,13 +322,12 @@ pub fn render(r: &Report) -> String {
             for e in &i.lead_up {
                 let _ = writeln!(
                     o,
-                    "       {} tid {:<6} {:<12} {:<22} {:>11} at {:#x}{}",
+                    "       {} tid {:<6} {:<12} {:<22} {}{}",
                     rel(r, e.ts_ns),
                     e.tid,
                     e.kind,
                     e.api,
-                    fmt_bytes(e.size),
-                    e.addr,
+                    super::event_words(e),
                     if e.result != 0 {
                         format!("  -> {}", vramhook_protocol::record::result_name(e.result))
                     } else {
@@ -367,26 +365,22 @@ pub fn render(r: &Report) -> String {
             "  no arenas (VMM reservations, pools, framework segments); gaps between plain allocations are virtual, not free VRAM"
         );
     }
-    for a in r.fragmentation.iter().take(20) {
-        let last = a.fragmentation.last().map_or(0.0, |p| p.last);
-        let span = a.largest_free_span.last().map_or(0, |p| p.last as u64);
+    let groups = fragmentation_groups(r);
+    for g in groups.iter().take(20) {
+        let _ = writeln!(o, "  {}", fragmentation_line(g));
+    }
+    let segments = r.fragmentation.iter().any(|a| a.kind == vramhook_model::ArenaKind::FrameworkSegment);
+    if segments && !r.timelines.frameworks.is_empty() {
         let _ = writeln!(
             o,
-            "  pid {} dev {} {:?} {:#x} size {}: fragmentation {:.2} (max {:.2}), largest free span {} (min {})",
-            a.pid,
-            // -1: a reservation nothing was mapped into names no device.
-            if a.device < 0 { "?".to_string() } else { a.device.to_string() },
-            a.kind,
-            a.base,
-            fmt_bytes(a.size),
-            last,
-            a.max_fragmentation,
-            fmt_bytes(span),
-            fmt_bytes(a.min_largest_free_span)
+            "  (a segment's fragmentation is 1 − its largest free block / its free bytes; a cache's, under FRAMEWORK \
+             CACHES, is over all its segments together: segments with one free block each read 0.00 while the \
+             cache's free bytes, split over them, can read near 1)"
         );
     }
-    if r.fragmentation.len() > 20 {
-        let _ = writeln!(o, "  … {} more in --json", r.fragmentation.len() - 20);
+    if groups.len() > 20 {
+        let rest: usize = groups[20..].iter().map(|g| g.len()).sum();
+        let _ = writeln!(o, "  … {} more in --json", super::count(rest as u64, "arena", "arenas"));
     }
 
     if !r.timelines.frameworks.is_empty() {
@@ -460,7 +454,7 @@ pub fn framework_line(f: &FrameworkTimeline) -> String {
         _ => line.push_str("; largest free block never measured"),
     }
     if !f.ooms.is_empty() {
-        let _ = write!(line, "; {} framework OOM(s)", f.ooms.len());
+        let _ = write!(line, "; {}", super::count(f.ooms.len() as u64, "framework OOM", "framework OOMs"));
     }
     line
 }
@@ -570,4 +564,73 @@ pub(crate) fn holders_lines(i: &OomReport) -> Vec<String> {
         ));
     }
     v
+}
+
+/// The arenas whose lines would read the same but for their address (same process, device,
+/// kind, size and fragmentation figures), together, in the report's order: one line each.
+pub fn fragmentation_groups(r: &crate::Report) -> Vec<Vec<&crate::ArenaReport>> {
+    let key = |a: &crate::ArenaReport| {
+        (
+            a.pid,
+            a.device,
+            super::arena_kind(a.kind),
+            a.size,
+            format!("{:.2}", a.fragmentation.last().map_or(0.0, |p| p.last)),
+            format!("{:.2}", a.max_fragmentation),
+            a.largest_free_span.last().map_or(0, |p| p.last as u64),
+            a.min_largest_free_span,
+        )
+    };
+    let mut groups: Vec<Vec<&crate::ArenaReport>> = Vec::new();
+    let mut index: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
+    for a in &r.fragmentation {
+        match index.get(&key(a)) {
+            Some(&i) => groups[i].push(a),
+            None => {
+                index.insert(key(a), groups.len());
+                groups.push(vec![a]);
+            }
+        }
+    }
+    groups
+}
+
+/// One line for a group of [`fragmentation_groups`]: the arena itself, or how many there are
+/// and the figures each has.
+pub fn fragmentation_line(g: &[&crate::ArenaReport]) -> String {
+    let a = g[0];
+    let last = a.fragmentation.last().map_or(0.0, |p| p.last);
+    let span = a.largest_free_span.last().map_or(0, |p| p.last as u64);
+    // -1: a reservation nothing was mapped into names no device.
+    let device = if a.device < 0 { "?".to_string() } else { a.device.to_string() };
+    let kind = super::arena_kind(a.kind);
+    let figures = format!(
+        "fragmentation {:.2} (max {:.2}), largest free span {} (min {})",
+        last,
+        a.max_fragmentation,
+        fmt_bytes(span),
+        fmt_bytes(a.min_largest_free_span)
+    );
+    // Fragmentation 0 with free bytes: the largest free span is all the free bytes.
+    let why = |each: &str| {
+        if format!("{last:.2}") == "0.00" && format!("{:.2}", a.max_fragmentation) == "0.00" && span > 0 {
+            format!(": one free block{each}")
+        } else {
+            String::new()
+        }
+    };
+    if g.len() == 1 {
+        format!("pid {} dev {device} {kind} {:#x} size {}: {figures}{}", a.pid, a.base, fmt_bytes(a.size), why(""))
+    } else {
+        let plural = if kind.ends_with('s') { format!("{kind}es") } else { format!("{kind}s") };
+        format!(
+            "pid {} dev {device}: {} {plural} of {} ({:#x} … {:#x}), each {figures}{}",
+            a.pid,
+            g.len(),
+            fmt_bytes(a.size),
+            g.iter().map(|a| a.base).min().unwrap_or(0),
+            g.iter().map(|a| a.base).max().unwrap_or(0),
+            why(" each")
+        )
+    }
 }

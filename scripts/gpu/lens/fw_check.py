@@ -33,13 +33,13 @@ for fw, code in (("cupy", "cupy"), ("jax", "jax")):
     except (OSError, ValueError):
         rep = {"ooms": []}
     ooms = rep.get("ooms", [])
-    print("  incidents: %s" % [(o["requested_bytes"], o["verdict_name"], o["outcome"]) for o in ooms])
+    print("  incidents: %s" % [(o["requested_bytes"], o["verdict"], o["outcome"]) for o in ooms])
     if ooms and before:
         o = ooms[-1]
         cached = before[0]["reserved"] - before[0]["allocated"]
         covered = cached + (o.get("device_free_bytes") or 0) >= o["requested_bytes"]
         print("  last incident: asked %d, device free %s, cached free %d; %s" % (o["requested_bytes"], o.get("device_free_bytes"), cached, o["explanation"]))
-        check(not covered or o["verdict_name"] != "capacity", "%s: cached bytes would have covered it -> not capacity (%s)" % (fw, o["verdict_name"]))
+        check(not covered or o["verdict"] != "capacity", "%s: cached bytes would have covered it -> not capacity (%s)" % (fw, o["verdict"]))
         check(o.get("framework") == code, "%s: the incident names the framework (%s)" % (fw, o.get("framework")))
     else:
         check(False, "%s: an OOM incident in the report" % fw)

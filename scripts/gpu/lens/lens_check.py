@@ -37,21 +37,21 @@ if torch_oom and fatal:
     unalloc = t["reserved"] - t["allocated"]
     print("  PyTorch: reserved %d allocated %d reserved-unallocated %d (%.1f%% of reserved)" % (t["reserved"], t["allocated"], unalloc, 100.0 * unalloc / t["reserved"]))
     print("  vramhook: verdict %s; lens reserved %d allocated %d largest free block %s, %d pieces over %d segments; cache fragmentation %s" % (
-        o["verdict_name"], l["reserved"], l["allocated"], l["largest_free_block"], l["free_pieces"], l["segments_listed"], o.get("cache_fragmentation")))
+        o["verdict"], l["reserved"], l["allocated"], l["largest_free_block"], l["free_pieces"], l["segments_listed"], o.get("cache_fragmentation")))
     print("  explanation:", o["explanation"])
     check(unalloc >= 0.4 * t["reserved"], "the cache was at least 40%% reserved-but-unallocated at the OOM (%.1f%%)" % (100.0 * unalloc / t["reserved"]))
-    check(o["verdict_name"] == "framework_fragmentation", "verdict framework_fragmentation (%s)" % o["verdict_name"])
+    check(o["verdict"] == "framework_fragmentation", "verdict framework_fragmentation (%s)" % o["verdict"])
     check(l["allocated"] == t["allocated"], "allocated equals PyTorch's memory_allocated() to the byte (%d vs %d)" % (l["allocated"], t["allocated"]))
     check(l["reserved"] - l["allocated"] == unalloc, "reserved-but-unallocated equals PyTorch's to the byte (%d vs %d)" % (l["reserved"] - l["allocated"], unalloc))
-    check(o["outcome"] == "Failed", "the incident ends as failed (%s)" % o["outcome"])
+    check(o["outcome"] == "failed", "the incident ends as failed (%s)" % o["outcome"])
 # 2. Expandable segments: the same program does not fail.
 exp = lines("lens_expandable_fragmented.out")
 check(any(l.get("phase") == "no_oom" for l in exp), "expandable_segments:True: the 2 GiB request fitted")
 rep = report("lens_expandable_fragmented")
-check(not any(o["verdict_name"] == "framework_fragmentation" for o in rep["ooms"]), "expandable: no framework_fragmentation verdict (%s)" % [o["verdict_name"] for o in rep["ooms"]])
+check(not any(o["verdict"] == "framework_fragmentation" for o in rep["ooms"]), "expandable: no framework_fragmentation verdict (%s)" % [o["verdict"] for o in rep["ooms"]])
 # 3. A true capacity shortage.
 rep = report("lens_default_capacity")
-check(len(rep["ooms"]) >= 1 and all(o["verdict_name"] == "capacity" for o in rep["ooms"]), "capacity stays capacity (%s)" % [o["verdict_name"] for o in rep["ooms"]])
+check(len(rep["ooms"]) >= 1 and all(o["verdict"] == "capacity" for o in rep["ooms"]), "capacity stays capacity (%s)" % [o["verdict"] for o in rep["ooms"]])
 # 4. The lens's cost.
 calls = lines("lens_calls.json")
 if calls:

@@ -92,7 +92,7 @@ def write_mode(R, name, new, agent=True, mutate=None):
     if mutate.get("holder_second"):
         top.reverse()
     ooms = [{"pid": 999, "api": "cuMemAlloc_v2", "requested_bytes": 912 * M, "device_free_bytes": 755 * M,
-             "verdict_name": "capacity", "explanation": "made up"}]
+             "verdict": "capacity", "explanation": "made up"}]
     json.dump({"processes": procs, "ooms": ooms, "top_holders": top}, open(f"{D}/analyze.json", "w"))
     open(f"{D}/analyze-fail.txt", "w").write(f"TOP HOLDERS (by peak)\n  1. pid {top[0]['pid']} x: peak 1 GiB, 0 B at exit/end\n")
 
