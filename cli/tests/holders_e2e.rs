@@ -119,7 +119,7 @@ fn check_report(captures: &[PathBuf], scene: &Scene, asker: u32) {
     assert!(explanation.contains(&named), "{explanation}");
     assert!(explanation.contains("NVML's figure, its context included"), "{explanation}");
     let text = analyze(captures, false);
-    assert!(text.contains("verdict: OTHER_PROCESS"), "{text}");
+    assert!(text.contains("verdict: other_process"), "{text}");
     assert!(text.contains(&named), "{text}");
 }
 

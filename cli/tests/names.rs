@@ -141,7 +141,7 @@ fn no_rust_variant_name_in_outputs_or_fixtures() {
     for line in hits.lines() {
         // Rust code naming a variant, and Rust comments, are not output.
         let mut text = line.to_string();
-        for prefix in ["Verdict::", "Outcome::"] {
+        for prefix in ["Verdict::", "Outcome::", "FitLimit::", "SupplyRule::"] {
             for name in compound.iter().chain(single.iter()) {
                 text = text.replace(&format!("{prefix}{name}"), "");
             }
