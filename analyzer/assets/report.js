@@ -52,7 +52,12 @@ function plot(id,title,series,fmt,opt){
     el('path',{d:d,fill:'none',stroke:c,'stroke-width':2,'stroke-dasharray':s.dash||'',class:'series'},svg);
     // Sparse readings (measured now and then) are dots too: one reading is no line at all.
     if(s.dots&&s.pts.length<=200||s.pts.length==1)s.pts.forEach(p=>el('circle',{cx:x(p[0]).toFixed(1),cy:y(p[3]).toFixed(1),r:3.5,fill:c,class:'reading'},svg));
-    const k=series.filter(q=>q.pts.length).indexOf(s),lx=L+(k%4)*300,ly=H-B+36+Math.floor(k/4)*18;el('rect',{x:lx,y:ly-9,width:10,height:10,fill:c},svg);txt(svg,lx+14,ly,s.name,{fill:'#1d2329'});});
+    const k=series.filter(q=>q.pts.length).indexOf(s),lx=L+(k%4)*300,ly=H-B+36+Math.floor(k/4)*18;el('rect',{x:lx,y:ly-9,width:10,height:10,fill:c,class:'legend-key'},svg);
+    // Four to a row, 300 px each: a longer name is cut with an ellipsis (whole in its tooltip),
+    // so that no label runs into the next one.
+    const lt=txt(svg,lx+14,ly,s.name,{fill:'#1d2329',class:'legend'});let n=s.name;
+    while(n.length>1&&lt.getComputedTextLength&&lt.getComputedTextLength()>280){n=n.slice(0,-1);lt.textContent=n+'\u2026';}
+    el('title',{},lt).textContent=s.name;});
   return svg;}
 const marks=D.ooms;
 const live=[];D.timelines.processes.forEach(p=>live.push({name:'pid '+p.pid+' '+p.command.split(' ')[0].split('/').pop(),pts:p.live_bytes}));
@@ -74,7 +79,8 @@ const free=[];let tot=0;D.timelines.devices.forEach(d=>{free.push({name:'device 
 plot('plot-free','Device free bytes (driver samples)'+(tot?' — total '+fb(tot):''),free,fb,{markers:marks,ymax:tot,extend:true});
 const fr=D.fragmentation.slice(0,10);
 // An arena by kind, base, process and device ("device ?" only where no handle named one).
-function arena(a){return a.kind+' 0x'+a.base.toString(16)+' pid '+a.pid+' '+(a.device>=0?'GPU '+a.device:'device ?');}
+const KIND={VmmReservation:'VMM reservation',Pool:'pool',FrameworkSegment:'framework segment'};
+function arena(a){return (KIND[a.kind]||a.kind)+' 0x'+a.base.toString(16)+' pid '+a.pid+' '+(a.device>=0?'GPU '+a.device:'device ?');}
 plot('plot-frag','Fragmentation per arena (1 − largest free span / free in arena)',fr.map(a=>({name:arena(a),pts:a.fragmentation})),v=>v.toFixed(2),{markers:marks,ymax:1});
 plot('plot-span','Largest free span per arena',fr.map(a=>({name:arena(a),pts:a.largest_free_span})),fb,{markers:marks});
 (function(){const host=document.getElementById('plot-layout');const L=D.layout;const W=1300;

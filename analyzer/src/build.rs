@@ -293,6 +293,7 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
             verdict: i.verdict,
             verdict_name: verdict_name(i.verdict).into(),
             unknown_reason: i.unknown_reason.clone(),
+            fix: i.fix.clone(),
             explanation: joined_explanation(r, i, command_of(r.view_pid(i.pid))),
             failures: i.failures,
             retries: i.retries,

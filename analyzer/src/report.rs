@@ -380,6 +380,8 @@ pub struct OomReport {
     #[serde(skip)]
     pub verdict_name: String,
     pub unknown_reason: Option<String>,
+    /// What to do, in one sentence: what the report leads with.
+    pub fix: String,
     pub explanation: String,
     pub failures: u64,
     pub retries: u64,

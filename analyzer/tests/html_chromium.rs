@@ -373,3 +373,45 @@ fn framework_cache_plots_render_next_to_the_live_bytes() {
     let at = measure(dir.path(), "nolens", &html::render(&report), &probe);
     assert!(at["bytes"].is_null() && at["frag"].is_null(), "{at}");
 }
+
+/// Long commands make long legend labels: at 1400 px no legend label overlaps another (each
+/// is cut to its 300 px slot, the whole name in its tooltip).
+#[test]
+fn legend_labels_do_not_overlap() {
+    use vramhook_protocol::capture::CaptureWriter;
+    use vramhook_protocol::record::{Api, Event};
+    let mut w = CaptureWriter::new(Vec::new(), &header()).expect("writer");
+    let long = "python3 /srv/inference/a_rather_long_directory_name/serve_the_model_with_a_long_name.py --port";
+    let mut evs = Vec::new();
+    // On GPU 12: legend labels as long as a many-GPU host makes them.
+    let on12 = |pid: u32, ts: u64, e: Event| vramhook_testkit::events::made(e, pid, ts, 12);
+    for k in 0..6u32 {
+        let pid = 4_194_300 + k; // pids as long as Linux makes them
+        w.write_process(&info(pid, &format!("{long} {k}"))).expect("process");
+        let ts = 2_000_000_000 + u64::from(k) * 10_000_000;
+        evs.push(on12(pid, ts, Event::mem_info(8 * GIB, 16 * GIB)));
+        evs.push(on12(pid, ts + 1000, Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 * u64::from(k + 1), GIB)));
+        // A VMM reservation each, half mapped: the per-arena plots' legends name the arenas
+        // ("VMM reservation 0x7c0500000000 pid 4194305 GPU 12"), the longest labels a page has.
+        let base = 0x7c00_0000_0000 + u64::from(k) * (1 << 40);
+        evs.push(on12(pid, ts + 2000, Event::vmm_reserve(base, 64 << 20, 0, 0)));
+        evs.push(on12(pid, ts + 3000, Event::vmm_create(Api::cuMemCreate, u64::from(k) + 1, 2 << 20)));
+        evs.push(on12(pid, ts + 4000, Event::vmm_map(base, 2 << 20, u64::from(k) + 1, 0)));
+    }
+    w.write_events(&evs).expect("write");
+    let bytes = w.finish().expect("finish");
+    let report = analyze_bytes("long.vhc", &bytes, &Options::default()).expect("analyze");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let got = measure(
+        dir.path(),
+        "legends",
+        &html::render(&report),
+        "let labels=0,overlaps=[];document.querySelectorAll('svg[data-plot]').forEach(svg=>{\
+           const b=[...svg.querySelectorAll('text.legend')].map(t=>t.getBoundingClientRect());labels+=b.length;\
+           for(let i=0;i<b.length;i++)for(let j=i+1;j<b.length;j++){const p=b[i],q=b[j];\
+             if(p.left<q.right&&q.left<p.right&&p.top<q.bottom&&q.top<p.bottom)overlaps.push([svg.getAttribute('data-plot'),i,j]);}});\
+         return {labels:labels,overlaps:overlaps};",
+    );
+    assert!(got["labels"].as_u64().unwrap_or(0) >= 12, "{got}");
+    assert_eq!(got["overlaps"].as_array().map(Vec::len), Some(0), "{got}");
+}

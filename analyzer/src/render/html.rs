@@ -124,7 +124,18 @@ pub fn render(r: &Report) -> String {
     }
     h.push_str("<div id=plot-free></div>\n");
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
-    h.push_str("<h2>Fragmentation</h2><div id=plot-frag></div><div id=plot-span></div>\n");
+    h.push_str("<h2>Fragmentation</h2>");
+    if r.fragmentation.iter().any(|a| a.kind == vramhook_model::ArenaKind::FrameworkSegment)
+        && !r.timelines.frameworks.is_empty()
+    {
+        h.push_str(
+            "<p class=note>Per arena, fragmentation is 1 − its largest free block / its free bytes: a framework \
+             segment with one free block reads 0.00. A framework cache's fragmentation (under Framework caches) is \
+             over all its segments together: free bytes split one block per segment over many segments read near \
+             1 there while each segment reads 0.00 here.</p>",
+        );
+    }
+    h.push_str("<div id=plot-frag></div><div id=plot-span></div>\n");
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
     h.push_str(&rows(&r.processes, &[true, false, true, true, true, true, true, true, true, false], |p| {
         vec![
@@ -205,7 +216,7 @@ fn ooms_html(h: &mut String, r: &Report) {
     for (n, o) in r.ooms.iter().enumerate() {
         h.push_str(&format!(
             "<div class=oom id=oom-{}><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
-             verdict: <span class=verdict>{}</span><br>{}<br>outcome: {} after {}, {}; {} freed in between\n",
+             verdict: <span class=verdict>{}</span>{}{}<p class=why>{}</p>outcome: {} after {}, {}; {} freed in between\n",
             o.id,
             n + 1,
             rel(r, o.ts_ns),
@@ -217,6 +228,14 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.device_free_bytes.map_or("?".into(), fmt_bytes),
             o.device_total_bytes.map_or("?".into(), fmt_bytes),
             esc(&o.verdict_name),
+            if o.fix.is_empty() { String::new() } else { format!("<p class=fix><b>Fix:</b> {}</p>", esc(&o.fix)) },
+            {
+                let rows: String = super::oom_numbers(o)
+                    .iter()
+                    .map(|(l, v)| format!("<tr><th>{}</th><td>{}</td></tr>", esc(l), esc(v)))
+                    .collect();
+                format!("<table class=numbers>{rows}</table>")
+            },
             match crate::render::text::snapshot_origin(r, o) {
                 Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),
                 None => esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),

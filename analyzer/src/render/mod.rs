@@ -112,3 +112,51 @@ mod tests {
         assert_eq!(count(2u32, "retry", "retries"), "2 retries");
     }
 }
+
+/// An incident's numbers, as (label, value) rows: what the verdict was judged on.
+pub fn oom_numbers(i: &crate::OomReport) -> Vec<(&'static str, String)> {
+    use vramhook_model::fmt_bytes;
+    let mut v = vec![("requested", fmt_bytes(i.requested_bytes))];
+    v.push((
+        "device free",
+        match (i.device_free_bytes, i.device_total_bytes) {
+            (Some(f), Some(t)) => format!("{} of {}", fmt_bytes(f), fmt_bytes(t)),
+            (Some(f), None) => fmt_bytes(f),
+            (None, _) => "not sampled".into(),
+        },
+    ));
+    if let Some(l) = i.framework_limit {
+        v.push(("framework limit", fmt_bytes(l)));
+    }
+    v.push((
+        "this process idle",
+        format!("{} (its pools' idle reserve and its cache's free bytes)", fmt_bytes(i.own_idle_bytes)),
+    ));
+    if let Some(l) = &i.framework_oom {
+        let largest = l.largest_free_block.map_or("not measured".to_string(), fmt_bytes);
+        v.push((
+            "framework",
+            format!(
+                "{} allocated, {} reserved, largest free block {}",
+                fmt_bytes(l.allocated),
+                fmt_bytes(l.reserved),
+                largest
+            ),
+        ));
+    }
+    if !i.holders.is_empty() {
+        let o = vramhook_model::VerdictInputs { holders: i.holders.clone(), ..Default::default() }.others();
+        v.push((
+            "other processes",
+            format!(
+                "{} releasable, {} stranded, {} not visible, {} live, {} untraced",
+                fmt_bytes(o.releasable),
+                fmt_bytes(o.stranded),
+                fmt_bytes(o.not_visible),
+                fmt_bytes(o.live),
+                fmt_bytes(o.untraced.saturating_add(o.unnamed))
+            ),
+        ));
+    }
+    v
+}

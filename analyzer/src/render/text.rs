@@ -298,8 +298,14 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "     {line}");
         }
         let _ = writeln!(o, "     verdict: {}", i.verdict_name);
-        for line in i.explanation.lines() {
-            let _ = writeln!(o, "     {}", super::tidy_paths(line));
+        if !i.fix.is_empty() {
+            let _ = writeln!(o, "     fix: {}", i.fix);
+        }
+        for (label, value) in super::oom_numbers(i) {
+            let _ = writeln!(o, "       {label:<18} {value}");
+        }
+        for (k, line) in i.explanation.lines().enumerate() {
+            let _ = writeln!(o, "     {}{}", if k == 0 { "why: " } else { "" }, super::tidy_paths(line));
         }
         let _ = writeln!(
             o,
