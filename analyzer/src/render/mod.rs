@@ -91,28 +91,6 @@ pub fn event_words(e: &crate::EventLine) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_are_folded() {
-        assert_eq!(
-            tidy_paths("process 1 (/w/target/release/../../tests/simcuda/x --n 4) asked"),
-            "process 1 (/w/tests/simcuda/x --n 4) asked"
-        );
-        assert_eq!(tidy_paths("./a/./b/../c and ../up/x and 1.5/2 and /.."), "a/c and ../up/x and 1.5/2 and /");
-        assert_eq!(tidy_paths("no path here."), "no path here.");
-    }
-
-    #[test]
-    fn counts_agree() {
-        assert_eq!(count(1u64, "process", "processes"), "1 process");
-        assert_eq!(count(0u64, "leak", "leaks"), "0 leaks");
-        assert_eq!(count(2u32, "retry", "retries"), "2 retries");
-    }
-}
-
 /// An incident's numbers, as (label, value) rows: what the verdict was judged on.
 pub fn oom_numbers(i: &crate::OomReport) -> Vec<(&'static str, String)> {
     use vramhook_model::fmt_bytes;
@@ -159,4 +137,26 @@ pub fn oom_numbers(i: &crate::OomReport) -> Vec<(&'static str, String)> {
         ));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_folded() {
+        assert_eq!(
+            tidy_paths("process 1 (/w/target/release/../../tests/simcuda/x --n 4) asked"),
+            "process 1 (/w/tests/simcuda/x --n 4) asked"
+        );
+        assert_eq!(tidy_paths("./a/./b/../c and ../up/x and 1.5/2 and /.."), "a/c and ../up/x and 1.5/2 and /");
+        assert_eq!(tidy_paths("no path here."), "no path here.");
+    }
+
+    #[test]
+    fn counts_agree() {
+        assert_eq!(count(1u64, "process", "processes"), "1 process");
+        assert_eq!(count(0u64, "leak", "leaks"), "0 leaks");
+        assert_eq!(count(2u32, "retry", "retries"), "2 retries");
+    }
 }

@@ -165,13 +165,7 @@ impl Model {
             seg_reserved = seg_reserved.saturating_add(s.size);
             seg_largest = seg_largest.max(s.gaps.largest());
         }
-        let lens = p
-            .lens
-            .iter()
-            .filter(|c| {
-                c.device == device && c.framework.caches() && now.saturating_sub(c.ts_ns) <= LENS_SAMPLE_FRESH_NS
-            })
-            .max_by_key(|c| c.ts_ns);
+        let lens = p.fresh_lens(device, now);
         if segments || lens.is_some() {
             // The lens's numbers are the framework's own, and newer than a snapshot's segments.
             let (reserved, largest) = match lens {

@@ -93,13 +93,7 @@ impl Model {
                 h.stranded = h.stranded.saturating_add(s.size - s.allocated);
             }
         }
-        let lens = p
-            .lens
-            .iter()
-            .filter(|c| {
-                c.device == device && c.framework.caches() && ts.saturating_sub(c.ts_ns) <= LENS_SAMPLE_FRESH_NS
-            })
-            .max_by_key(|c| c.ts_ns);
+        let lens = p.fresh_lens(device, ts);
         if let (false, Some(c)) = (segments, lens) {
             // A stream-ordered pool's idle reserve is the framework's cached free bytes
             // (PyTorch's async backend): counted once, with the pool's.

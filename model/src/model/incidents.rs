@@ -215,20 +215,13 @@ impl Model {
         let cache = self.cache_of(pid, device);
         let sample = self.devices.get(&device).cloned();
         let p = &self.procs[slot];
-        let lens_sample = p
-            .lens
-            .iter()
-            .filter(|c| {
-                c.device == device && c.framework.caches() && ts.saturating_sub(c.ts_ns) <= LENS_SAMPLE_FRESH_NS
-            })
-            .max_by_key(|c| c.ts_ns)
-            .map(|c| LensSample {
-                framework: c.framework,
-                reserved: c.reserved_bytes,
-                allocated: c.allocated_bytes,
-                largest_free_block: c.largest_free_block,
-                age_ns: ts.saturating_sub(c.ts_ns),
-            });
+        let lens_sample = p.fresh_lens(device, ts).map(|c| LensSample {
+            framework: c.framework,
+            reserved: c.reserved_bytes,
+            allocated: c.allocated_bytes,
+            largest_free_block: c.largest_free_block,
+            age_ns: ts.saturating_sub(c.ts_ns),
+        });
         let inputs = VerdictInputs {
             requested,
             granularity: self.config.granularity,

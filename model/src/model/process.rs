@@ -56,6 +56,17 @@ impl Process {
         }
     }
 
+    /// The newest lens sample of a caching framework on `device` at most
+    /// `LENS_SAMPLE_FRESH_NS` older than `ts`: what a failure then, or a fit, may use.
+    pub(super) fn fresh_lens(&self, device: i16, ts: u64) -> Option<&FrameworkCache> {
+        self.lens
+            .iter()
+            .filter(|c| {
+                c.device == device && c.framework.caches() && ts.saturating_sub(c.ts_ns) <= LENS_SAMPLE_FRESH_NS
+            })
+            .max_by_key(|c| c.ts_ns)
+    }
+
     /// The first caching framework among those it loaded.
     pub(super) fn caching_framework(&self) -> Option<FrameworkId> {
         FrameworkId::in_mask(self.frameworks).find(|f| f.caches())
