@@ -84,21 +84,41 @@ fn fresh_state(root: &Path) -> PathBuf {
     dir
 }
 
-/// Whether `unshare -n` gives this test a network namespace of its own.
-fn can_unshare_net() -> bool {
-    Command::new("unshare")
-        .args(["-n", "ip", "link", "set", "lo", "up"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// What `unshare` gives a block here: with a network namespace of its own, the agent's
+/// default port is its own; with a mount namespace and a private `/dev/shm` too, so are the
+/// default ring directory's rings (another run of this suite at the same time, or an agent
+/// on the host, would otherwise drain them).
+#[derive(Clone, Copy, PartialEq)]
+enum Isolation {
+    None,
+    Net,
+    NetAndShm,
+}
+
+fn isolation() -> Isolation {
+    let works = |args: &[&str]| {
+        Command::new("unshare")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let shm = "ip link set lo up && mount -t tmpfs -o mode=1777 tmpfs /dev/shm";
+    if works(&["-n", "-m", "--propagation", "private", "sh", "-c", shm]) {
+        Isolation::NetAndShm
+    } else if works(&["-n", "ip", "link", "set", "lo", "up"]) {
+        Isolation::Net
+    } else {
+        Isolation::None
+    }
 }
 
 fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
-fn run_block(block: &Block, unshare: bool) -> Result<String, String> {
+fn run_block(block: &Block, isolation: Isolation) -> Result<String, String> {
     let root = repo_root();
     let dir = fresh_state(&root);
     let home = dir.join("home");
@@ -109,7 +129,12 @@ fn run_block(block: &Block, unshare: bool) -> Result<String, String> {
         std::env::var("PATH").unwrap_or_default()
     );
     let script = format!("set -euo pipefail\n{}", block.body);
-    let mut cmd = if unshare {
+    let mut cmd = if isolation == Isolation::NetAndShm {
+        let mut c = Command::new("unshare");
+        c.args(["-n", "-m", "--propagation", "private", "bash", "-c"]);
+        c.arg("ip link set lo up && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec bash -c \"$0\"").arg(&script);
+        c
+    } else if isolation == Isolation::Net {
         let mut c = Command::new("unshare");
         c.args(["-n", "bash", "-c", "ip link set lo up && exec bash -c \"$0\""]).arg(&script);
         c
@@ -177,12 +202,12 @@ fn runnable_blocks_run_as_written() {
     sim_dir();
     let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let all = blocks(&text);
-    let unshare = can_unshare_net();
+    let isolation = isolation();
     let mut ran = 0;
     let mut failures = Vec::new();
     for b in all.iter().filter(|b| b.marker == Some(Marker::Runnable)) {
         let first = b.body.lines().next().unwrap_or("");
-        if !unshare && b.body.contains("vramhook agent") && !port_free(9464) {
+        if isolation == Isolation::None && b.body.contains("vramhook agent") && !port_free(9464) {
             println!(
                 "SKIPPED README.md:{}: {first}\n    reason: port 9464 is taken and no network namespace can be made",
                 b.line
@@ -190,7 +215,7 @@ fn runnable_blocks_run_as_written() {
             continue;
         }
         println!("RUN README.md:{}: {first}", b.line);
-        match run_block(b, unshare) {
+        match run_block(b, isolation) {
             Ok(out) => {
                 ran += 1;
                 println!("{out}");
