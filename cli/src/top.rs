@@ -175,6 +175,20 @@ extern "C" fn on_stop(sig: libc::c_int) {
 }
 
 fn install_stop_handlers() {
+    // The UI loop looks at the flag between its waits. On a terminal that hung up (its tmux
+    // or ssh session gone) crossterm's poll reads end-of-file forever and never returns, so a
+    // hangup or a SIGTERM would leave `top` spinning: past a second's grace, this thread ends
+    // it by the same signal.
+    std::thread::spawn(|| loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let sig = STOP_SIGNAL.load(Ordering::Relaxed);
+        if sig != 0 {
+            std::thread::sleep(Duration::from_secs(1));
+            ratatui::restore();
+            let _ = die_by(sig);
+            std::process::exit(128 + sig);
+        }
+    });
     for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
         // SAFETY: a handler that only stores an atomic; sigaction with a zeroed, filled struct.
         unsafe {

@@ -191,3 +191,27 @@ fn agent_failing_after_it_made_its_capture_directory_removes_both() {
     assert!(!rings.exists() && !rings.parent().expect("parent").exists(), "and the ring directories");
     drop(holder);
 }
+
+/// Its terminal gone (the tmux server killed, as a closed ssh session would): `top` ends, it
+/// does not spin on a terminal that reads end-of-file forever (it once did, at 40% of a CPU,
+/// ignoring SIGTERM too).
+#[test]
+fn top_ends_when_its_terminal_hangs_up() {
+    let dead = format!("127.0.0.1:{}", free_port()); // nothing listens: top shows its error
+    let script = format!("exec {} top --agent {dead} --interval 200", vramhook_bin().display());
+    let session = Session::start("hangup", &script);
+    session.wait_screen("top's frame", |s| s.contains("vramhook top"));
+    let pid: i32 =
+        tmux(&session.0, &["display", "-p", "-t", &session.0, "#{pane_pid}"]).trim().parse().expect("pane pid");
+    tmux(&session.0, &["kill-server"]);
+    let start = Instant::now();
+    // SAFETY: signal 0 only asks whether the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        if start.elapsed() > Duration::from_secs(10) {
+            // SAFETY: ending the process this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("top (pid {pid}) still ran 10 s after its terminal hung up");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
