@@ -273,6 +273,11 @@ fn side_by_side<P: AsRef<Path>>(paths: &[P]) -> Vec<SideBySide> {
     let mut by_host: Vec<(String, SideBySide)> = Vec::new();
     for (index, path) in paths.iter().enumerate() {
         let path = path.as_ref();
+        // Only what is a regular file by its path is opened here: a FIFO or a pipe is opened
+        // once, in turn (opened here and closed, its writer's bytes would be gone).
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
         let Ok(file) = File::open(path) else { continue };
         if !file.metadata().is_ok_and(|m| m.is_file()) {
             continue;
