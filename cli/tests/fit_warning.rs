@@ -292,7 +292,7 @@ fn firing(port: u16) -> Vec<String> {
 /// The live path: the agent (`--fit-window 60`) drains both workloads' rings (the server on
 /// device 0, the control on device 1 of the simulated driver, a step every 100 ms), a real
 /// Prometheus 3 scrapes its /metrics every 500 ms and evaluates the real rule file (the
-/// rule's `for:` cut from 5m to 1s for a run of a minute). The alert fires for the server
+/// rule's `for:` cut from 5m to 3s for a run of a minute). The alert fires for the server
 /// while it still runs and before the agent has seen any OOM, and never for the control.
 #[test]
 fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
@@ -308,7 +308,10 @@ fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).expect("rules");
     let rule = "expr: vramhook_process_memory_fit_ratio < 1\n        for: 5m";
     assert!(rules.contains(rule), "the rule as the test expects it");
-    std::fs::write(dir.path().join("alerts.yml"), rules.replace(rule, &rule.replace("5m", "1s"))).expect("rules");
+    // 3 s: the control's fit can dip below 1 for a second or so on a loaded machine (its
+    // supply is the device's free bytes as last sampled, stale until the next sample); the
+    // rule asks for a sustained crossing (5 minutes as shipped) for that reason.
+    std::fs::write(dir.path().join("alerts.yml"), rules.replace(rule, &rule.replace("5m", "3s"))).expect("rules");
     std::fs::write(
         dir.path().join("prometheus.yml"),
         format!(
