@@ -3,33 +3,11 @@ import json
 import os
 import sys
 
-OUT = sys.argv[1]
-fails = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checking import Checks, norm  # noqa: E402
 
-
-def load(name):
-    """A file's JSON: the whole text, else its last line (programs that print more)."""
-    try:
-        with open(os.path.join(OUT, name)) as f:
-            text = f.read().strip()
-    except OSError as e:
-        return {"_error": repr(e)}
-    for candidate in (text, text.splitlines()[-1] if text else ""):
-        try:
-            return json.loads(candidate)
-        except ValueError:
-            pass
-    return {"_error": name + ": not JSON"}
-
-
-def check(ok, what):
-    global fails
-    fails += not ok
-    print("%s %s" % ("PASS" if ok else "FAIL", what))
-
-
-def norm(v):
-    return str(v).lower().replace("_", "")
+C = Checks(sys.argv[1])
+load, lines, check = C.load, C.lines, C.check
 
 
 for case in ("lens", "nolens"):
@@ -69,4 +47,4 @@ check(bool(ooms) and norm(ooms[0].get("verdict")) == "otherprocess", "run: other
 check(top.get("pid") == holder.get("pid") and norm(top.get("sight")) == "untraced",
       "run: the untraced holder named from NVML (%s, %s)" % (top.get("pid"), top.get("sight")))
 print("driver reserve: %s" % json.dumps(load("reserve.json")))
-print("%d failed" % fails)
+print("%d failed" % C.fails)

@@ -3,34 +3,11 @@ import json
 import os
 import sys
 
-OUT = sys.argv[1]
-fails = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from checking import Checks, norm  # noqa: E402
 
-
-def load(name):
-    try:
-        with open(os.path.join(OUT, name)) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        return {"_error": repr(e)}
-
-
-def lines(name):
-    try:
-        with open(os.path.join(OUT, name)) as f:
-            return [json.loads(l) for l in f if l.startswith("{")]
-    except OSError:
-        return []
-
-
-def check(ok, what):
-    global fails
-    fails += not ok
-    print("%s %s" % ("PASS" if ok else "FAIL", what))
-
-
-def norm(v):
-    return str(v).lower().replace("_", "")
+C = Checks(sys.argv[1])
+load, lines, check = C.load, C.lines, C.check
 
 
 def ooms(name):
@@ -86,4 +63,4 @@ held = procs[0].get("held_bytes") if procs else None
 res = burst[0]["reserved"] if burst else None
 print("  torch_async: memory_reserved() %s, agent held %s" % (res, held))
 check(held is not None and held == res, "torch_async: held bytes equal memory_reserved() 1.5 s after the burst")
-print("%d failed" % fails)
+print("%d failed" % C.fails)
