@@ -252,12 +252,22 @@ impl RingReader {
     /// never passes a slot that was not read), and the drop and hook-miss counters are at
     /// most `max_events` (what the process could have issued at all). `Err` says what is
     /// impossible: the ring is hostile or corrupted.
-    pub fn check_claims(&self, max_events: u64) -> Result<(), String> {
+    ///
+    /// A reader killed between freeing slots and saving its cursor leaves the cursor
+    /// behind slots it freed, which the writer may already have reused: a write cursor up
+    /// to a lap past that is honest when every slot in between reads as consumed, and the
+    /// reader moves over them before judging.
+    pub fn check_claims(&mut self, max_events: u64) -> Result<(), String> {
+        let shift = self.capacity.trailing_zeros();
         for lane in 0..self.lanes {
             let write = self.write_pos(lane);
-            let read = self.pos[lane as usize];
+            let mut read = self.pos[lane as usize];
             if write < read {
                 return Err(format!("lane {lane}: write cursor {write} is behind the read cursor {read}"));
+            }
+            if write - read > self.capacity && write - read <= self.capacity.saturating_mul(2) {
+                self.advance(lane, write - self.capacity, shift);
+                read = self.pos[lane as usize];
             }
             if write - read > self.capacity {
                 return Err(format!(

@@ -545,3 +545,38 @@ fn a_release_marker_too_old_or_of_a_gone_writer_holds_nothing() {
         assert_eq!((stats.delivered, stats.release_holds), (1, 0), "clock {clock_source}: a gone writer");
     }
 }
+
+#[test]
+fn a_reader_killed_before_saving_its_cursor_leaves_an_honest_ring() {
+    let (mut ring, writer, mut reader) = setup(16);
+    for i in 0..16 {
+        writer.push(&ev(i));
+    }
+    let mut first = Vec::new();
+    reader.poll(usize::MAX, false, |e| first.push(e));
+    assert_eq!(first.len(), 16);
+    drop(reader);
+    // Killed after freeing the slots, before its cursor reached shared memory.
+    unsafe { lane_read_pos(ring.base(), 0) }.store(0, Ordering::Release);
+    for i in 16..21 {
+        assert!(writer.push(&ev(i)), "the freed slots are reused");
+    }
+    let len = ring_file_size(16);
+    let mut restarted = unsafe { RingReader::new(ring.base(), len, None) }.expect("valid");
+    restarted.check_claims(u64::MAX).expect("a write cursor 21 past a stale cursor 0 is honest here");
+    let mut rest = Vec::new();
+    restarted.poll(usize::MAX, false, |e| rest.push(e));
+    assert_eq!(rest.iter().map(|e| e.seq).collect::<Vec<_>>(), (16..21).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_write_cursor_past_unread_slots_is_still_refused() {
+    let (mut ring, writer, mut reader) = setup(16);
+    for i in 0..16 {
+        writer.push(&ev(i));
+    }
+    // The slots hold 16 unread events; a writer cannot be a lap and more past them.
+    unsafe { lane_write_pos(ring.base(), 0) }.store(21, Ordering::Release);
+    let err = reader.check_claims(u64::MAX).expect_err("unread slots passed");
+    assert!(err.contains("more than a lap"), "{err}");
+}
