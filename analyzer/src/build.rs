@@ -90,7 +90,7 @@ pub fn finish(mut r: Replayer) -> Report {
         notes,
         logs: Vec::new(),
         log_incidents: Vec::new(),
-        folded: r.folded.clone(),
+        folded: Folded { ooms_unjudged: r.model.incidents_unjudged(), ..r.folded.clone() },
         fit_warnings,
     }
 }
@@ -392,7 +392,7 @@ fn notes(r: &mut Replayer, processes: &[ProcessReport]) -> Vec<String> {
     if r.stopped {
         notes.push("replay stopped at --to".into());
     }
-    notes.extend(folded_notes(&r.folded));
+    notes.extend(folded_notes(&Folded { ooms_unjudged: r.model.incidents_unjudged(), ..r.folded.clone() }));
     if r.exits_summarised > 0 {
         notes.push(format!(
             "{} exited after the work budget for full views at exit was spent: their size and age \
@@ -458,6 +458,13 @@ fn folded_notes(f: &Folded) -> Vec<String> {
             "{} more out-of-memory failures after {limit} incidents (--max-items) were counted, not analysed: {} requested",
             f.ooms,
             fmt_bytes(f.oom_bytes)
+        ));
+    }
+    if f.ooms_unjudged > 0 {
+        out.push(format!(
+            "{} not judged (verdict unknown): the work allowance for judging failures, which grows with the events \
+             read, was spent on earlier ones; analyze a shorter window (--from/--to) to judge them",
+            crate::render::count(f.ooms_unjudged, "out-of-memory failure was", "out-of-memory failures were")
         ));
     }
     if f.segments > 0 {

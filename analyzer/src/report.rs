@@ -88,12 +88,15 @@ pub struct Folded {
     pub segment_bytes: u64,
     /// Pickle container elements past the reader's budget (not kept).
     pub pickle_values: u64,
+    /// Out-of-memory failures kept but not judged: the model's work allowance for
+    /// judging (processes and arenas looked at) was spent.
+    pub ooms_unjudged: u64,
 }
 
 impl Folded {
     /// Anything folded at all.
     pub fn any(&self) -> bool {
-        self.processes + self.devices + self.ooms + self.segments + self.pickle_values > 0
+        self.processes + self.devices + self.ooms + self.segments + self.pickle_values + self.ooms_unjudged > 0
     }
 }
 

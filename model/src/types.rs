@@ -651,6 +651,9 @@ pub struct VerdictInputs {
     /// The framework's own limit for this process on the device, when its lens knows one.
     #[serde(default)]
     pub framework_limit: Option<u64>,
+    /// Not judged: the model's work allowance for incidents was spent (an extreme or
+    /// hostile input), so other processes and this one's arenas were not looked at.
+    pub unjudged: bool,
 }
 
 impl VerdictInputs {

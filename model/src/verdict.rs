@@ -3,6 +3,11 @@
 use crate::types::*;
 use vramhook_protocol::{Api, FrameworkId};
 
+/// Why an incident past the model's work allowance has no verdict.
+pub const UNJUDGED_REASON: &str = "not judged: the work allowance for judging failures (the processes and arenas \
+     looked at per failure, which grows with the events read) was spent before this failure; analyze a shorter \
+     window (--from/--to) to judge it";
+
 /// Decides a verdict from what was known at the failure.
 ///
 /// Precedence (the first that holds wins), with `R` the request, `F` the device's free bytes,
@@ -59,6 +64,9 @@ pub fn decide_verdict(i: &VerdictInputs) -> (Verdict, Option<String>) {
         if (c >= r && in_pieces) || (c > 0 && i.device_free.is_some_and(|f| f.saturating_add(c) >= r)) {
             return (Verdict::FrameworkFragmentation, None);
         }
+    }
+    if i.unjudged {
+        return (Verdict::Unknown, Some(UNJUDGED_REASON.into()));
     }
     let Some(f) = i.device_free else {
         return (Verdict::Unknown, Some("no device memory sample (cuMemGetInfo) was known for this device".into()));

@@ -62,8 +62,13 @@ impl Model {
             .map(|(k, _)| k)
             .collect();
         for idx in stale {
+            if self.incidents[idx].inputs.unjudged || !self.judge_allowance_left() {
+                continue;
+            }
             let (slot, at) = (self.incidents[idx].slot, self.incidents[idx].view.ts_ns);
-            let holders = self.holders_at(slot, device, at);
+            let mut visits = 0;
+            let holders = self.holders_at(slot, device, at, &mut visits);
+            self.judge_visits = self.judge_visits.saturating_add(visits);
             let inc = &mut self.incidents[idx];
             inc.inputs.holders = holders.clone();
             inc.view.holders = holders;
@@ -73,6 +78,11 @@ impl Model {
 
     /// What the process at `slot` holds on `device` at `ts`, by how it could be had.
     pub(super) fn held_by(&self, slot: usize, device: i16, ts: u64) -> HeldBytes {
+        self.held_by_counted(slot, device, ts, &mut 0)
+    }
+
+    /// [`Model::held_by`], adding the pools and segments it looked at to `visits`.
+    fn held_by_counted(&self, slot: usize, device: i16, ts: u64, visits: &mut u64) -> HeldBytes {
         let g = self.config.granularity;
         let p = &self.procs[slot];
         let pid = p.pid;
@@ -80,12 +90,14 @@ impl Model {
         let mut pool_idle = 0u64;
         for (_, pool) in self.pools.range((pid, false, 0)..=(pid, true, u64::MAX)).filter(|(_, pl)| pl.device == device)
         {
+            *visits += 1;
             pool_idle = pool_idle.saturating_add(pool.idle(g));
         }
         h.held = p.resident_on(device).saturating_add(pool_idle);
         h.releasable = pool_idle;
         let mut segments = false;
         for (_, s) in self.segments.range((pid, 0)..=(pid, u64::MAX)).filter(|(_, s)| s.device == device) {
+            *visits += 1;
             segments = true;
             if s.allocated == 0 {
                 h.releasable = h.releasable.saturating_add(s.size);
@@ -119,11 +131,13 @@ impl Model {
     /// every other live traced process with bytes there, and the untraced ones, named by
     /// NVML's latest fresh sample, or else the device's remainder beyond the traced
     /// processes' context allowance. Most bytes first.
-    pub(super) fn holders_at(&self, slot: usize, device: i16, ts: u64) -> Vec<Holder> {
+    /// The processes, pools and segments looked at are added to `visits`.
+    pub(super) fn holders_at(&self, slot: usize, device: i16, ts: u64, visits: &mut u64) -> Vec<Holder> {
         let me = self.procs[slot].pid;
         if device < 0 {
             return Vec::new(); // bytes of no known device: nobody to compare them with
         }
+        *visits += self.by_pid.len() as u64;
         let nvml = self.gpu_samples.get(&device).filter(|s| {
             let age = s.ts.abs_diff(ts);
             (s.ts >= ts && age <= GPU_SAMPLE_AFTER_FAILURE_NS) || (s.ts < ts && age <= GPU_SAMPLE_FRESH_NS)
@@ -138,7 +152,7 @@ impl Model {
             if !p.alive {
                 continue;
             }
-            let h = self.held_by(s, device, ts);
+            let h = self.held_by_counted(s, device, ts, visits);
             traced_bytes = traced_bytes.saturating_add(h.held);
             if pid == me || h.held == 0 {
                 continue;
@@ -213,6 +227,8 @@ impl Model {
                 folded.live_bytes = folded.live_bytes.saturating_add(h.live_bytes);
             }
             holders.push(folded);
+            // Kept with the incident: not the capacity of every process on the device.
+            holders.shrink_to_fit();
         }
         holders
     }

@@ -16,6 +16,15 @@ fn gives_back(kind: EventKind, ev: &Event) -> bool {
         )
 }
 
+/// Looks (processes, pools, segments, arenas) any replay may spend judging incidents.
+pub(super) const JUDGE_WORK_BASE: u64 = 1 << 22;
+/// And per event read: a real capture's failures never come near it (ten processes with a
+/// thousand segments each cost 10,000 looks per failure).
+pub(super) const JUDGE_WORK_PER_EVENT: u64 = 64;
+
+/// Arenas an incident lists (its sums count them all).
+const ARENAS_KEPT: usize = 64;
+
 /// Cache-wide figures over a process's framework segments.
 #[derive(Default)]
 pub(super) struct CacheFigures {
@@ -130,11 +139,21 @@ impl Model {
         pools.saturating_add(segs).saturating_add(lens)
     }
 
-    /// This process's arenas on `device` (all devices when -1), sorted by (kind, base, device).
-    #[inline]
-    pub(super) fn arenas_of(&self, pid: u32, device: i16) -> Vec<ArenaNumbers> {
-        let mut v: Vec<(u16, ArenaNumbers)> = self
-            .arenas_in(pid, pid)
+    /// This process's arenas on `device` (all devices when -1) at a failure of `requested`
+    /// bytes, sorted by (kind, base, device), with their free bytes summed and their
+    /// largest free span: at most [`ARENAS_KEPT`] of them (all are added to `visits`), those the request found in
+    /// pieces first, then the most free (an incident keeps its list; a process with 10,000
+    /// arenas failing 10,000 times kept 10^8 entries).
+    pub(super) fn arenas_at_failure(
+        &self,
+        pid: u32,
+        device: i16,
+        requested: u64,
+        visits: &mut u64,
+    ) -> (Vec<ArenaNumbers>, u64, u64) {
+        let all = self.arenas_in(pid, pid);
+        *visits += all.len() as u64;
+        let mut v: Vec<(u16, ArenaNumbers)> = all
             .into_iter()
             .filter(|a| a.pid == pid && (device < 0 || a.device == device))
             .map(|a| {
@@ -147,8 +166,17 @@ impl Model {
                 (a.device as u16, n)
             })
             .collect();
+        let free = v.iter().fold(0u64, |acc, (_, a)| acc.saturating_add(a.free_in_arena));
+        let largest = v.iter().map(|(_, a)| a.largest_free_span).max().unwrap_or(0);
+        if v.len() > ARENAS_KEPT {
+            let in_pieces = |a: &ArenaNumbers| a.free_in_arena >= requested && a.largest_free_span < requested;
+            v.sort_by_key(|(_, a)| (!in_pieces(a), std::cmp::Reverse(a.free_in_arena)));
+            v.truncate(ARENAS_KEPT);
+        }
         v.sort_by_key(|(d, a)| (a.kind, a.base, *d));
-        v.into_iter().map(|(_, a)| a).collect()
+        let mut kept: Vec<ArenaNumbers> = v.into_iter().map(|(_, a)| a).collect();
+        kept.shrink_to_fit(); // the collect reuses the list of all arenas in place
+        (kept, free, largest)
     }
 
     /// This process's framework segments on `device` (all devices when -1), cache-wide:
@@ -166,6 +194,12 @@ impl Model {
             c.with_free += u64::from(f > 0);
         }
         c
+    }
+
+    /// Whether judging an incident may still look at processes and arenas: the looks so far
+    /// are within [`JUDGE_WORK_BASE`] plus [`JUDGE_WORK_PER_EVENT`] per event read.
+    pub(super) fn judge_allowance_left(&self) -> bool {
+        self.judge_visits <= JUDGE_WORK_BASE.saturating_add(self.events.saturating_mul(JUDGE_WORK_PER_EVENT))
     }
 
     #[inline]
@@ -198,21 +232,35 @@ impl Model {
             self.forget_old_incidents(cap.saturating_sub(1));
         }
         let pid = self.procs[slot].pid;
-        let own_idle = self.idle_of(pid, device);
-        // Idle bytes live only in pools and framework segments: summed over those (not over
-        // every process, most of which hold neither: a capture of 50,000 processes with an
-        // OOM each made this quadratic).
-        let holders = self.holders_at(slot, device, ts);
-        let other_idle = if device < 0 {
-            // No device known: every other process's idle bytes, on any device.
-            let others = self.by_pid.iter().filter(|(p, s)| **p != pid && self.procs[**s].alive);
-            others.fold(0u64, |acc, (p, _)| acc.saturating_add(self.idle_of(*p, -1)))
+        // Judging looks at every process on the device and every arena of this one: past
+        // the allowance (a capture of 10,000 processes holding memory, each failing, took
+        // 10^8 looks and 2 GB) the incident is kept, counted, and left unjudged.
+        let judged = self.judge_allowance_left();
+        let mut visits = 0u64;
+        let (own_idle, holders, other_idle, arenas, cache) = if judged {
+            let own_idle = self.idle_of(pid, device);
+            let holders = self.holders_at(slot, device, ts, &mut visits);
+            let other_idle = if device < 0 {
+                // No device known: every other process's idle bytes, on any device.
+                visits += self.by_pid.len() as u64;
+                let others = self.by_pid.iter().filter(|(p, s)| **p != pid && self.procs[**s].alive);
+                others.fold(0u64, |acc, (p, _)| acc.saturating_add(self.idle_of(*p, -1)))
+            } else {
+                holders
+                    .iter()
+                    .fold(0u64, |acc, h| acc.saturating_add(h.releasable_bytes).saturating_add(h.stranded_bytes))
+            };
+            let arenas = self.arenas_at_failure(pid, device, requested, &mut visits);
+            let cache = self.cache_of(pid, device);
+            visits += cache.segments;
+            (own_idle, holders, other_idle, arenas, cache)
         } else {
-            holders.iter().fold(0u64, |acc, h| acc.saturating_add(h.releasable_bytes).saturating_add(h.stranded_bytes))
+            self.incidents_unjudged += 1;
+            (0, Vec::new(), 0, (Vec::new(), 0, 0), CacheFigures::default())
         };
+        let (arenas, arena_free_bytes, arena_largest_free_span) = arenas;
+        self.judge_visits = self.judge_visits.saturating_add(visits);
         let framework_limit = self.limit_of(slot, device);
-        let arenas = self.arenas_of(pid, device);
-        let cache = self.cache_of(pid, device);
         let sample = self.devices.get(&device).cloned();
         let p = &self.procs[slot];
         let lens_sample = p.fresh_lens(device, ts).map(|c| LensSample {
@@ -243,9 +291,8 @@ impl Model {
             recovered: false,
             holders: holders.clone(),
             framework_limit,
+            unjudged: !judged,
         };
-        let arena_free_bytes = inputs.arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
-        let arena_largest_free_span = inputs.arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
         let id = self.last_incident_id.max(self.incidents.last().map_or(0, |i| i.view.id)) + 1;
         self.last_incident_id = id;
         let view = OomIncident {

@@ -387,7 +387,7 @@ pub enum ModelError {
 }
 
 /// Version byte that starts every checkpoint.
-pub const CHECKPOINT_VERSION: u8 = 6;
+pub const CHECKPOINT_VERSION: u8 = 7;
 
 /// The VRAM model. See the crate documentation for what each number means.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -430,6 +430,15 @@ pub struct Model {
     incidents_forgotten: u64,
     /// NVML's latest per-process usage, per device.
     gpu_samples: BTreeMap<i16, holders::GpuSample>,
+    /// Processes, pools, segments and arenas looked at to judge incidents: bounded by
+    /// [`incidents::JUDGE_WORK_BASE`] plus [`incidents::JUDGE_WORK_PER_EVENT`] per event, so
+    /// that a capture's work grows with its length, not with processes × failures. A
+    /// restored model starts a new allowance.
+    #[serde(skip)]
+    judge_visits: u64,
+    /// Incidents not judged because that allowance was spent.
+    #[serde(skip)]
+    incidents_unjudged: u64,
 }
 
 fn no_origin() -> u64 {
@@ -461,6 +470,8 @@ impl Model {
             last_incident_id: 0,
             incidents_forgotten: 0,
             gpu_samples: BTreeMap::new(),
+            judge_visits: 0,
+            incidents_unjudged: 0,
         }
     }
 
@@ -477,6 +488,12 @@ impl Model {
     /// was made or restored.
     pub fn incidents_forgotten(&self) -> u64 {
         self.incidents_forgotten
+    }
+
+    /// Incidents not judged: the work allowance for judging them was spent (see
+    /// `judge_visits`); their verdict is unknown, saying so.
+    pub fn incidents_unjudged(&self) -> u64 {
+        self.incidents_unjudged
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -506,6 +523,12 @@ impl Model {
     /// Number of live allocations held in the address map (all processes).
     pub fn live_allocation_count(&self) -> usize {
         self.allocs.len()
+    }
+
+    /// Arenas known (VMM reservations, pools, framework segments): what a snapshot lists
+    /// besides processes.
+    pub fn arena_count(&self) -> usize {
+        self.reservations.len() + self.pools.len() + self.segments.len()
     }
 
     fn anomaly(&mut self, slot: Option<usize>, a: Anomaly) {

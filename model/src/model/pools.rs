@@ -89,13 +89,20 @@ impl Model {
         }
         self.change_pool(slot, key, |pl| pl.sampled = Some(reserved));
         if let Some((idx, tid)) = self.procs[slot].awaiting_sample {
-            if tid == ev.tid && self.incidents[idx].view.device == device {
+            if tid == ev.tid
+                && self.incidents[idx].view.device == device
+                && !self.incidents[idx].inputs.unjudged
+                && self.judge_allowance_left()
+            {
                 let own_idle = self.idle_of(pid, device);
-                let arenas = self.arenas_of(pid, device);
+                let requested = self.incidents[idx].inputs.requested;
+                let mut visits = 0;
+                let (arenas, free, largest) = self.arenas_at_failure(pid, device, requested, &mut visits);
+                self.judge_visits = self.judge_visits.saturating_add(visits);
                 let inc = &mut self.incidents[idx];
                 inc.view.own_idle_bytes = own_idle;
-                inc.view.arena_free_bytes = arenas.iter().fold(0u64, |acc, a| acc.saturating_add(a.free_in_arena));
-                inc.view.arena_largest_free_span = arenas.iter().map(|a| a.largest_free_span).max().unwrap_or(0);
+                inc.view.arena_free_bytes = free;
+                inc.view.arena_largest_free_span = largest;
                 inc.inputs.own_idle = own_idle;
                 inc.inputs.arenas = arenas;
                 self.decide(idx);

@@ -1072,6 +1072,7 @@ impl Reference {
             recovered: false,
             holders: self.holders(pid, ev.device),
             framework_limit: None,
+            unjudged: false,
         };
         let (verdict, reason) = decide_verdict(&inputs);
         let p = &self.procs[slot];

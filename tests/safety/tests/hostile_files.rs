@@ -104,6 +104,34 @@ fn fifty_thousand_processes_with_an_oom_each() {
     assert_eq!(folded(&r, "process_events"), 40_000);
 }
 
+/// 10,000 processes that each hold 1 MiB and fail once (1.3 MB): judging a failure looks at
+/// every process on the device, 10^8 looks in all (7.6 s and 2 GB before, each incident
+/// also keeping a list as long as the processes). Past the work allowance (which grows
+/// with the events read) the rest are kept, unjudged, and said to be.
+#[test]
+fn ten_thousand_holders_each_failing_are_judged_within_the_allowance() {
+    let (_d, _, r) = made_and_analyzed("holders.vhc", |f| {
+        write_capture(f, 20_000, |i| {
+            let (pid, ts) = (1000 + (i / 2) as u32, 1_000 + i * 1_000);
+            if i % 2 == 0 {
+                alloc(pid, ts, 0, 0x7000_0000_0000 + i * MIB, MIB)
+            } else {
+                oom(pid, ts, 0, 200 * GIB)
+            }
+        })
+    });
+    assert_eq!(count(&r, "ooms") as u64, LIMIT);
+    let unjudged = folded(&r, "ooms_unjudged");
+    assert!(unjudged > 0 && unjudged < LIMIT, "{unjudged} unjudged");
+    assert!(notes(&r).contains("not judged"), "{}", notes(&r));
+    let ooms = r["ooms"].as_array().expect("ooms");
+    let judged = ooms.iter().filter(|o| o["unknown_reason"].as_str().is_none_or(|w| !w.starts_with("not judged")));
+    assert_eq!(judged.count() as u64, LIMIT - unjudged, "the first failures are judged, the rest say why not");
+    let first = &ooms[0];
+    assert!(count(first, "holders") <= 16, "holders listed per incident are bounded: {}", count(first, "holders"));
+    assert_eq!(ooms.last().expect("last")["verdict"], "unknown");
+}
+
 /// 20,000 processes that each allocate and exit (2.6 MB; quadratic before: every exit took a
 /// snapshot of every process, and sampled them all again at the next event).
 #[test]
@@ -427,16 +455,19 @@ fn an_empty_file_is_an_error_in_one_line() {
     assert!(stderr.contains("truncated at byte"), "{stderr}");
 }
 
-/// 10,000 mapped VMM reservations and 10,000 OOM failures (2.5 MB): every incident makes
-/// the model look at (and keep a line for) each of the process's arenas, 10^8 in all. The
-/// memory budget stops it: exit 3, one line on stderr, and the partial report of what was
-/// read, which says it is partial, within about the budget.
+/// 10,000 mapped VMM reservations and 10,000 OOM failures (2.5 MB): every incident made
+/// the model look at (and keep a line for) each of the process's arenas, and the replay
+/// sample them all, 10^8 in all (8 s and 600 MB). Now each incident keeps 64 of them
+/// (its sums count all), the looks stop at the work allowance, and the samples out of turn count the arenas.
 #[test]
-fn arenas_times_ooms_stop_at_the_memory_budget() {
-    let d = dir();
-    let f = d.path().join("arenas.vhc");
-    let (arenas, ooms) = (10_000u64, 10_000u64);
-    write_capture(&f, 3 * arenas + ooms, |i| {
+fn arenas_times_ooms_are_bounded() {
+    let (_d, _, r) = made_and_analyzed("arenas.vhc", |f| arenas_and_ooms(f, 10_000, 10_000));
+    assert_eq!(count(&r, "ooms") as u64, LIMIT);
+    assert!(folded(&r, "ooms_unjudged") > 0, "{}", r["folded"]);
+}
+
+fn arenas_and_ooms(f: &Path, arenas: u64, ooms: u64) -> u64 {
+    write_capture(f, 3 * arenas + ooms, |i| {
         let ts = 1_000 + i;
         if i < 3 * arenas {
             let (k, addr) = (i / 3, 0x7000_0000_0000 + (i / 3) * 4 * MIB);
@@ -453,8 +484,18 @@ fn arenas_times_ooms_stop_at_the_memory_budget() {
         } else {
             oom(7, ts, 0, 64 * GIB + i * 4096) // each its own request: not a retry
         }
-    });
-    let budget_mib = 150;
+    })
+}
+
+/// The memory budget stops a replay that outgrows it: exit 3, one line on stderr, and the
+/// partial report of what was read, which says it is partial, within about the budget.
+#[test]
+fn a_replay_past_the_memory_budget_stops_with_a_partial_report() {
+    let d = dir();
+    let f = d.path().join("arenas.vhc");
+    arenas_and_ooms(&f, 10_000, 10_000);
+    let ooms = 10_000;
+    let budget_mib = 40;
     let (m, json) = analyze_json(&vramhook_bin(), &f, &["--max-memory", &budget_mib.to_string()]);
     let stderr = String::from_utf8_lossy(&m.output.stderr);
     assert_eq!(m.output.status.code(), Some(3), "{stderr}");
