@@ -219,6 +219,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
                 }
             }
             report_refusals(&mut source, &stats);
+            report_run_rings(&mut source, &stats);
             if !pending.is_empty() {
                 crate::pause_point("discovered");
             }
@@ -461,6 +462,21 @@ fn report_refusals(source: &mut RingSource, stats: &AgentStats) {
             add(&stats.rings_refused, 1);
             eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
         }
+    }
+}
+
+/// Lists the processes left to `vramhook run` sessions in the agent's counters (state,
+/// `/metrics`, `top`), and says once per ring in the log how to watch them here instead.
+fn report_run_rings(source: &mut RingSource, stats: &AgentStats) {
+    for run in source.take_new_run_rings() {
+        eprintln!(
+            "vramhook agent: {}; start the agent with {} to watch it here",
+            run.describe(),
+            crate::stats::INCLUDE_RUN_RINGS
+        );
+    }
+    if let Ok(mut listed) = stats.recorded_by_run.lock() {
+        *listed = source.run_rings();
     }
 }
 

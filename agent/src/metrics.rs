@@ -289,6 +289,27 @@ pub const ALL: &[MetricDef] = &[
         },
     },
     MetricDef {
+        otel: "vramhook.process.recorded_by_run",
+        unit: "{process}",
+        prom: "vramhook_process_recorded_by_run",
+        kind: Kind::Gauge,
+        labels: &["process.pid", "process.executable.name", "process.command_line"],
+        help: "1 for each live process recorded by a vramhook run session: its ring is the session's, so it is not drained here and has no other series (vramhook agent --include-run-rings drains it instead).",
+        values: |_, st| {
+            st.recorded_by_run
+                .iter()
+                .map(|r| {
+                    let labels = vec![
+                        ("process.pid", r.pid.to_string()),
+                        ("process.executable.name", executable_name(&r.command, &r.exe)),
+                        ("process.command_line", r.command.chars().take(1024).collect()),
+                    ];
+                    (labels, 1.0)
+                })
+                .collect()
+        },
+    },
+    MetricDef {
         otel: "vramhook.process.memory.live",
         unit: "By",
         prom: "vramhook_process_memory_live_bytes",
@@ -760,6 +781,14 @@ mod tests {
                 largest_bytes: (128 << 20) + 4096,
                 limit_bytes: (64 << 20) + 4096,
                 max_ring_mib: 128,
+            }],
+            // A process recorded by a `vramhook run` session (its series exist only then).
+            recorded_by_run: vec![crate::stats::RecordedByRun {
+                pid: 9,
+                start_time: 9,
+                exe: "/usr/bin/python3".into(),
+                command: "python3 train.py".into(),
+                run_pid: Some(8),
             }],
             ..StatsView::default()
         };

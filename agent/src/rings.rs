@@ -15,6 +15,8 @@ use vramhook_protocol::record::{Api, Event, EventKind};
 use vramhook_protocol::ring::{MappedRing, RingError, DEFAULT_MAX_RING_BYTES};
 use vramhook_protocol::seqset::SeqSet;
 
+use crate::stats::RecordedByRun;
+
 /// What a poll hands on, in order: a process before its events, its end after them.
 #[derive(Debug)]
 pub enum SourceItem<'a> {
@@ -126,6 +128,30 @@ struct Tracked {
 /// Key: (pid, start time, image).
 type RingKey = (u32, u64, u64);
 
+/// A ring left to a `vramhook run` session (see `RingSource::skip_run_rings`): listed while
+/// its process lives and its file is there, never drained.
+struct RunRing {
+    listed: RecordedByRun,
+    /// The file's identity (device, inode): the key of its lock in /proc/locks.
+    ident: (u64, u64),
+    /// A writer in another pid namespace cannot be looked up in this /proc: it is listed
+    /// until its file goes.
+    other_ns: bool,
+    /// When it was first listed (the session's pid is looked for up to `RUN_PID_PATIENCE`).
+    since: std::time::Instant,
+    /// Whether it was handed on by [`RingSource::take_new_run_rings`] (once per ring).
+    announced: bool,
+}
+
+/// Most rings of `vramhook run` sessions listed at once (each holds at most about 2 KiB):
+/// a user churning ring files cannot grow the reader's memory without bound.
+const MAX_RUN_RINGS: usize = 1024;
+/// How long the holder of a run ring's lock is looked for (the session opens the ring
+/// soon after its process makes it); a ring is announced once it is found or this passed.
+const RUN_PID_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Least time between two reads of /proc/locks.
+const LOCKS_GAP: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub struct RingSource {
     dir: PathBuf,
     /// The ring directory, opened once (never followed through a symlink); every file
@@ -189,6 +215,10 @@ pub struct RingSource {
     names: BTreeMap<RingKey, String>,
     /// This reader's pid namespace (0: unknown).
     own_pid_ns: u64,
+    /// Rings left to `vramhook run` sessions, by path (with `skip_run_rings`).
+    run_rings: BTreeMap<PathBuf, RunRing>,
+    /// Last read of /proc/locks (looking for the sessions that hold run rings).
+    locks_read: Option<std::time::Instant>,
 }
 
 impl RingSource {
@@ -223,6 +253,8 @@ impl RingSource {
             open_names: Default::default(),
             names: BTreeMap::new(),
             own_pid_ns: vramhook_protocol::ringdir::own_pid_ns(),
+            run_rings: BTreeMap::new(),
+            locks_read: None,
         }
     }
 
@@ -315,6 +347,26 @@ impl RingSource {
     /// Tells the source how a process it may hold ended (for `ProcessEnd`).
     pub fn set_exit_status(&mut self, pid: u32, status: i32) {
         self.exit_statuses.insert(pid, status);
+    }
+
+    /// The live processes whose rings are left to a `vramhook run` session (with
+    /// `skip_run_rings`), as of the last scan.
+    pub fn run_rings(&self) -> Vec<RecordedByRun> {
+        self.run_rings.values().map(|r| r.listed.clone()).collect()
+    }
+
+    /// Rings of `vramhook run` sessions listed since the last call, each once: once the
+    /// session holding it is known, or after [`RUN_PID_PATIENCE`] without it.
+    pub fn take_new_run_rings(&mut self) -> Vec<RecordedByRun> {
+        let now = std::time::Instant::now();
+        self.run_rings
+            .values_mut()
+            .filter(|r| !r.announced && (r.listed.run_pid.is_some() || now.duration_since(r.since) >= RUN_PID_PATIENCE))
+            .map(|r| {
+                r.announced = true;
+                r.listed.clone()
+            })
+            .collect()
     }
 
     /// Rings refused since the last call.
@@ -590,6 +642,9 @@ impl RingSource {
             let here = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| present.contains(n));
             self.refused.retain(|p, _| here(p));
             self.ignored.retain(|p, _| here(p));
+            // A run session removes its ring once drained; a process gone is no longer
+            // recorded (its ring, if left, stays ignored).
+            self.run_rings.retain(|p, r| here(p) && (r.other_ns || process_alive(r.listed.pid, r.listed.start_time)));
         }
         let mut found: Vec<(RingKey, PathBuf)> = names
             .iter()
@@ -644,13 +699,45 @@ impl RingSource {
                 Err(OpenError::Ignore) => {
                     self.ignored.insert(path, ());
                 }
+                Err(OpenError::RunRing(run)) => {
+                    if self.run_rings.len() < MAX_RUN_RINGS {
+                        self.run_rings.insert(path.clone(), *run);
+                    }
+                    self.ignored.insert(path, ());
+                }
                 Err(OpenError::Refuse(reason)) => {
                     self.new_refusals.push(Refusal { path: path.clone(), reason: reason.clone(), hostile: false });
                     self.refused.insert(path, reason);
                 }
             }
         }
+        self.find_run_sessions(now);
         opened
+    }
+
+    /// Fills in the session (the holder of the ring's lock) of run rings listed without
+    /// one, for up to twice [`RUN_PID_PATIENCE`] each, reading /proc/locks at most every
+    /// [`LOCKS_GAP`] (a user churning ring files cannot make the reader read it more).
+    fn find_run_sessions(&mut self, now: std::time::Instant) {
+        let wanted: Vec<(u64, u64)> = self
+            .run_rings
+            .values()
+            .filter(|r| r.listed.run_pid.is_none() && now.duration_since(r.since) < RUN_PID_PATIENCE * 2)
+            .map(|r| r.ident)
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        if self.locks_read.is_some_and(|at| now.duration_since(at) < LOCKS_GAP) {
+            return;
+        }
+        self.locks_read = Some(now);
+        let holders = lock_holders(&wanted);
+        for r in self.run_rings.values_mut() {
+            if r.listed.run_pid.is_none() {
+                r.listed.run_pid = holders.get(&r.ident).copied();
+            }
+        }
     }
 
     fn open(&self, _path: &Path, key: RingKey) -> Result<Option<Tracked>, OpenError> {
@@ -673,14 +760,33 @@ impl RingSource {
                 if self.euid != 0 { "reader" } else { "directory's owner" }
             )));
         }
+        let ident = (meta.dev(), meta.ino());
         if self.skip_run_rings {
-            match peek_run_id(&file) {
-                None => return Err(OpenError::NotReady), // header not yet published
-                Some(0) => {}
-                Some(_) => return Err(OpenError::Ignore),
+            match peek_header(&file) {
+                Peek::NotReady => return Err(OpenError::NotReady),
+                Peek::Plain => {}
+                // Listed only when the header names the process its file name does (the
+                // file's owner was checked above); either way it is left alone.
+                Peek::Run { pid, start_time, pid_ns, exe, cmdline } if (pid, start_time) == (key.0, key.1) => {
+                    let command = if cmdline.is_empty() { exe.clone() } else { cmdline.join(" ") };
+                    let other_ns = pid_ns != 0 && self.own_pid_ns != 0 && pid_ns != self.own_pid_ns;
+                    return Err(OpenError::RunRing(Box::new(RunRing {
+                        listed: RecordedByRun {
+                            pid,
+                            start_time,
+                            exe: printable(&exe, 1024),
+                            command: printable(&command, 1024),
+                            run_pid: None,
+                        },
+                        ident,
+                        other_ns,
+                        since: std::time::Instant::now(),
+                        announced: false,
+                    })));
+                }
+                Peek::Run { .. } => return Err(OpenError::Ignore),
             }
         }
-        let ident = (meta.dev(), meta.ino());
         let ring = match MappedRing::from_file(file, self.tsc, self.max_ring_bytes) {
             Ok(Some(ring)) => ring,
             // Another reader holds it (a `vramhook run`, or a gc about to remove it): look again
@@ -795,6 +901,8 @@ pub const NOT_READY_RETRY: std::time::Duration = std::time::Duration::from_secs(
 enum OpenError {
     NotReady,
     Ignore,
+    /// A `vramhook run` session's ring: left alone, and listed.
+    RunRing(Box<RunRing>),
     Refuse(String),
 }
 
@@ -901,22 +1009,84 @@ fn max_plausible_events() -> u64 {
     ns.saturating_mul(4)
 }
 
-/// The run id of a ring header, read (without blocking: the caller checked that it is a
-/// regular file) without locking the file; `None` while the header is not yet published.
-/// Only used to leave other sessions' rings alone: everything else is validated by
-/// `MappedRing::from_file`.
-fn peek_run_id(f: &std::fs::File) -> Option<u64> {
-    let mut h = [0u8; 48];
+/// What a look at a ring header tells, read without locking the file.
+enum Peek {
+    /// The header is not yet published.
+    NotReady,
+    /// No run id (or too small to say: `open` refuses it): drained as usual.
+    Plain,
+    /// Stamped with a run id: a `vramhook run` session's ring, with what it says of its
+    /// process (untrusted, only listed).
+    Run { pid: u32, start_time: u64, pid_ns: u64, exe: String, cmdline: Vec<String> },
+}
+
+/// Reads a ring's header page (without blocking: the caller checked that it is a regular
+/// file) without locking the file. Only used to leave `vramhook run` sessions' rings alone
+/// and list them: everything a drained ring says is validated by `MappedRing::from_file`.
+fn peek_header(f: &std::fs::File) -> Peek {
+    use vramhook_protocol::ring::{RingHeader, HEADER_SIZE, META_OFFSET};
+    let mut h = vec![0u8; HEADER_SIZE];
     if f.read_exact_at(&mut h, 0).is_err() {
-        return Some(0); // too small: let `open` refuse it
+        return Peek::Plain; // too small: let `open` refuse it
     }
-    let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if version == 0 {
-        return None;
+    let u32_at = |at: usize| h.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
+    let u64_at = |at: usize| h.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    if u32_at(std::mem::offset_of!(RingHeader, version)) == 0 {
+        return Peek::NotReady;
     }
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&h[40..48]);
-    Some(u64::from_le_bytes(id))
+    if u64_at(std::mem::offset_of!(RingHeader, run_id)) == 0 {
+        return Peek::Plain;
+    }
+    let (exe, cmdline) = vramhook_protocol::ring::parse_meta(h.get(META_OFFSET..).unwrap_or_default());
+    Peek::Run {
+        pid: u32_at(std::mem::offset_of!(RingHeader, pid)),
+        start_time: u64_at(std::mem::offset_of!(RingHeader, start_time)),
+        pid_ns: u64_at(std::mem::offset_of!(RingHeader, pid_ns)),
+        exe,
+        cmdline,
+    }
+}
+
+/// At most `max` characters of untrusted text, control characters (a terminal's escape
+/// sequences, newlines in a log line) replaced by `?`.
+fn printable(s: &str, max: usize) -> String {
+    s.chars().take(max).map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+/// The pids holding an `flock` on each of the files `idents` (device, inode), from
+/// /proc/locks (read up to 4 MiB). A pid the kernel cannot name in this pid namespace
+/// reads as 0 there and is left out.
+fn lock_holders(idents: &[(u64, u64)]) -> BTreeMap<(u64, u64), u32> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    let Ok(f) = std::fs::File::open("/proc/locks") else { return BTreeMap::new() };
+    if f.take(4 << 20).read_to_end(&mut text).is_err() {
+        return BTreeMap::new();
+    }
+    let wanted: std::collections::BTreeSet<(u64, u64)> = idents.iter().copied().collect();
+    let mut out = BTreeMap::new();
+    for line in String::from_utf8_lossy(&text).lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:1b:5678 0 EOF" (waiters: "1: -> FLOCK ...").
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[1] != "FLOCK" {
+            continue;
+        }
+        let Ok(pid) = f[4].parse::<u32>() else { continue };
+        let mut dev = f[5].split(':');
+        let (Some(major), Some(minor), Some(ino), None) = (dev.next(), dev.next(), dev.next(), dev.next()) else {
+            continue;
+        };
+        let (Ok(major), Ok(minor), Ok(ino)) =
+            (u32::from_str_radix(major, 16), u32::from_str_radix(minor, 16), ino.parse::<u64>())
+        else {
+            continue;
+        };
+        let ident = (libc::makedev(major, minor), ino);
+        if pid != 0 && wanted.contains(&ident) {
+            out.insert(ident, pid);
+        }
+    }
+    out
 }
 
 /// `<pid>-<start>-<image>.ring`
@@ -1076,6 +1246,54 @@ mod tests {
         assert_eq!(seen, expected);
         assert_eq!(foreign, 3);
         assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0, "both rings removed");
+    }
+
+    /// A `vramhook run` session's ring (stamped with a run id) is left alone and listed:
+    /// its process as the header says (control characters replaced), the session as the
+    /// holder of its lock, announced once; gone from the list with its file.
+    #[test]
+    fn a_run_sessions_ring_is_listed_not_drained() {
+        use std::os::fd::AsRawFd;
+        use vramhook_protocol::ring::RingInit;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pid, start) = (std::process::id(), own_start_time());
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let init = RingInit { capacity: 16, pid, start_time: start, uid, run_id: 7, ..RingInit::default() };
+        let name = format!("{pid}-{start}-0.ring");
+        let meta = b"/usr/bin/python3\0python3\0train.py\x1b[2J";
+        let (w, map, len) = vramhook_testkit::make_ring_file(dir.path(), &name, &init, 1, meta, |_, _| {});
+        assert!(w.push(&Event { pid, kind: EventKind::Alloc.code(), size: 10, ..Event::default() }.to_raw()));
+        // The session: another open file holding the ring's lock.
+        let session = std::fs::File::open(dir.path().join(&name)).expect("open");
+        // SAFETY: flock on a descriptor of ours.
+        assert_eq!(unsafe { libc::flock(session.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+
+        let mut source = RingSource::new(dir.path(), RingFilter::default(), None);
+        source.skip_run_rings = true;
+        let mut items = 0;
+        source.poll(&mut |_| items += 1);
+        assert_eq!((source.open_rings(), items), (0, 0), "not drained");
+        let listed = RecordedByRun {
+            pid,
+            start_time: start,
+            exe: "/usr/bin/python3".into(),
+            command: "python3 train.py?[2J".into(),
+            run_pid: Some(pid),
+        };
+        assert_eq!(source.run_rings(), vec![listed.clone()]);
+        assert_eq!(source.take_new_run_rings(), vec![listed.clone()], "announced once its session is known");
+        source.poll(&mut |_| items += 1);
+        assert!(source.take_new_run_rings().is_empty(), "announced once");
+        assert_eq!(source.run_rings(), vec![listed]);
+        assert_eq!(items, 0);
+
+        drop(session);
+        std::fs::remove_file(dir.path().join(&name)).expect("remove");
+        source.poll(&mut |_| {});
+        assert!(source.run_rings().is_empty(), "gone with its file");
+        // SAFETY: the mapping made above; the writer is not used after this.
+        unsafe { libc::munmap(map.cast(), len) };
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub struct AgentStats {
     /// OOM incidents since the agent started, by device and verdict (they outlive their
     /// process; written by the ingest thread only).
     pub ooms: std::sync::Mutex<crate::oom_counts::OomTotals>,
+    /// Live processes whose rings a `vramhook run` session drains (left to it), as of the
+    /// last directory scan (written by the ingest thread only).
+    pub recorded_by_run: std::sync::Mutex<Vec<RecordedByRun>>,
 }
 
 /// A plain copy of [`AgentStats`] for the JSON state endpoint.
@@ -140,7 +143,44 @@ pub struct StatsView {
     /// their processes are not traced.
     #[serde(default)]
     pub rings_too_large: Vec<RingsTooLarge>,
+    /// Live processes recorded by a `vramhook run` session: their rings are that session's
+    /// (one reader per ring), so they are listed here, not drained and not in the model;
+    /// `--include-run-rings` drains them instead.
+    #[serde(default)]
+    pub recorded_by_run: Vec<RecordedByRun>,
 }
+
+/// A live process whose ring a `vramhook run` session drains. Read from the ring's header
+/// without taking its lock: untrusted, bounded, control characters replaced.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct RecordedByRun {
+    /// The process, as its ring names it.
+    pub pid: u32,
+    pub start_time: u64,
+    /// Its executable and command line (at most 1,024 characters).
+    pub exe: String,
+    pub command: String,
+    /// The `vramhook run` session draining it (the holder of the ring's lock), once seen.
+    #[serde(default)]
+    pub run_pid: Option<u32>,
+}
+
+impl RecordedByRun {
+    /// The process as `top` and the log name it: "pid 12 (python train.py)", and the
+    /// session when known.
+    pub fn describe(&self) -> String {
+        let command = crate::metrics::command_label(&self.command, &self.exe);
+        let who =
+            if command.is_empty() { format!("pid {}", self.pid) } else { format!("pid {} ({command})", self.pid) };
+        match self.run_pid {
+            Some(run) => format!("{who} is recorded by vramhook run (pid {run})"),
+            None => format!("{who} is recorded by vramhook run"),
+        }
+    }
+}
+
+/// The flag that makes the agent drain the rings of `vramhook run` sessions.
+pub const INCLUDE_RUN_RINGS: &str = "--include-run-rings";
 
 /// Rings of one owner refused for their size: their processes are not traced.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -282,6 +322,7 @@ impl AgentStats {
                 })
                 .unwrap_or_default(),
             rings_too_large: rings_too_large(),
+            recorded_by_run: self.recorded_by_run.lock().map(|v| v.clone()).unwrap_or_default(),
         }
     }
 }

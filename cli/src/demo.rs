@@ -36,6 +36,9 @@ pub fn find_sim_dir() -> Result<PathBuf> {
     if let Some(dir) = crate::beside_exe("../../tests/simcuda/build") {
         candidates.push(dir);
     }
+    // Every path the demo prints (the workload's command line in the report, the verdicts,
+    // this error) comes from here: `target/release/../../tests/…` read as `tests/…`.
+    let candidates: Vec<PathBuf> = candidates.iter().map(|d| tidy(d)).collect();
     for dir in &candidates {
         if dir.join("libcuda.so.1").is_file() {
             return Ok(dir.clone());
@@ -45,6 +48,15 @@ pub fn find_sim_dir() -> Result<PathBuf> {
         "the simulated CUDA driver is not built (looked in {}); run `make -C tests/simcuda` or scripts/setup.sh",
         candidates.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
     )
+}
+
+/// `path` without `.` and `dir/..`: the real path where it exists (a symlinked `dir` may
+/// lead elsewhere than its parent), else folded lexically.
+fn tidy(path: &Path) -> PathBuf {
+    match path.canonicalize() {
+        Ok(real) => real,
+        Err(_) => PathBuf::from(vramhook_analyzer::render::tidy_paths(&path.to_string_lossy())),
+    }
 }
 
 /// Traces `workload` once on the simulated driver, `envs` added, into `record`.
@@ -82,7 +94,7 @@ fn print_verdicts(record: &Path) -> Result<usize> {
             o.api,
             o.verdict_name
         );
-        eprintln!("  {}", o.explanation);
+        eprintln!("  {}", vramhook_analyzer::render::tidy_paths(&o.explanation));
     }
     Ok(report.ooms.len())
 }
@@ -126,4 +138,19 @@ pub fn demo(args: DemoArgs) -> Result<ExitCode> {
         fixed_record.display()
     );
     Ok(if held { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_paths_are_folded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().canonicalize().expect("canonical");
+        std::fs::create_dir_all(real.join("a/b")).expect("dirs");
+        assert_eq!(tidy(&real.join("a/b/../../a/./b")), real.join("a/b"), "an existing path: its real path");
+        assert_eq!(tidy(&real.join("a/b/../../c/./d")), real.join("c/d"), "a missing one: folded lexically");
+        assert_eq!(tidy(Path::new("/nonexistent/x/../y")), Path::new("/nonexistent/y"));
+    }
 }

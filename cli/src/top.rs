@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::http::{State, StateClient};
 use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
-use vramhook_agent::stats::StatsView;
+use vramhook_agent::stats::{StatsView, INCLUDE_RUN_RINGS};
 use vramhook_model::fmt_bytes;
 use vramhook_model::Model;
 
@@ -92,6 +92,7 @@ impl Source {
                 stats.records_malformed += summary.malformed;
                 stats.rings_refused += source.take_refusals().len() as u64;
                 stats.rings_too_large = vramhook_agent::stats::rings_too_large();
+                stats.recorded_by_run = source.run_rings();
                 stats.rings_open = source.open_rings() as u64;
                 Ok(State { agent: (**stats).clone(), ring_dir: ring_dir.clone(), snapshot: model.snapshot() })
             }
@@ -447,10 +448,37 @@ fn too_large_lines(a: &StatsView) -> Vec<String> {
         .collect()
 }
 
+/// Processes recorded by a `vramhook run` session, which drains their rings (so they are
+/// not in this view), with the flag that shows them: one line each, at most three lines.
+fn run_lines(a: &StatsView) -> Vec<String> {
+    let line = |r: &vramhook_agent::stats::RecordedByRun| {
+        format!("{}: not shown; start the agent with {} to watch it here", r.describe(), INCLUDE_RUN_RINGS)
+    };
+    let runs = &a.recorded_by_run;
+    if runs.len() <= 3 {
+        return runs.iter().map(line).collect();
+    }
+    let mut lines: Vec<String> = runs.iter().take(2).map(line).collect();
+    let pids: Vec<String> = runs.iter().skip(2).take(8).map(|r| r.pid.to_string()).collect();
+    let more = if runs.len() > 10 { ", …" } else { "" };
+    lines.push(format!(
+        "{} more processes recorded by vramhook run (pids {}{more}): {} shows them",
+        runs.len() - 2,
+        pids.join(", "),
+        INCLUDE_RUN_RINGS
+    ));
+    lines
+}
+
 fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&str>, sort: Sort, clock: Clock) {
-    let warnings = state.map(|s| too_large_lines(&s.agent)).unwrap_or_default();
+    let red = Style::default().fg(Color::Red).add_modifier(Modifier::BOLD);
+    let mut warnings: Vec<(String, Style)> =
+        state.map(|s| too_large_lines(&s.agent)).unwrap_or_default().into_iter().map(|w| (w, red)).collect();
+    // Never silently missing: a `vramhook run` session's processes are named, in yellow.
+    let yellow = Style::default().fg(Color::Yellow);
+    warnings.extend(state.map(|s| run_lines(&s.agent)).unwrap_or_default().into_iter().map(|w| (w, yellow)));
     let [head, devs, procs, ooms, help] = Layout::vertical([
-        Constraint::Length(3 + warnings.len().min(4) as u16),
+        Constraint::Length(3 + warnings.len().min(5) as u16),
         Constraint::Length(5),
         Constraint::Min(6),
         Constraint::Percentage(40),
@@ -469,9 +497,7 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         status = format!("{status}  STALE: {e}");
     }
     let mut head_lines = vec![Line::from(status)];
-    head_lines.extend(
-        warnings.into_iter().map(|w| Line::styled(w, Style::default().fg(Color::Red).add_modifier(Modifier::BOLD))),
-    );
+    head_lines.extend(warnings.into_iter().map(|(w, style)| Line::styled(w, style)));
     f.render_widget(
         Paragraph::new(head_lines).block(Block::bordered().title(format!(" vramhook top — {label} "))),
         head,
@@ -667,6 +693,37 @@ mod tests {
 
     fn text(lines: &[Line<'_>]) -> Vec<String> {
         lines.iter().map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect()).collect()
+    }
+
+    /// Each process of a `vramhook run` session is named with the flag that shows it; past
+    /// three, the rest are folded into one line.
+    #[test]
+    fn run_sessions_processes_are_named_with_the_flag() {
+        let run = |pid: u32| vramhook_agent::stats::RecordedByRun {
+            pid,
+            start_time: 1,
+            exe: "/opt/leak".into(),
+            command: "/opt/leak --n 4".into(),
+            run_pid: (pid == 10).then_some(9),
+        };
+        let stats = |n: u32| StatsView { recorded_by_run: (10..10 + n).map(run).collect(), ..StatsView::default() };
+        assert!(run_lines(&stats(0)).is_empty());
+        assert_eq!(
+            run_lines(&stats(2)),
+            [
+                "pid 10 (leak --n 4) is recorded by vramhook run (pid 9): not shown; start the agent with \
+                 --include-run-rings to watch it here",
+                "pid 11 (leak --n 4) is recorded by vramhook run: not shown; start the agent with \
+                 --include-run-rings to watch it here",
+            ]
+        );
+        let folded = run_lines(&stats(12));
+        assert_eq!(folded.len(), 3, "{folded:#?}");
+        assert_eq!(
+            folded[2],
+            "10 more processes recorded by vramhook run (pids 12, 13, 14, 15, 16, 17, 18, 19, …): \
+             --include-run-rings shows them"
+        );
     }
 
     #[test]

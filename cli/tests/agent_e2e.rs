@@ -422,6 +422,124 @@ fn the_agent_leaves_a_vramhook_run_sessions_rings_to_it() {
     assert_eq!(s["agent"]["rings_opened"], 0, "the agent took none of the session's rings: {}", s["agent"]);
 }
 
+/// `vramhook run --hold SECS` of the leak workload into `rings`, started (not waited for).
+fn spawn_run_session(rings: &Path, summary: &Path, hold: &str) -> std::process::Child {
+    std::process::Command::new(vramhook_bin())
+        .args(["run", "--quiet", "--ring-dir"])
+        .arg(rings)
+        .arg("--summary-json")
+        .arg(summary)
+        .arg("--")
+        .arg(workload("leak"))
+        .args(["--n", "4", "--hold", hold])
+        .env("VRAMHOOK_LIB", interposer())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("vramhook run")
+}
+
+fn recorded_by_run(s: &Value) -> Vec<Value> {
+    s["agent"]["recorded_by_run"].as_array().cloned().unwrap_or_default()
+}
+
+/// Issue #28: a process `vramhook run` records is not drained by the agent (the session is
+/// its ring's one reader) but listed, as "recorded by vramhook run" with the flag that
+/// drains it, in the state, `/metrics`, the log (once) and `top`, until the session ends.
+#[test]
+fn the_agent_lists_a_vramhook_run_sessions_processes_until_the_session_ends() {
+    let (rings, agent) = Agent::on_new_rings("runlisted", &[]);
+    let out_dir = tempfile::tempdir().expect("dir");
+    let summary = out_dir.path().join("summary.json");
+    let mut run = spawn_run_session(rings.path(), &summary, "4");
+    let run_pid = run.id();
+    let s = agent.wait_state(Duration::from_secs(20), "the run session's process to be listed", |s| {
+        recorded_by_run(s).iter().any(|r| r["run_pid"] == run_pid)
+    });
+    let listed = recorded_by_run(&s);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let r = &listed[0];
+    let pid = r["pid"].as_u64().expect("pid") as u32;
+    assert_ne!(pid, run_pid, "the session's child is listed, not the session");
+    assert!(r["command"].as_str().is_some_and(|c| c.ends_with("leak --n 4 --hold 4")), "{r}");
+    assert!(r["exe"].as_str().is_some_and(|e| e.ends_with("/leak")), "{r}");
+    assert!(process(&s, pid).is_none(), "not in the model: {}", s["snapshot"]);
+    assert_eq!(s["agent"]["rings_opened"], 0, "{}", s["agent"]);
+
+    let metrics = agent.get("/metrics");
+    let series: Vec<&str> = metrics.lines().filter(|l| l.starts_with("vramhook_process_recorded_by_run{")).collect();
+    assert_eq!(series.len(), 1, "{metrics}");
+    assert!(
+        series[0].starts_with(&format!(
+            "vramhook_process_recorded_by_run{{process_pid=\"{pid}\",process_executable_name=\"leak\",process_command_line=\""
+        )) && series[0].ends_with("leak --n 4 --hold 4\"} 1"),
+        "{}",
+        series[0]
+    );
+
+    let expected = format!(
+        "vramhook agent: pid {pid} (leak --n 4 --hold 4) is recorded by vramhook run (pid {run_pid}); start the \
+         agent with --include-run-rings to watch it here"
+    );
+    let start = std::time::Instant::now();
+    while !agent.log().contains(&expected) {
+        assert!(start.elapsed() < Duration::from_secs(10), "no {expected:?} in the log:\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let top = std::process::Command::new(vramhook_bin())
+        .args(["top", "--once", "200x30", "--agent"])
+        .arg(agent.addr.to_string())
+        .output()
+        .expect("vramhook top --once");
+    let frame = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        frame.contains(&format!(
+            "pid {pid} (leak --n 4 --hold 4) is recorded by vramhook run (pid {run_pid}): not shown; start the agent \
+             with --include-run-rings to watch it here"
+        )),
+        "{frame}"
+    );
+
+    let status = run.wait().expect("wait for the run");
+    assert!(status.success(), "run failed: {status}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    assert_eq!(report["processes"][0]["final_live_bytes"], 6_295_456u64, "run traced its own child fully");
+    // The session is over: the listing, its series, go with it.
+    let s = agent
+        .wait_state(Duration::from_secs(20), "the listing to end with the session", |s| recorded_by_run(s).is_empty());
+    assert_eq!(s["agent"]["rings_opened"], 0, "{}", s["agent"]);
+    let metrics = agent.get("/metrics");
+    assert!(!metrics.lines().any(|l| l.starts_with("vramhook_process_recorded_by_run{")), "{metrics}");
+    assert_eq!(agent.log().matches("is recorded by vramhook run").count(), 1, "once per ring:\n{}", agent.log());
+}
+
+/// With `--include-run-rings` the agent drains a session's rings as before (whichever of the
+/// two readers opens a ring first gets its events) and lists nothing as recorded by run.
+#[test]
+fn with_include_run_rings_a_run_sessions_rings_are_drained_not_listed() {
+    let (rings, agent) = Agent::on_new_rings("runincluded", &["--include-run-rings"]);
+    let out_dir = tempfile::tempdir().expect("dir");
+    let summary = out_dir.path().join("summary.json");
+    let mut run = spawn_run_session(rings.path(), &summary, "2");
+    while run.try_wait().expect("try_wait").is_none() {
+        let s = agent.state();
+        assert!(recorded_by_run(&s).is_empty(), "{}", s["agent"]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let report: Value = serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    let run_got = report["processes"][0]["final_live_bytes"] == 6_295_456u64;
+    let s = agent.state();
+    let agent_got = s["snapshot"]["processes"]
+        .as_array()
+        .is_some_and(|ps| ps.iter().any(|p| p["exe"].as_str().is_some_and(|e| e.ends_with("/leak"))));
+    assert!(run_got || agent_got, "nobody drained the ring: run {report}, agent {}", s["agent"]);
+    assert_eq!(agent_got, s["agent"]["rings_opened"] == 1, "{}", s["agent"]);
+    let metrics = agent.get("/metrics");
+    assert!(!metrics.lines().any(|l| l.starts_with("vramhook_process_recorded_by_run{")), "{metrics}");
+    assert!(!agent.log().contains("recorded by vramhook run"), "{}", agent.log());
+}
+
 #[test]
 fn exited_processes_are_forgotten_after_the_retention_so_memory_stays_bounded() {
     let (rings, agent) = Agent::on_new_rings("forget", &["--forget-exited-after", "0"]);

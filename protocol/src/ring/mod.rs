@@ -222,9 +222,13 @@ pub fn encode_meta(exe: &[u8], cmdline: &[u8], out: &mut [u8]) -> usize {
     n
 }
 
-fn parse_meta(area: &[u8]) -> (String, Vec<String>) {
-    let len = u64::from_le_bytes(area[..8].try_into().unwrap_or([0; 8])) as usize;
-    let body = &area[8..8 + len.min(area.len() - 8)];
+/// The executable and arguments of a metadata area (untrusted: the stated length is
+/// bounded by the area; an area shorter than its length word reads as empty). Public for
+/// readers that peek at a header they do not map (the agent, for `vramhook run`'s rings).
+pub fn parse_meta(area: &[u8]) -> (String, Vec<String>) {
+    let Some((len, rest)) = area.split_first_chunk::<8>() else { return (String::new(), Vec::new()) };
+    let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);
+    let body = &rest[..len.min(rest.len())];
     let mut parts = body.split(|b| *b == 0);
     let exe = parts.next().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
     let cmdline: Vec<String> =

@@ -580,3 +580,17 @@ fn a_write_cursor_past_unread_slots_is_still_refused() {
     let err = reader.check_claims(u64::MAX).expect_err("unread slots passed");
     assert!(err.contains("more than a lap"), "{err}");
 }
+
+/// A metadata area is untrusted: a length beyond the area, or an area shorter than its
+/// length word, is read within bounds, never past them.
+#[test]
+fn metadata_areas_are_read_within_their_bounds() {
+    assert_eq!(parse_meta(&[]), (String::new(), Vec::new()));
+    assert_eq!(parse_meta(&[1, 2, 3]), (String::new(), Vec::new()));
+    let mut area = u64::MAX.to_le_bytes().to_vec();
+    area.extend_from_slice(b"/bin/x\0x\0-v");
+    assert_eq!(parse_meta(&area), ("/bin/x".to_string(), vec!["x".to_string(), "-v".to_string()]));
+    let mut area = 6u64.to_le_bytes().to_vec();
+    area.extend_from_slice(b"/bin/x\0x\0-v");
+    assert_eq!(parse_meta(&area), ("/bin/x".to_string(), Vec::new()), "the stated length bounds it");
+}
