@@ -3,7 +3,9 @@
 //!
 //! 1. events/s for an alloc/free stream holding 100,000 live allocations;
 //! 2. heap bytes per live allocation (counting global allocator);
-//! 3. `largest_free_span` query time at 10, 1,000 and 100,000 gaps.
+//! 3. `largest_free_span` query time at 10, 1,000 and 100,000 gaps;
+//! 4. a snapshot's CPU per process (fit of the next large request included, as the agent
+//!    takes it four times a second) at 10 and at 1,000 processes, and their ratio.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -97,6 +99,32 @@ fn time_per_query(iters: u32, mut f: impl FnMut() -> u64) -> f64 {
     t.elapsed().as_nanos() as f64 / iters as f64
 }
 
+/// A model of `n` processes on device 0, each with 32 live allocations of varied sizes (its
+/// demand in the fit window) and a device sample: a snapshot's CPU per process, best of 5.
+fn snapshot_ns_per_process(n: usize) -> f64 {
+    let mut m = Model::default();
+    let mut ts = 1u64;
+    let mut addr = 0x7f00_0000_0000u64;
+    for pid in 1..=n as u32 {
+        m.apply(&Event::process_start(0, 0).by(pid, 1).at(ts).on_device(0));
+        for k in 0..32u64 {
+            ts += 1;
+            let size = (1 << 20) << (k % 8);
+            m.apply(&Event::alloc(Api::cuMemAlloc_v2, addr, size).by(pid, 1).at(ts).on_device(0));
+            addr += 1 << 30;
+        }
+        ts += 1;
+        m.apply(&Event::mem_info(40 << 30, 141 << 30).by(pid, 1).at(ts).on_device(0));
+    }
+    let snap = m.snapshot();
+    assert_eq!(snap.processes.len(), n);
+    assert!(snap.processes.iter().all(|p| !p.fit.is_empty()), "every process has a fit");
+    let rounds = (20_000 / n).max(5) as u32;
+    (0..5)
+        .map(|_| time_per_query(rounds, || m.snapshot().processes.len() as u64) / n as f64)
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn main() {
     let (populate, stream) = workload(4_000_000);
 
@@ -153,6 +181,11 @@ fn main() {
         span.push((gaps, mq, rq));
     }
 
+    // --- snapshot cost per process, 10 vs 1,000 processes ---
+    let per_process: Vec<(usize, f64)> =
+        [10usize, 1_000].into_iter().map(|n| (n, snapshot_ns_per_process(n))).collect();
+    let snapshot_ratio = per_process[1].1 / per_process[0].1;
+
     println!("vramhook-model benchmark (one core, release)");
     println!("{:<52} {:>16} {:>16}", "", "model", "reference");
     println!(
@@ -165,6 +198,10 @@ fn main() {
     for (g, mq, rq) in &span {
         println!("{:<52} {:>16.1} {:>16.1}", format!("largest_free_span ns/query, {g} gaps"), mq, rq);
     }
+    for (n, ns) in &per_process {
+        println!("{:<52} {:>16.0}", format!("snapshot ns per process, {n} processes (fit included)"), ns);
+    }
+    println!("snapshot cost per process, 1,000 vs 10 processes: {snapshot_ratio:.2}x (target <= 2)");
     println!(
         "(reference: populate of {LIVE_ALLOCS} took {ref_populate_s:.1} s; stream timed over {} events)",
         ref_stream.len()
@@ -173,7 +210,8 @@ fn main() {
         "{{\"live_allocations\":{LIVE_ALLOCS},\"model_events_per_s\":{model_eps:.0},\"reference_events_per_s\":{ref_eps:.0},\
 \"model_bytes_per_live_alloc\":{model_bytes:.1},\"reference_bytes_per_live_alloc\":{ref_bytes:.1},\
 \"model_span_ns\":{{\"10\":{:.1},\"1000\":{:.1},\"100000\":{:.1}}},\"reference_span_ns\":{{\"10\":{:.1},\"1000\":{:.1},\"100000\":{:.1}}},\
-\"targets\":{{\"events_per_s\":10000000,\"bytes_per_live_alloc\":96}}}}",
-        span[0].1, span[1].1, span[2].1, span[0].2, span[1].2, span[2].2
+\"snapshot_ns_per_process\":{{\"10\":{:.0},\"1000\":{:.0}}},\"snapshot_ratio\":{snapshot_ratio:.2},\
+\"targets\":{{\"events_per_s\":10000000,\"bytes_per_live_alloc\":96,\"snapshot_ratio\":2}}}}",
+        span[0].1, span[1].1, span[2].1, span[0].2, span[1].2, span[2].2, per_process[0].1, per_process[1].1
     );
 }
