@@ -510,9 +510,9 @@ fn publish(
             crate::oom_counts::add_to(&mut totals, &fresh);
         }
     }
-    // Followed whether or not OTLP is on: the sides stay current for when it is.
-    let crossings = fits.crossings(&snapshot, model.now_ns());
     if let Some(tx) = &links.incidents {
+        // Only where OTLP is on: the records are all the crossings are for.
+        let crossings = fits.crossings(&snapshot, model.now_ns());
         let notices = fresh
             .into_iter()
             .map(|i| crate::otlp::Notice::Oom(Box::new(i.clone())))
