@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vramhook_model::{Model, ModelSnapshot, OomIncident};
+use vramhook_model::{Model, ModelSnapshot};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
 
@@ -67,7 +67,7 @@ impl IngestConfig {
 pub struct IngestLinks {
     pub stats: Arc<AgentStats>,
     pub snapshots: tokio::sync::watch::Sender<Arc<ModelSnapshot>>,
-    pub incidents: Option<tokio::sync::mpsc::Sender<OomIncident>>,
+    pub incidents: Option<tokio::sync::mpsc::Sender<crate::otlp::Notice>>,
     pub capture: Option<CaptureHandle>,
     pub stop: Arc<AtomicBool>,
     /// eBPF mode: the probes, loaded and attached by the caller (errors reported there).
@@ -165,6 +165,8 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
     let mut drops: BTreeMap<RingKey, u64> = recorded.iter().map(|(k, c)| (*k, c.drops_reported)).collect();
     // Incidents of a recovered model were counted and exported by the agent before.
     let mut incidents = crate::oom_counts::IncidentTracker::seeded(&model.snapshot());
+    // Likewise the fit's crossings of 1 (one log record each).
+    let mut fits = crate::fit_crossings::FitTracker::seeded(&model.snapshot());
     let capture = links.capture.clone();
     // Commits: a poll's events leave the rings only once the capture has flushed them
     // (the capture thread acknowledges each poll's generation after its flush), so that
@@ -370,7 +372,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         let owed = nvml.as_mut().is_some_and(crate::nvml::Feed::owed);
         if !owed && (summary.closed > 0 || last_snapshot.elapsed() >= cfg.snapshot_interval) {
             last_snapshot = Instant::now();
-            publish(&model, &links, &mut incidents);
+            publish(&model, &links, &mut incidents, &mut fits);
             // Only right after a publish: whatever is forgotten (an exited process with its
             // incidents) has been published, its incidents counted and exported, first.
             let every = cfg.forget_exited_after.clamp(Duration::from_millis(100), Duration::from_secs(10));
@@ -403,7 +405,7 @@ pub fn run(cfg: IngestConfig, recovered: Option<Recovered>, mut links: IngestLin
         eprintln!("vramhook agent: eBPF probes detached");
     }
     // Drain what is left, publish a last snapshot and checkpoint.
-    publish(&model, &links, &mut incidents);
+    publish(&model, &links, &mut incidents, &mut fits);
     if let Some(c) = &capture {
         // The losses not marked yet go in before the last checkpoint (its cursors count
         // their slots). While the queue stays full there is no last checkpoint: the next
@@ -510,7 +512,12 @@ fn lost_marker(pid: u32, seq: u64, n: u64) -> Event {
 
 /// The snapshot goes out before the counters that describe it move, and readers take the
 /// counters first: a reader that sees a count sees at least the snapshot it counts.
-fn publish(model: &Model, links: &IngestLinks, incidents: &mut crate::oom_counts::IncidentTracker) {
+fn publish(
+    model: &Model,
+    links: &IngestLinks,
+    incidents: &mut crate::oom_counts::IncidentTracker,
+    fits: &mut crate::fit_crossings::FitTracker,
+) {
     let snapshot = Arc::new(model.snapshot());
     links.snapshots.send_replace(snapshot.clone());
     let fresh = incidents.new_incidents(&snapshot);
@@ -520,8 +527,14 @@ fn publish(model: &Model, links: &IngestLinks, incidents: &mut crate::oom_counts
         }
     }
     if let Some(tx) = &links.incidents {
-        for incident in fresh {
-            if tx.try_send(incident.clone()).is_err() {
+        // Only where OTLP is on: the records are all the crossings are for.
+        let crossings = fits.crossings(&snapshot, model.now_ns());
+        let notices = fresh
+            .into_iter()
+            .map(|i| crate::otlp::Notice::Oom(Box::new(i.clone())))
+            .chain(crossings.into_iter().map(crate::otlp::Notice::Fit));
+        for notice in notices {
+            if tx.try_send(notice).is_err() {
                 add(&links.stats.otlp_incidents_dropped, 1);
             }
         }

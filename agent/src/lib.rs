@@ -9,6 +9,7 @@
 
 pub mod capture;
 pub mod ebpf;
+pub mod fit_crossings;
 pub mod http;
 pub mod ingest;
 pub mod metrics;

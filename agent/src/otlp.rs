@@ -1,5 +1,6 @@
 //! The OTLP sink: metrics as observable gauges and counters read from the published
-//! snapshot, each OOM incident as a span and a log record. gRPC (tonic) or HTTP/protobuf
+//! snapshot, each OOM incident as a span and a log record, each crossing of 1 by a
+//! process's fit (`crate::fit_crossings`) as a log record. gRPC (tonic) or HTTP/protobuf
 //! as `OTEL_EXPORTER_OTLP_PROTOCOL` says; every standard `OTEL_*` variable is honoured by
 //! the exporters and the SDK (endpoint, headers, timeout, interval, resource attributes,
 //! service name; `OTEL_{METRICS,TRACES,LOGS}_EXPORTER=none` turns a signal off).
@@ -9,6 +10,7 @@
 //! backoff (metrics: exports are skipped while backing off; incident spans: the batch is
 //! retried for up to ~15 s), and failures are counted in the agent's self-metrics.
 
+use crate::fit_crossings::FitCrossing;
 use crate::metrics::{self, Kind, MetricDef};
 use crate::stats::{add, AgentStats};
 use opentelemetry::logs::{AnyValue, LogRecord, Logger, LoggerProvider, Severity};
@@ -26,7 +28,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
-use vramhook_model::{ModelSnapshot, OomIncident};
+use vramhook_model::{fmt_bytes, ModelSnapshot, OomIncident};
+
+/// What the ingest loop hands the exporter, in the order it saw them.
+#[derive(Clone, Debug)]
+pub enum Notice {
+    /// An OOM incident: a span and a log record.
+    Oom(Box<OomIncident>),
+    /// A fit crossed 1: a log record only. (A crossing is a moment of no duration that no
+    /// request's trace contains; a span would say nothing the record does not.)
+    Fit(FitCrossing),
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OtlpError {
@@ -350,7 +362,7 @@ const FAILURE_SUMMARY_EVERY: Duration = Duration::from_secs(60);
 pub fn start(
     stats: Arc<AgentStats>,
     snapshots: watch::Receiver<Arc<ModelSnapshot>>,
-    incidents: mpsc::Receiver<OomIncident>,
+    incidents: mpsc::Receiver<Notice>,
     ring_dir: &str,
 ) -> Result<Otlp, OtlpError> {
     use opentelemetry_sdk::runtime::Tokio;
@@ -545,13 +557,96 @@ pub fn incident_attributes(i: &OomIncident) -> Vec<KeyValue> {
     a
 }
 
+/// The attributes of a fit's crossing of 1, for its log record.
+pub fn fit_attributes(c: &FitCrossing) -> Vec<KeyValue> {
+    let f = &c.fit;
+    let mut a = vec![
+        KeyValue::new("process.pid", i64::from(c.pid)),
+        KeyValue::new("process.executable.name", metrics::executable_name(&c.command, &c.exe)),
+        KeyValue::new("process.command_line", c.command.clone()),
+        KeyValue::new("device", i64::from(c.device)),
+        KeyValue::new("vramhook.fit.direction", c.direction()),
+        KeyValue::new("vramhook.fit.ratio", f.fit_ratio),
+        KeyValue::new("vramhook.fit.demand_bytes", f.demand_bytes as i64),
+        KeyValue::new("vramhook.fit.demand_source", f.demand_source.name()),
+        KeyValue::new("vramhook.fit.supply_bytes", f.supply_bytes as i64),
+        KeyValue::new("vramhook.fit.supply_rule", f.supply_rule.name()),
+    ];
+    // Below 1: the verdict such a failure would likely get (as analyze's fit line says it).
+    if let Some(l) = f.limited_by {
+        a.push(KeyValue::new("vramhook.fit.limited_by", l.name()));
+    }
+    a
+}
+
+/// The record's body: one sentence, as `vramhook analyze` would say it.
+fn fit_body(c: &FitCrossing) -> String {
+    let f = &c.fit;
+    let who = format!("pid {} ({}) GPU {}", c.pid, metrics::executable_name(&c.command, &c.exe), c.device);
+    if c.below {
+        format!(
+            "{who}: its next large request would not fit: {} asked for within the fit window, {} to be had now{} (fit {:.2})",
+            fmt_bytes(f.demand_bytes),
+            fmt_bytes(f.supply_bytes),
+            f.limited_by.map_or(String::new(), |l| format!(", limited by {}", l.name())),
+            f.fit_ratio
+        )
+    } else {
+        format!(
+            "{who}: its next large request fits again: {} asked for, {} to be had now (fit {:.2})",
+            fmt_bytes(f.demand_bytes),
+            fmt_bytes(f.supply_bytes),
+            f.fit_ratio
+        )
+    }
+}
+
+/// One log record of `name` with `attrs` (typed where OTLP has the type).
+fn emit(
+    logger: &opentelemetry_sdk::logs::SdkLogger,
+    name: &'static str,
+    at: SystemTime,
+    severity: Severity,
+    body: String,
+    attrs: Vec<KeyValue>,
+) {
+    let mut rec = logger.create_log_record();
+    rec.set_event_name(name);
+    rec.set_timestamp(at);
+    rec.set_severity_number(severity);
+    rec.set_severity_text(severity.name());
+    rec.set_body(AnyValue::from(body));
+    for kv in attrs {
+        let v = match kv.value {
+            opentelemetry::Value::I64(i) => AnyValue::Int(i),
+            opentelemetry::Value::F64(f) => AnyValue::Double(f),
+            opentelemetry::Value::Bool(b) => AnyValue::Boolean(b),
+            other => AnyValue::from(other.to_string()),
+        };
+        rec.add_attribute(kv.key, v);
+    }
+    logger.emit(rec);
+}
+
 async fn incident_task(
-    mut rx: mpsc::Receiver<OomIncident>,
+    mut rx: mpsc::Receiver<Notice>,
     tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
     logger: Option<opentelemetry_sdk::logs::SdkLogger>,
     stats: Arc<AgentStats>,
 ) {
-    while let Some(incident) = rx.recv().await {
+    while let Some(notice) = rx.recv().await {
+        let incident = match notice {
+            Notice::Oom(i) => i,
+            Notice::Fit(c) => {
+                if let Some(logger) = &logger {
+                    // Below 1 is a warning (the alert rule's severity); back above, news.
+                    let severity = if c.below { Severity::Warn } else { Severity::Info };
+                    emit(logger, "vramhook.fit", wall_time(c.ts_ns), severity, fit_body(&c), fit_attributes(&c));
+                    add(&stats.fit_crossings_exported, 1);
+                }
+                continue;
+            }
+        };
         let at = wall_time(incident.ts_ns);
         let attrs = incident_attributes(&incident);
         if let Some(tracer) = &tracer {
@@ -565,22 +660,7 @@ async fn incident_task(
             span.end_with_timestamp(at + Duration::from_micros(1));
         }
         if let Some(logger) = &logger {
-            let mut rec = logger.create_log_record();
-            rec.set_event_name("vramhook.oom");
-            rec.set_timestamp(at);
-            rec.set_severity_number(Severity::Error);
-            rec.set_severity_text("ERROR");
-            rec.set_body(AnyValue::from(incident.explanation.clone()));
-            for kv in attrs {
-                let v = match kv.value {
-                    opentelemetry::Value::I64(i) => AnyValue::Int(i),
-                    opentelemetry::Value::F64(f) => AnyValue::Double(f),
-                    opentelemetry::Value::Bool(b) => AnyValue::Boolean(b),
-                    other => AnyValue::from(other.to_string()),
-                };
-                rec.add_attribute(kv.key, v);
-            }
-            logger.emit(rec);
+            emit(logger, "vramhook.oom", at, Severity::Error, incident.explanation.clone(), attrs);
         }
         add(&stats.incidents_exported, 1);
     }

@@ -54,6 +54,8 @@ pub struct AgentStats {
     pub otlp_log_errors: AtomicU64,
     pub otlp_skipped_backoff: AtomicU64,
     pub incidents_exported: AtomicU64,
+    /// Crossings of 1 by a process's fit handed to the OTLP log exporter.
+    pub fit_crossings_exported: AtomicU64,
     pub snapshots: AtomicU64,
     pub http_requests: AtomicU64,
     /// Undrained rings of gone processes removed over the keep budget (their events were
@@ -117,6 +119,8 @@ pub struct StatsView {
     pub otlp_log_errors: u64,
     pub otlp_skipped_backoff: u64,
     pub incidents_exported: u64,
+    #[serde(default)]
+    pub fit_crossings_exported: u64,
     pub snapshots: u64,
     pub http_requests: u64,
     #[serde(default)]
@@ -298,6 +302,7 @@ impl AgentStats {
             otlp_log_errors: g(&self.otlp_log_errors),
             otlp_skipped_backoff: g(&self.otlp_skipped_backoff),
             incidents_exported: g(&self.incidents_exported),
+            fit_crossings_exported: g(&self.fit_crossings_exported),
             snapshots: g(&self.snapshots),
             http_requests: g(&self.http_requests),
             rings_gc_removed: g(&self.rings_gc_removed),

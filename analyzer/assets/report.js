@@ -58,6 +58,7 @@ function plot(id,title,series,fmt,opt){
     const lt=txt(svg,lx+14,ly,s.name,{fill:'#1d2329',class:'legend'});let n=s.name;
     while(n.length>1&&lt.getComputedTextLength&&lt.getComputedTextLength()>280){n=n.slice(0,-1);lt.textContent=n+'\u2026';}
     el('title',{},lt).textContent=s.name;});
+  if(opt.draw)opt.draw(svg,x,y);
   return svg;}
 const marks=D.ooms;
 const live=[];D.timelines.processes.forEach(p=>live.push({name:'pid '+p.pid+' '+p.command.split(' ')[0].split('/').pop(),pts:p.live_bytes}));
@@ -77,6 +78,25 @@ if(document.getElementById('plot-fw-bytes')){
   plot('plot-fw-frag','Framework cache fragmentation (1 − largest free block / reserved but unallocated)',fw.map((f,i)=>({name:cache(f),pts:f.fragmentation,color:COLORS[i%COLORS.length],dots:true})),v=>v.toFixed(2),{markers:marks,ymax:1});}
 const free=[];let tot=0;D.timelines.devices.forEach(d=>{free.push({name:'device '+d.device+' free (driver)',pts:d.free_bytes});tot=Math.max(tot,d.total_bytes||0);});
 plot('plot-free','Device free bytes (driver samples)'+(tot?' — total '+fb(tot):''),free,fb,{markers:marks,ymax:tot,extend:true});
+// The fit of the next large request, one plot per process and device the page has a place
+// for: the ratio (clipped so that 1 stays in view), a dashed line at 1, a triangle where it
+// went below 1 (down, red) and back (up, green), and this process's OOMs on this device.
+const FIT_CAP=4;
+D.timelines.fits.forEach((f,k)=>{const id='plot-fit-'+k;if(!document.getElementById(id))return;
+  let top=0;f.fit_ratio.forEach(p=>{top=Math.max(top,p[2]);});
+  const cap=Math.min(Math.max(top*1.05,1.25),FIT_CAP),clip=v=>Math.min(v,cap);
+  const who='pid '+f.pid+' '+f.command.split(' ')[0].split('/').pop()+' GPU '+f.device;
+  const line=[[T0,1,1,1],[T1,1,1,1]];
+  plot(id,'Fit of the next large request: '+who+' (supply / demand'+(top>cap?', clipped at '+cap.toFixed(2):'')+')',
+    [{name:who+' fit',pts:f.fit_ratio.map(p=>[p[0],clip(p[1]),clip(p[2]),clip(p[3])])},
+     {name:'fit = 1: below it, that request fails',pts:line,color:'#d1242f',dash:'4,4'}],
+    v=>v.toFixed(2),{h:180,ymax:cap,markers:marks.filter(o=>o[1]===f.pid&&o[2]===f.device),
+    draw:(svg,x,y)=>{D.fit_warnings.filter(w=>w.pid===f.pid&&w.device===f.device).forEach(w=>{
+      const x0=x(Math.max(w.since_ts_ns,T0)),x1=x(Math.min(w.came_ts_ns===null?T1:w.came_ts_ns,T1));
+      el('title',{},el('rect',{x:x0,y:y(cap),width:Math.max(x1-x0,1),height:y(0)-y(cap),fill:'#d1242f','fill-opacity':0.08,class:'fit-warning-span'},svg)).textContent='from +'+fs(w.since_ts_ns-T0)+' on, a '+fb(w.demand_bytes)+' request would not have fit';});
+      f.crossings.forEach(c=>{const X=x(c.ts_ns),Y=y(1),d=c.below?6:-6;
+      const m=el('path',{d:'M'+(X-5)+' '+(Y-d)+'L'+(X+5)+' '+(Y-d)+'L'+X+' '+Y+'Z',fill:c.below?'#d1242f':'#1a7f37',class:'fit-crossing','data-below':c.below?'yes':'no'},svg);
+      el('title',{},m).textContent=(c.below?'below 1':'back to 1 or more')+' at +'+fs(c.ts_ns-T0)+': fit '+c.fit_ratio.toFixed(2)+', demand '+fb(c.demand_bytes)+', supply '+fb(c.supply_bytes);});}});});
 const fr=D.fragmentation.slice(0,10);
 // An arena by kind, base, process and device ("device ?" only where no handle named one).
 const KIND={VmmReservation:'VMM reservation',Pool:'pool',FrameworkSegment:'framework segment'};

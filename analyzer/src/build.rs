@@ -45,6 +45,7 @@ pub fn finish(mut r: Replayer) -> Report {
         r.notes.push("--at is after the last event: the layout shows the state at the end".into());
     }
     let snap = r.model.snapshot();
+    let fits = r.fit_timelines();
     let fit_warnings = r.fit_finish();
     let first = if r.min_ts == u64::MAX { r.first_ts.unwrap_or(0) } else { r.min_ts };
     let w = Window { first, from: r.from_abs, to: r.to_abs.min(r.last_ts.max(first)) };
@@ -58,6 +59,7 @@ pub fn finish(mut r: Replayer) -> Report {
         let p = snap.processes.iter().rev().find(|p| p.pid == pid);
         p.map_or_else(String::new, |p| if p.command.is_empty() { p.exe.clone() } else { p.command.clone() })
     });
+    timelines.fits = fits;
     let notes = notes(&mut r, &processes);
     let layout = r.layout.take().map(|mut l| {
         l.entries.retain(|e| r.pid_selected(e.pid));

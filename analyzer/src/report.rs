@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 
 /// Version of the JSON report's schema (4: `ooms[].verdict`, `ooms[].outcome` and
-/// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone).
-pub const SCHEMA_VERSION: u32 = 4;
+/// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone; 5:
+/// `timelines.fits`, the fit of each process's next large request over time).
+pub const SCHEMA_VERSION: u32 = 5;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -500,6 +501,33 @@ pub struct Timelines {
     /// Per process, device and framework: the framework's cache as its lens (or a PyTorch
     /// snapshot's trace) gave it. Empty without a lens or snapshot.
     pub frameworks: Vec<FrameworkTimeline>,
+    /// Per process and device with a demand in the fit window and a device sample: the fit
+    /// of its next large request over time (schema 5), from the samples `fit_warnings` is
+    /// made of.
+    pub fits: Vec<FitTimeline>,
+}
+
+/// The fit of one process's next large request on one device over the replay: what the
+/// agent exports live as `vramhook_process_memory_fit_ratio`.
+#[derive(Clone, Debug, Serialize)]
+pub struct FitTimeline {
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    /// `[t_ns, min, max, last]` of supply / demand.
+    pub fit_ratio: Vec<Point>,
+    /// Where it went below 1 and back (at most 1,000 listed), in time order.
+    pub crossings: Vec<FitCrossing>,
+}
+
+/// A sample where the fit went below 1 (`below`: true), or back to 1 or more.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FitCrossing {
+    pub ts_ns: u64,
+    pub below: bool,
+    pub fit_ratio: f64,
+    pub demand_bytes: u64,
+    pub supply_bytes: u64,
 }
 
 /// A framework's cache on one device of one process over time: the numbers the agent exports

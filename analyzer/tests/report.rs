@@ -17,7 +17,15 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
     assert_eq!(r.inputs[0].status, InputStatus::Complete);
-    assert_eq!(r.schema_version, 4);
+    assert_eq!(r.schema_version, 5);
+    // Schema 5: the fit timelines (validated above), the same samples as the fit warnings.
+    let fit = r.timelines.fits.iter().find(|f| f.pid == 100 && f.device == 0).expect("pid 100's fit on GPU 0");
+    assert!(!fit.fit_ratio.is_empty());
+    for w in &r.fit_warnings {
+        let t = r.timelines.fits.iter().find(|f| f.pid == w.pid && f.device == w.device).expect("its timeline");
+        assert!(t.crossings.iter().any(|c| c.below && c.ts_ns == w.since_ts_ns), "{w:?} {:?}", t.crossings);
+    }
+    assert_eq!(r.fit_warnings.len(), 1, "pid 100's OOM was foreseen");
     let p = proc(&r, 100);
     assert_eq!(p.command, "python train.py");
     assert_eq!(p.device, 0);

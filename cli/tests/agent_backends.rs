@@ -237,6 +237,65 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     assert!(agent.state()["agent"]["otlp_log_exports"].as_u64().unwrap_or(0) >= 1);
 }
 
+/// The fit's crossings of 1 (issue #30) reach a real collector as log records: the
+/// fragmenting server of `torch_serving` (9 GiB simulated device, `--fit-window 60`) goes
+/// below 1 before its OOM, and Jaeger v2's debug exporter prints the record with the
+/// process, the device, the demand (its 1.50 GiB request), the supply, what limits it and
+/// the direction. No record, no pass.
+#[test]
+fn jaeger_receives_a_log_record_when_the_fit_crosses_below_one() {
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
+    let rings = ring_dir("jaeger-fit");
+    let endpoint = format!("http://127.0.0.1:{}", ports[0]);
+    let agent = Agent::start(
+        &vramhook_bin(),
+        &["--ring-dir", rings.path().to_str().expect("utf-8"), "--fit-window", "60", "--snapshot-ms", "100"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+            ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    let vram = (9u64 << 30).to_string();
+    let mut server = spawn_traced(
+        &workload("torch_serving"),
+        &[],
+        rings.path(),
+        &[("VRAMHOOK_SIM_VRAM_BYTES", vram.as_str()), ("SIM_STEP_MS", "50")],
+    );
+    let pid = server.id();
+    assert_eq!(server.wait().expect("wait").code(), Some(1), "the fragmenting server fails");
+    agent.wait_state(Duration::from_secs(30), "a fit crossing handed to the exporter", |s| {
+        s["agent"]["fit_crossings_exported"].as_u64().unwrap_or(0) >= 1
+    });
+    // One record of the debug exporter's output: from its "LogRecord #" to the next.
+    let log_path = jaeger.1.path().join("jaeger.log");
+    let record = poll_for(&agent, Instant::now(), Duration::from_secs(30), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        log.split("LogRecord #")
+            .find(|r| {
+                r.contains("vramhook.fit.direction: Str(below)") && r.contains(&format!("process.pid: Int({pid})"))
+            })
+            .map(str::to_string)
+            .ok_or_else(|| format!("no fit crossing below 1 of pid {pid} reached the collector:\n{log}\n"))
+    });
+    for want in [
+        "SeverityText: WARN",
+        "device: Int(0)",
+        "process.executable.name: Str(torch_serving)",
+        "vramhook.fit.demand_bytes: Int(1610612736)",
+        "vramhook.fit.supply_bytes: Int(",
+        "vramhook.fit.ratio: Double(0.",
+        "vramhook.fit.limited_by: Str(framework_fragmentation)",
+        "its next large request would not fit: 1.50 GiB asked for",
+    ] {
+        assert!(record.contains(want), "{want:?} not in the record:\n{record}");
+    }
+}
+
 /// A TCP endpoint that accepts connections and never answers.
 struct Slow {
     stop: Arc<AtomicBool>,

@@ -273,6 +273,77 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     }
 }
 
+/// Headless Chromium's DOM of the page at `page` after its script ran (`None`: no Chromium;
+/// `$CHROMIUM` names one elsewhere).
+fn rendered_dom(page: &Path, profile: &Path) -> Option<String> {
+    let chromium = std::env::var_os("CHROMIUM").map(PathBuf::from).or_else(|| {
+        ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|name| {
+            let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().ok()?;
+            let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && !p.is_empty()).then(|| PathBuf::from(p))
+        })
+    })?;
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        .args(["--disable-component-update", "--disable-sync", "--window-size=1400,2000", "--dump-dom"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("chromium");
+    assert!(out.status.success(), "chromium: {}", String::from_utf8_lossy(&out.stderr));
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The HTML report of the fragmenting server's capture plots its fit (issue #30): one plot
+/// for its GPU 0, drawn from `timelines.fits` (the samples the NEXT LARGE REQUEST line is
+/// made of), a triangle where it went below 1, its OOM's marker, and the text report's
+/// sentence as the caption.
+#[test]
+fn the_html_report_plots_the_fit_with_its_crossings_and_the_oom() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (capture, out) = record(dir.path(), "cache", &[]);
+    assert_eq!(out.status.code(), Some(1), "the fragmenting server fails");
+    let json: serde_json::Value = serde_json::from_str(&analyze(&capture, true)).expect("JSON report");
+    let warning = &json["fit_warnings"][0];
+    let since = warning["since_ts_ns"].as_u64().expect("a fit warning");
+    let fits = json["timelines"]["fits"].as_array().expect("timelines.fits");
+    assert_eq!(fits.len(), 1, "one process, one device: {fits:?}");
+    let fit = &fits[0];
+    assert_eq!((&fit["pid"], &fit["device"]), (&warning["pid"], &warning["device"]));
+    let crossings = fit["crossings"].as_array().expect("crossings");
+    // The warning's run starts at a crossing below 1 of the same timeline.
+    assert!(crossings.iter().any(|c| c["below"] == true && c["ts_ns"] == since), "{since}: {crossings:?}");
+    assert!(fit["fit_ratio"].as_array().is_some_and(|p| p.len() > 100), "a point per sample");
+
+    let page = dir.path().join("report.html");
+    let mut cmd = Command::new(vramhook());
+    cmd.arg("analyze").env("VRAMHOOK_FIT_WINDOW", WINDOW_S.to_string()).arg(&capture).arg("--html").arg(&page);
+    let out = cmd.output().expect("analyze --html");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let html = std::fs::read_to_string(&page).expect("HTML");
+    let text = analyze(&capture, false);
+    let line = text.lines().find(|l| l.contains("would not have fit")).expect("the text report's fit line").trim();
+    let caption = html.split("<p class=fit-caption id=fit-caption-0>").nth(1).expect("the fit plot's caption");
+    let caption = &caption[..caption.find("</p>").expect("caption end")];
+    assert!(caption.contains(&line.replace('\'', "&#39;")), "the caption is the text's sentence:\n{caption}\n{line}");
+
+    let Some(dom) = rendered_dom(&page, &dir.path().join("profile")) else {
+        panic!("MISSING chromium: this test draws the page in headless Chromium (apt-get install -y chromium)");
+    };
+    assert!(dom.contains("data-rendered=\"yes\""), "the plotting script did not finish");
+    let at = dom.find("data-plot=\"plot-fit-0\"").expect("the fit plot");
+    let svg = &dom[at..at + dom[at..].find("</svg>").expect("svg end")];
+    assert!(svg.contains("class=\"series\""), "the fit's line");
+    let below = svg.matches("data-below=\"yes\"").count();
+    let expected = crossings.iter().filter(|c| c["below"] == true).count();
+    assert!(below >= 1 && below == expected, "one down triangle per crossing below 1: {below} of {expected}");
+    assert!(svg.contains("class=\"oom-marker\""), "the OOM on the fit plot");
+    assert!(svg.contains("class=\"fit-warning-span\""), "the run below 1 the caption is about, shaded");
+    assert!(svg.contains("fit = 1"), "the line at 1 in the legend");
+}
+
 /// Prometheus's firing alerts `VramhookNextLargeRequestWouldFail`, by their `process_pid`.
 fn firing(port: u16) -> Vec<String> {
     let Ok(addr) = format!("127.0.0.1:{port}").parse() else { return vec![] };

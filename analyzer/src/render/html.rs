@@ -30,6 +30,8 @@ struct PlotData<'a> {
     ooms: Vec<(u64, u32, i16, &'a str)>,
     fragmentation: &'a [ArenaReport],
     layout: &'a Option<LayoutReport>,
+    /// Shaded on the fit plots: from when a request would not have fit to when it came.
+    fit_warnings: &'a [FitWarning],
     /// A capture or snapshot was read (else the plots say "no data in the input").
     captured: bool,
 }
@@ -66,6 +68,7 @@ pub fn render(r: &Report) -> String {
         ooms: r.ooms.iter().map(|o| (o.ts_ns, o.pid, o.device, o.verdict_name.as_str())).collect(),
         fragmentation: &r.fragmentation,
         layout: &r.layout,
+        fit_warnings: &r.fit_warnings,
         captured: r.inputs.iter().any(|i| i.kind != InputKind::Log),
     };
     // Paths folded as everywhere on the page (the plots' legends name the commands).
@@ -123,6 +126,7 @@ pub fn render(r: &Report) -> String {
         h.push_str("</ul>\n");
     }
     h.push_str("<div id=plot-free></div>\n");
+    fits_html(&mut h, r);
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2>");
     if r.fragmentation.iter().any(|a| a.kind == vramhook_model::ArenaKind::FrameworkSegment)
@@ -200,6 +204,62 @@ pub fn render(r: &Report) -> String {
     h.push_str(&format!("<script type=\"application/json\" id=\"report-data\">{json}</script>\n"));
     h.push_str(&format!("<script>{JS}</script>\n</body></html>\n"));
     h
+}
+
+/// Fit timelines plotted at most (those that went below 1 first); the JSON has them all.
+const MAX_FIT_PLOTS: usize = 8;
+
+/// The fit of each process's next large request: one plot per process and device (drawn by
+/// the script from `timelines.fits`), each with its caption, the text report's sentence.
+fn fits_html(h: &mut String, r: &Report) {
+    let fits = &r.timelines.fits;
+    if fits.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h3 id=fit>Fit of the next large request</h3>\n<p class=note>Supply / demand: what the process could get \
+         now for a request as large as its largest in the fit window, over that request. Below the dashed line at \
+         1, such a request would fail; triangles mark where it went below 1 (down) and back (up), and the shade the \
+         run below 1 that the sentence under the plot is about, up to the failure it foresaw.</p>\n",
+    );
+    let mut order: Vec<usize> = (0..fits.len()).collect();
+    order.sort_by_key(|&k| (fits[k].crossings.is_empty(), k));
+    for &k in order.iter().take(MAX_FIT_PLOTS) {
+        let f = &fits[k];
+        h.push_str(&format!("<div id=plot-fit-{k} class=fit-plot></div><p class=fit-caption id=fit-caption-{k}>"));
+        let warnings: Vec<&FitWarning> =
+            r.fit_warnings.iter().filter(|w| w.pid == f.pid && w.device == f.device).collect();
+        if warnings.is_empty() {
+            h.push_str(&esc(&fit_quiet_line(r, f)));
+        }
+        for w in warnings {
+            h.push_str(&esc(&crate::render::text::fit_line(r, w)));
+            h.push(' ');
+        }
+        h.push_str("</p>\n");
+    }
+    if fits.len() > MAX_FIT_PLOTS {
+        h.push_str(&format!(
+            "<p class=note>{} more fit timelines in the JSON report (<code>--json</code>, timelines.fits).</p>\n",
+            fits.len() - MAX_FIT_PLOTS
+        ));
+    }
+}
+
+/// The caption of a fit timeline with no run below 1 that a failure or the end closed.
+fn fit_quiet_line(r: &Report, f: &FitTimeline) -> String {
+    let who = format!("pid {} ({}) GPU {}", f.pid, super::tidy_paths(&display_command(&f.command)), f.device);
+    let lowest = f.fit_ratio.iter().map(|p| p.min).fold(f64::INFINITY, f64::min);
+    match f.crossings.iter().find(|c| c.below) {
+        Some(c) => format!(
+            "{who}: from {} on, a {} request would not have fit; the fit came back to 1 or more before one came \
+             ({} below 1 in all).",
+            crate::render::text::rel_short(r, c.ts_ns),
+            fmt_bytes(c.demand_bytes),
+            super::count(f.crossings.iter().filter(|c| c.below).count() as u64, "time", "times")
+        ),
+        None => format!("{who}: its largest recent request would have fit throughout (lowest fit {lowest:.2})."),
+    }
 }
 
 /// The capture's OOM incidents, each with its verdict and explanation.

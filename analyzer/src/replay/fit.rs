@@ -4,12 +4,26 @@
 //! a crossing's time is that of the first sample that saw it.
 
 use super::Replayer;
-use crate::report::FitWarning;
+use crate::report::{FitCrossing, FitTimeline, FitWarning};
+use crate::series::Series;
 use std::collections::BTreeMap;
 use vramhook_model::ModelSnapshot;
 
 /// Crossings kept (the first ones).
 const MAX_FIT_WARNINGS: usize = 1000;
+/// (Process, device) timelines kept (the first seen); each is bounded by `max_points`.
+const MAX_FIT_TRACKS: usize = 256;
+/// Crossings kept per timeline (the first ones).
+const MAX_CROSSINGS: usize = 1000;
+
+/// One (process, device)'s fit over the replay: its ratio at each sample, and where it
+/// crossed 1.
+struct FitTrack {
+    ratio: Series,
+    crossings: Vec<FitCrossing>,
+    /// The side of 1 it was on at the last sample (below: true).
+    below: bool,
+}
 
 /// The start of a run below 1: when, the demand and its source, the supply, what limited it.
 type Run = (u64, u64, &'static str, u64, Option<&'static str>);
@@ -23,14 +37,26 @@ pub(crate) struct FitTracks {
     /// The last failure a run foresaw, per (pid, device): the runs that start within the
     /// incident window after it are the same incident (its retries, the lens's record).
     came: BTreeMap<(u32, i16), u64>,
+    /// The timelines the HTML report plots, from the same samples as the warnings.
+    tracks: BTreeMap<(u32, i16), FitTrack>,
 }
 
 impl Replayer {
     /// Follows the fits of a sample's live processes.
     pub(super) fn fit_sample(&mut self, snap: &ModelSnapshot, ts: u64) {
         for p in snap.processes.iter().filter(|p| p.alive) {
+            if !p.fit.is_empty() {
+                self.fits.commands.entry(p.pid).or_insert_with(|| {
+                    if p.command.is_empty() {
+                        p.exe.clone()
+                    } else {
+                        p.command.clone()
+                    }
+                });
+            }
             for f in &p.fit {
                 let key = (p.pid, f.device);
+                self.fit_track(key, ts, f);
                 if f.fit_ratio < 1.0 {
                     let limit = f.limited_by.map(|l| l.name());
                     self.fits.below.entry(key).or_insert((
@@ -40,18 +66,54 @@ impl Replayer {
                         f.supply_bytes,
                         limit,
                     ));
-                    self.fits.commands.entry(p.pid).or_insert_with(|| {
-                        if p.command.is_empty() {
-                            p.exe.clone()
-                        } else {
-                            p.command.clone()
-                        }
-                    });
                 } else {
                     self.fits.below.remove(&key);
                 }
             }
         }
+    }
+
+    /// Adds a sample to the timeline of `key`, noting a crossing of 1 (the first sample
+    /// below 1 is one: it was not known to be below before).
+    fn fit_track(&mut self, key: (u32, i16), ts: u64, f: &vramhook_model::ProcessFit) {
+        let below = f.fit_ratio < 1.0;
+        if !self.fits.tracks.contains_key(&key) {
+            if self.fits.tracks.len() >= MAX_FIT_TRACKS {
+                return;
+            }
+            let ratio = Series::new(self.opts.max_points);
+            self.fits.tracks.insert(key, FitTrack { ratio, crossings: Vec::new(), below: false });
+        }
+        let Some(t) = self.fits.tracks.get_mut(&key) else { return };
+        t.ratio.push(ts, f.fit_ratio);
+        if below != t.below && t.crossings.len() < MAX_CROSSINGS {
+            t.crossings.push(FitCrossing {
+                ts_ns: ts,
+                below,
+                fit_ratio: f.fit_ratio,
+                demand_bytes: f.demand_bytes,
+                supply_bytes: f.supply_bytes,
+            });
+        }
+        t.below = below;
+    }
+
+    /// The fit timelines of the selected processes within the report's window.
+    pub(crate) fn fit_timelines(&self) -> Vec<FitTimeline> {
+        let (from, to) = (self.from_abs, self.to_abs);
+        self.fits
+            .tracks
+            .iter()
+            .filter(|((pid, _), _)| self.pid_selected(*pid))
+            .map(|(&(pid, device), t)| FitTimeline {
+                pid: self.view_pid(pid),
+                command: self.fits.commands.get(&pid).cloned().unwrap_or_default(),
+                device,
+                fit_ratio: t.ratio.points_in(from, to),
+                crossings: t.crossings.iter().filter(|c| c.ts_ns >= from && c.ts_ns <= to).cloned().collect(),
+            })
+            .filter(|t| !t.fit_ratio.is_empty())
+            .collect()
     }
 
     /// A process's request failed out of memory on `device` at `ts`: a run below 1 in
