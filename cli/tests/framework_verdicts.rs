@@ -160,6 +160,11 @@ fn the_cupy_and_jax_lenses_sample_their_pools_and_judge_the_oom() {
         // The lens's samples: the last one before the OOM is the pool's own numbers.
         let samples = dump_kind(&cap, "framework_sample");
         assert!(!samples.is_empty(), "{name}: no framework_sample recorded");
+        if name == "jax" {
+            // XLA's largest allocation served (`largest_alloc_size`), the fit's demand: in `aux`.
+            let stats = dump_kind(&cap, "framework_stats");
+            assert!(stats.iter().any(|s| s["aux"] == 100 * MIB), "{name}: largest allocation not recorded: {stats:?}");
+        }
         if name == "cupy-whole" {
             // Freed whole: CuPy's give-back and retry got the bytes; the incident recovered.
             assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -449,16 +454,19 @@ fn cupys_retry_after_freeing_its_cached_blocks_ends_recovered() {
     assert!(dump_kind(&cap, "framework_oom").is_empty());
 }
 
-/// The raise watcher's own unit tests (lens/unit-tests/test_raise_watch.py): its type filter, its
+/// The lens's own Python unit tests (lens/unit-tests/): the raise watcher's type filter, its
 /// once-per-exception mark, the sys.monitoring registration (with a stand-in monitoring
-/// namespace on a Python without it) and the excepthook chain, and the message parsers.
+/// namespace on a Python without it), the excepthook chain and the message parsers; and the
+/// largest allocation the PyTorch and JAX lenses put in their `framework_stats`.
 #[test]
-fn the_raise_watchers_python_unit_tests_pass() {
-    let test = repo_root().join("lens/unit-tests/test_raise_watch.py");
-    let out = Command::new("python3").arg(&test).env_remove("PYTHONPATH").output().expect("python3");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("OK"), "{stderr}");
+fn the_lens_python_unit_tests_pass() {
+    for file in ["test_raise_watch.py", "test_lens_stats.py"] {
+        let test = repo_root().join("lens/unit-tests").join(file);
+        let out = Command::new("python3").arg(&test).env_remove("PYTHONPATH").output().expect("python3");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{file}: {stderr}");
+        assert!(stderr.contains("OK"), "{file}: {stderr}");
+    }
 }
 
 /// The records of one kind in `vramhook dump`'s JSON lines.

@@ -181,7 +181,7 @@ pub unsafe extern "C" fn vramhook_lens_emit(record: *const LensRecord) -> i32 {
             LENS_SAMPLE => Event::framework_sample(fw, r.a, r.b, r.c, r.d),
             LENS_OOM => Event::framework_oom(fw, r.a, r.b, r.c, r.d),
             LENS_SEGMENT => Event::framework_segment(r.a, r.b, r.c, r.d, r.pieces),
-            LENS_STATS => Event::framework_stats(fw, r.a, r.b),
+            LENS_STATS => Event::framework_stats(fw, r.a, r.b, r.c),
             _ => return 2,
         };
         if config::disabled() {

@@ -43,15 +43,20 @@ def _device_numbers(d):
     return device, reserved, allocated, largest
 
 
-def _emit_limit(d, device):
+def _emit_stats(d, device):
     """XLA's own ceiling for this device (`bytes_limit`: the preallocated pool, or
-    XLA_PYTHON_CLIENT_MEM_FRACTION of the device), as a `framework_stats` record."""
+    XLA_PYTHON_CLIENT_MEM_FRACTION of the device) and the largest allocation it has served
+    (`largest_alloc_size`: the fit's demand, requests the driver never sees), as a
+    `framework_stats` record."""
     try:
-        limit = int((d.memory_stats() or {}).get("bytes_limit", 0))
+        st = d.memory_stats() or {}
+        limit = int(st.get("bytes_limit", 0))
+        largest = int(st.get("largest_alloc_size", 0))
     except Exception:
         return
-    if limit > 0:
-        ring.emit(ring.STATS, ring.JAX, device, ring.UNKNOWN, limit, 0, 0)
+    if limit > 0 or largest > 0:
+        ring.emit(ring.STATS, ring.JAX, device, ring.UNKNOWN, limit if limit > 0 else ring.UNKNOWN,
+                  largest if largest > 0 else ring.UNKNOWN, 0)
 
 
 def _gpus(jax):
@@ -73,7 +78,7 @@ def on_oom(jax, exc, at_raise=True):
     ring.emit(ring.OOM, ring.JAX, device, request if request is not None else 0, reserved, allocated, largest)
     for d in gpus:
         if _device_numbers(d)[0] == device:
-            _emit_limit(d, device)
+            _emit_stats(d, device)
     return device, request, reserved, allocated, largest
 
 
@@ -107,7 +112,7 @@ def sample_once(jax):
         if reserved == 0:
             continue
         ring.emit(ring.SAMPLE, ring.JAX, device, reserved, allocated, largest, 0)
-        _emit_limit(d, device)
+        _emit_stats(d, device)
         out.append((device, reserved, allocated, largest))
     return out
 

@@ -122,10 +122,19 @@ def _stats(torch, device):
     return reserved, allocated, segments
 
 
-def _emit_stats(torch, device):
-    """The free bytes inside split blocks (stranded: `empty_cache()` cannot give them back)
-    and the per-process limit `set_per_process_memory_fraction` sets, after a sample or an
-    OOM record of the same device."""
+def _largest_active(snap, device):
+    """The largest block in use on `device` in a snapshot (the fit's demand: requests served
+    from the cache, which the driver never sees), or UNKNOWN."""
+    segs = snap.get("segments", []) if isinstance(snap, dict) else snap
+    sizes = [b.get("size", 0) for s in segs if s.get("device", 0) == device
+             for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")]
+    return max(sizes) if sizes else ring.UNKNOWN
+
+
+def _emit_stats(torch, device, largest_active=None):
+    """The free bytes inside split blocks (stranded: `empty_cache()` cannot give them back),
+    the per-process limit `set_per_process_memory_fraction` sets, and the largest block in
+    use when a snapshot was taken, after a sample or an OOM record of the same device."""
     try:
         st = torch.cuda.memory_stats(device)
         stranded = st.get("inactive_split_bytes.all.current", ring.UNKNOWN)
@@ -136,7 +145,8 @@ def _emit_stats(torch, device):
             if 0.0 < f < 1.0:
                 # PyTorch's own rounding of the allowed bytes ("X allowed" in its message).
                 limit = int(f * torch.cuda.get_device_properties(device).total_memory)
-        ring.emit(ring.STATS, ring.PYTORCH, device, stranded, limit, 0, 0)
+        largest = ring.UNKNOWN if largest_active is None else largest_active
+        ring.emit(ring.STATS, ring.PYTORCH, device, stranded, limit, largest, 0)
     except Exception:
         pass  # an older PyTorch without these numbers: the samples still count
 
@@ -170,17 +180,21 @@ def _sampler(torch, interval, snapshot_every):
         try:
             now = time.monotonic()
             take_snapshot = snapshot_every > 0 and now - last_snapshot >= snapshot_every
+            snap = None  # one snapshot for every device
             for device in range(torch.cuda.device_count()):
                 reserved, allocated, segments = _stats(torch, device)
                 if reserved == 0:
                     continue
-                largest = ring.UNKNOWN
+                largest, active = ring.UNKNOWN, None
                 if take_snapshot:
-                    segs = _segments(torch, device)
+                    if snap is None:
+                        snap = _snapshot(torch)
+                    segs = _segments(torch, device, snap) if snap is not None else None
                     if segs is not None:
                         largest = max((s[3] for s in segs), default=0)
+                        active = _largest_active(snap, device)
                 ring.emit(ring.SAMPLE, ring.PYTORCH, device, reserved, allocated, largest, segments)
-                _emit_stats(torch, device)
+                _emit_stats(torch, device, active)
             if take_snapshot:
                 last_snapshot = now
         except Exception:

@@ -314,6 +314,10 @@ pub enum DemandSource {
     Driver,
     /// A framework lens's OOM record: the framework's own request.
     LensOom,
+    /// A lens's largest allocation of the framework (PyTorch: the largest active block in
+    /// its latest snapshot; JAX: `largest_alloc_size`), sampled: requests served from the
+    /// cache, which the driver never sees.
+    LensLargestAllocation,
 }
 
 impl DemandSource {
@@ -321,6 +325,7 @@ impl DemandSource {
         match self {
             DemandSource::Driver => "driver",
             DemandSource::LensOom => "lens_oom",
+            DemandSource::LensLargestAllocation => "lens_largest_allocation",
         }
     }
 }

@@ -87,6 +87,27 @@ fn a_failed_request_is_demand_and_a_lens_oom_names_its_source() {
     assert_eq!((f[0].demand_bytes, f[0].demand_source), (5 * GIB, DemandSource::LensOom));
 }
 
+/// A request served from the cache never reaches the driver: the lens's largest allocation
+/// (PyTorch's largest active block, JAX's `largest_alloc_size`) is demand too, named so.
+#[test]
+fn a_lens_largest_allocation_is_demand_the_driver_never_saw() {
+    let mut p = Proc::new(14, 0);
+    p.push(Event::frameworks(FrameworkId::Jax.bit()));
+    p.alloc(Api::cuMemAlloc_v2, 0x1000_0000, GIB);
+    p.push(Event::framework_sample(FrameworkId::Jax, GIB, GIB / 2, u64::MAX, 0).on_device(0));
+    p.meminfo(GIB, TOTAL);
+    assert_eq!(fit(&model(600 * S, &p), 14)[0].demand_source, DemandSource::Driver);
+    // Unknown (an older lens's 0, or u64::MAX): no demand.
+    for unknown in [0, u64::MAX] {
+        p.push(Event::framework_stats(FrameworkId::Jax, u64::MAX, u64::MAX, unknown).on_device(0));
+        assert_eq!(fit(&model(600 * S, &p), 14)[0].demand_bytes, GIB);
+    }
+    p.push(Event::framework_stats(FrameworkId::Jax, u64::MAX, u64::MAX, 3 * GIB).on_device(0));
+    let f = fit(&model(600 * S, &p), 14);
+    assert_eq!((f[0].demand_bytes, f[0].demand_source), (3 * GIB, DemandSource::LensLargestAllocation));
+    assert_eq!(DemandSource::LensLargestAllocation.name(), "lens_largest_allocation");
+}
+
 /// A PyTorch process with 10 GiB reserved in 1 GiB segments.
 fn torch(reserved_allocated_largest: (u64, u64, u64), stranded: u64, limit: u64, free: u64) -> Proc {
     let (reserved, allocated, largest) = reserved_allocated_largest;
@@ -94,7 +115,7 @@ fn torch(reserved_allocated_largest: (u64, u64, u64), stranded: u64, limit: u64,
     p.push(Event::frameworks(FrameworkId::PyTorch.bit()));
     p.allocs_a_gib_apart(10, GIB);
     p.push(Event::framework_sample(FrameworkId::PyTorch, reserved, allocated, largest, 10).on_device(0));
-    p.push(Event::framework_stats(FrameworkId::PyTorch, stranded, limit).on_device(0));
+    p.push(Event::framework_stats(FrameworkId::PyTorch, stranded, limit, 0).on_device(0));
     p.meminfo(free, TOTAL);
     p
 }

@@ -30,7 +30,7 @@ fn idle_holder(gib: u64, lens: bool) -> Proc {
     h.allocs_a_gib_apart(gib, GIB);
     if lens {
         h.push(Event::framework_sample(FrameworkId::PyTorch, gib * GIB, 0, GIB, gib).on_device(0));
-        h.push(Event::framework_stats(FrameworkId::PyTorch, 0, u64::MAX).on_device(0));
+        h.push(Event::framework_stats(FrameworkId::PyTorch, 0, u64::MAX, 0).on_device(0));
     }
     h
 }
@@ -70,7 +70,7 @@ fn a_lens_sample_splits_releasable_from_stranded() {
     h.allocs_a_gib_apart(100, GIB);
     // 100 GiB reserved, 30 GiB allocated, 50 GiB free in split blocks.
     h.push(Event::framework_sample(FrameworkId::PyTorch, 100 * GIB, 30 * GIB, 200 * MIB, 100).on_device(0));
-    h.push(Event::framework_stats(FrameworkId::PyTorch, 50 * GIB, u64::MAX).on_device(0));
+    h.push(Event::framework_stats(FrameworkId::PyTorch, 50 * GIB, u64::MAX, 0).on_device(0));
     let m = model_of(&[&h, &asker(60 * GIB)]);
     let inc = incident(&m);
     let holder = &inc.holders[0];
@@ -197,7 +197,7 @@ fn a_framework_limit_below_the_request_is_capacity_of_the_limit() {
     p.allocs_a_gib_apart(4, 1000 * MIB);
     let limit = 4_499_000_000;
     p.push(Event::framework_sample(FrameworkId::PyTorch, 3936 * MIB, 3840 * MIB, 96 * MIB, 4).on_device(0));
-    p.push(Event::framework_stats(FrameworkId::PyTorch, 96 * MIB, limit).on_device(0));
+    p.push(Event::framework_stats(FrameworkId::PyTorch, 96 * MIB, limit, 0).on_device(0));
     p.push(Event::framework_oom(FrameworkId::PyTorch, 648 * MIB, 3936 * MIB, 3840 * MIB, 96 * MIB).on_device(0));
     let inc = incident(&model_of(&[&p]));
     assert_eq!(inc.framework_limit, Some(limit));

@@ -29,7 +29,7 @@
 //! | `framework_sample` | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) | segments |
 //! | `framework_oom` | requested bytes | reserved bytes | allocated bytes | largest free block (`u64::MAX`: unknown) |
 //! | `framework_segment` | segment address | segment bytes | allocated bytes in it | its largest free block |
-//! | `framework_stats` | stranded bytes (free in split blocks; `u64::MAX`: unknown) | the framework's limit (`u64::MAX`: none known) | 0 | 0 |
+//! | `framework_stats` | stranded bytes (free in split blocks; `u64::MAX`: unknown) | the framework's limit (`u64::MAX`: none known) | its largest allocation (0 or `u64::MAX`: unknown) | 0 |
 //! | `gpu_process` | holder pid | its bytes (NVML, context included) | command name, bytes 0..8 | command name, bytes 8..16 |
 //!
 //! The three lens kinds keep the framework (`FrameworkId`) in `caller`, except
@@ -218,10 +218,13 @@ impl Event {
     }
 
     /// What a lens knows of `framework`'s cache beyond its totals: the free bytes inside
-    /// split blocks (stranded) and the framework's own limit for the process, each
-    /// [`UNKNOWN_BYTES`] when not known.
-    pub const fn framework_stats(framework: FrameworkId, stranded: u64, limit: u64) -> Event {
-        Event::words(EventKind::FrameworkStats, Api::Lens, stranded, limit, 0, 0).with_framework(framework)
+    /// split blocks (stranded), the framework's own limit for the process, and the largest
+    /// allocation it serves (PyTorch: the largest active block of its latest snapshot; JAX:
+    /// `largest_alloc_size`), each [`UNKNOWN_BYTES`] when not known (older lenses wrote 0
+    /// for the last, read as unknown too).
+    pub const fn framework_stats(framework: FrameworkId, stranded: u64, limit: u64, largest_allocation: u64) -> Event {
+        Event::words(EventKind::FrameworkStats, Api::Lens, stranded, limit, largest_allocation, 0)
+            .with_framework(framework)
     }
 
     /// NVML's usage of process `holder` on one device (`bytes`, context included), entry
@@ -491,6 +494,12 @@ impl Event {
         (self.size != UNKNOWN_BYTES && self.size != 0).then_some(self.size)
     }
 
+    /// The largest allocation in a `framework_stats` (`None`: not known).
+    #[inline]
+    pub fn framework_largest_allocation(&self) -> Option<u64> {
+        (self.aux != UNKNOWN_BYTES && self.aux != 0).then_some(self.aux)
+    }
+
     /// The holder's pid in a `gpu_process` (0: the sample found no process on the device).
     #[inline]
     pub fn gpu_holder(&self) -> u32 {
@@ -684,16 +693,18 @@ mod tests {
                 (600 << 20, Some(424 << 20), 255)
             );
         });
-        check(Event::framework_stats(FrameworkId::PyTorch, 50 << 30, 4_499_000_000), &|e| {
+        check(Event::framework_stats(FrameworkId::PyTorch, 50 << 30, 4_499_000_000, 2 << 30), &|e| {
             assert_eq!((e.kind(), e.framework()), (Some(EventKind::FrameworkStats), FrameworkId::PyTorch));
             assert_eq!((e.framework_stranded(), e.framework_limit()), (Some(50 << 30), Some(4_499_000_000)));
+            assert_eq!(e.framework_largest_allocation(), Some(2 << 30));
         });
-        check(
-            Event::framework_stats(FrameworkId::Jax, crate::kinds::UNKNOWN_BYTES, crate::kinds::UNKNOWN_BYTES),
-            &|e| {
+        let unknown = crate::kinds::UNKNOWN_BYTES;
+        for largest in [unknown, 0] {
+            check(Event::framework_stats(FrameworkId::Jax, unknown, unknown, largest), &|e| {
                 assert_eq!((e.framework_stranded(), e.framework_limit()), (None, None));
-            },
-        );
+                assert_eq!(e.framework_largest_allocation(), None);
+            });
+        }
         // An NVML sample entry is a reader's record (no process's): seq and tid carry the
         // sample's number and size, so it is checked apart from `common`.
         let nvml = wire(Event::gpu_process(7, 2, 4242, 100 << 30, b"llama-server-with-a-long-name"));

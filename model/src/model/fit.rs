@@ -1,6 +1,8 @@
 //! The fit of the next large request (issue 30): per live process and device, its
 //! **demand** (the largest request it made within `ModelConfig::fit_window_ns`, from its
-//! allocation calls, failed ones included, and from a framework lens's OOM records), its
+//! allocation calls, failed ones included, from a framework lens's OOM records, and from
+//! the largest allocation a lens reports: PyTorch's largest active block, JAX's
+//! `largest_alloc_size`), its
 //! **supply** (what it could get for such a request now, by its allocator's own rules) and
 //! their ratio. Demand is kept per event at amortised O(1) (a monotonic max-queue);
 //! supply and the ratio are computed only in snapshots.
@@ -50,6 +52,12 @@ impl Model {
     pub(super) fn note_demand(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
         let (size, source) = match kind {
             EventKind::FrameworkOom => (ev.framework_request(), DemandSource::LensOom),
+            // The framework's own largest allocation, seen again at each sample: requests
+            // the driver never sees (served from the cache) count too.
+            EventKind::FrameworkStats => match ev.framework_largest_allocation() {
+                Some(b) => (b, DemandSource::LensLargestAllocation),
+                None => return,
+            },
             _ if ev.failed() && !ev.is_oom() => return,
             // Device memory it asks the device for: not another process's (IPC, imports),
             // not managed memory (the driver pages it in; it fails no request for room).

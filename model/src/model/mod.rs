@@ -649,7 +649,8 @@ impl Model {
             self.incident_pre(slot, ev, kind, ts);
         }
 
-        if matches!(kind, EventKind::Alloc | EventKind::VmmCreate | EventKind::FrameworkOom) {
+        if matches!(kind, EventKind::Alloc | EventKind::VmmCreate | EventKind::FrameworkOom | EventKind::FrameworkStats)
+        {
             self.note_demand(slot, ev, kind, ts);
         }
         if ev.failed() {
