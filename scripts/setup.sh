@@ -39,6 +39,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 command -v cargo >/dev/null || { echo "setup: Rust is required (cargo not found; see https://rustup.rs)" >&2; exit 1; }
+. scripts/lib/toolchain.sh
+pin_toolchain
 
 make -s -C tests/simcuda
 # Only the CLI and the interposer: the tests build the rest (scripts/test.sh).

@@ -23,6 +23,8 @@ if ((${#missing[@]})); then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+. scripts/lib/toolchain.sh
+pin_toolchain
 [ "${TEST_SKIP_BACKENDS:-0}" = 1 ] || scripts/ci-backends.sh
 make -s -C tests/simcuda
 cargo fmt --all -- --check
