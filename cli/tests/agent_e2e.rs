@@ -280,25 +280,21 @@ fn sigkill_and_restart_mid_million_events_loses_nothing() {
     second.terminate(); // SIGTERM: the capture is flushed and sealed
     eprintln!("SECOND LOG:\n{}", second.log());
 
-    let truth_calls: u64 = std::fs::read_dir(truth.path())
-        .expect("truth")
-        .filter_map(|e| e.ok())
-        .map(|e| {
-            let text = std::fs::read_to_string(e.path()).expect("read truth");
-            text.lines().filter(|l| l.starts_with("{\"fn\"")).count() as u64
-        })
-        .sum();
+    // The simulated driver's log of every call: one line each, `{"fn":"NAME",…}`.
+    let truth_lines = |prefix: &str| -> u64 {
+        let files = std::fs::read_dir(truth.path()).expect("truth").filter_map(|e| e.ok());
+        files
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).expect("read truth");
+                text.lines().filter(|l| l.starts_with(prefix)).count() as u64
+            })
+            .sum()
+    };
+    let truth_calls = truth_lines("{\"fn\"");
     assert!(truth_calls >= 1_000_000, "a million-event workload ({truth_calls} calls)");
     // Every device sample (periodic, or after an out-of-memory failure) asks the driver
     // for `cuMemGetInfo_v2` right after its pool records: none logged, none written.
-    let samples_taken: u64 = std::fs::read_dir(truth.path())
-        .expect("truth")
-        .filter_map(|e| e.ok())
-        .map(|e| {
-            let text = std::fs::read_to_string(e.path()).expect("read truth");
-            text.lines().filter(|l| l.starts_with("{\"fn\":\"cuMemGetInfo_v2\"")).count() as u64
-        })
-        .sum();
+    let samples_taken = truth_lines("{\"fn\":\"cuMemGetInfo_v2\"");
     assert_eq!(samples_taken, 0, "no device samples (their pool records, dropped, would have no count here)");
     let (seqs, dropped, calls, own) = captured(captures.path(), pid);
     if calls + dropped != truth_calls && calls + dropped != truth_calls + 1 {
@@ -487,12 +483,7 @@ fn the_agent_lists_a_vramhook_run_sessions_processes_until_the_session_ends() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let top = std::process::Command::new(vramhook_bin())
-        .args(["top", "--once", "200x30", "--agent"])
-        .arg(agent.addr.to_string())
-        .output()
-        .expect("vramhook top --once");
-    let frame = String::from_utf8_lossy(&top.stdout);
+    let frame = agent.top_once();
     assert!(
         frame.contains(&format!(
             "pid {pid} (leak --n 4 --hold 4) is recorded by vramhook run (pid {run_pid}): not shown; start the agent \

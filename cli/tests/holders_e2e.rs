@@ -214,12 +214,7 @@ fn the_agent_names_an_untraced_holder_from_nvml_live_and_in_its_capture() {
     );
 
     agent.terminate(); // the capture flushed and sealed
-    let mut files: Vec<PathBuf> = std::fs::read_dir(captures.path())
-        .expect("captures")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "vrhk"))
-        .collect();
-    files.sort();
+    let files = captures_in(captures.path());
     assert!(!files.is_empty(), "the agent wrote a capture");
     check_report(&files, &scene, asker_pid);
     let events: Vec<Value> = files.iter().flat_map(|f| dump(f)).collect();

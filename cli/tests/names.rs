@@ -49,13 +49,8 @@ fn one_incident_has_one_verdict_name_in_every_format() {
 
     // The report of the agent's capture: text, JSON, HTML.
     agent.terminate();
-    let files: Vec<String> = std::fs::read_dir(captures.path())
-        .expect("captures")
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "vrhk"))
-        .map(|p| p.to_str().unwrap().to_string())
-        .collect();
+    let files: Vec<String> =
+        captures_in(captures.path()).into_iter().map(|p| p.to_str().unwrap().to_string()).collect();
     assert!(!files.is_empty(), "the agent wrote no capture in {}", captures.path().display());
     let args = |extra: &[&str]| -> Vec<String> {
         let mut a = vec!["analyze".to_string()];

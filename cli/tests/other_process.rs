@@ -144,12 +144,7 @@ fn another_process_memory_is_named_live_in_the_capture_and_in_the_report() {
     }
     agent.terminate();
 
-    let mut files: Vec<_> = std::fs::read_dir(captures.path())
-        .expect("captures")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "vrhk"))
-        .collect();
-    files.sort();
+    let files = captures_in(captures.path());
     assert!(!files.is_empty(), "no capture written");
     let json = Command::new(vramhook_bin()).arg("analyze").arg("--json").args(&files).output().expect("analyze");
     assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));

@@ -60,12 +60,7 @@ fn a_ring_too_large_for_a_default_agent_is_refused_visibly() {
     assert_eq!(prom_value(&metrics, &format!("vramhook_agent_rings_too_large_max_ring_mib{owner}")), Some(128.0));
 
     // `top`, from the agent.
-    let top = Command::new(vramhook_bin())
-        .args(["top", "--once", "200x30", "--agent"])
-        .arg(agent.addr.to_string())
-        .output()
-        .expect("vramhook top --once");
-    let frame = String::from_utf8_lossy(&top.stdout);
+    let frame = agent.top_once();
     assert!(
         frame.contains(&format!("NOT TRACED: 1 ring(s) of uid {} larger than the reader takes", euid()))
             && frame.contains("--max-ring-mib 128"),

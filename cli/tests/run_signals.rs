@@ -9,62 +9,11 @@
 
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vramhook_testkit::{interposer, vramhook_bin};
-
-const PROGRAM_C: &str = r#"
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-static volatile sig_atomic_t ints, term;
-static void on_int(int s) { (void)s; ints++; }
-static void on_term(int s) { (void)s; term = 1; }
-int main(int argc, char **argv) {
-    int count = argc > 1 && strcmp(argv[1], "count") == 0;
-    struct sigaction old;
-    sigaction(SIGINT, NULL, &old);
-    const char *disp = old.sa_handler == SIG_IGN ? "ign" : "dfl";
-    if (!count) {
-        printf("ready pid=%d ppid=%d int=%s\n", (int)getpid(), (int)getppid(), disp); fflush(stdout);
-        for (;;) pause();
-    }
-    sigset_t block, empty;
-    sigemptyset(&block); sigaddset(&block, SIGINT); sigaddset(&block, SIGTERM);
-    sigemptyset(&empty);
-    sigprocmask(SIG_BLOCK, &block, NULL);
-    struct sigaction sa; memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_int; sigaction(SIGINT, &sa, NULL);
-    sa.sa_handler = on_term; sigaction(SIGTERM, &sa, NULL);
-    printf("ready pid=%d ppid=%d int=%s\n", (int)getpid(), (int)getppid(), disp); fflush(stdout);
-    int said = 0;
-    while (!term) {
-        sigsuspend(&empty);
-        while (said < ints) { said++; printf("int %d\n", said); fflush(stdout); }
-    }
-    return 10 + ints;
-}
-"#;
-
-/// The program, built once per test binary.
-fn program() -> PathBuf {
-    static BUILT: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("dir");
-            let src = dir.path().join("sigprog.c");
-            std::fs::write(&src, PROGRAM_C).expect("write source");
-            let bin = dir.path().join("sigprog");
-            let out = Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src).output().expect("cc");
-            assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
-            (dir, bin)
-        })
-        .1
-        .clone()
-}
+use vramhook_testkit::{interposer, sigcount, vramhook_bin};
 
 /// How the program is started: as itself, or under `vramhook run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +24,7 @@ enum Mode {
 
 /// The words that start the program in `mode` (for a shell line or a Command).
 fn argv(mode: Mode, rings: &Path, how: &str) -> Vec<String> {
-    let prog = program().display().to_string();
+    let prog = sigcount().display().to_string();
     match mode {
         Mode::Untraced => vec![prog, how.into()],
         Mode::Traced => vec![

@@ -120,24 +120,30 @@ fn agent_on_a_busy_port_says_why_once_and_makes_nothing() {
     let (holder, rings) = missing_ring_dir("busy");
     let cap = tempfile::tempdir().expect("dir");
     let captures = cap.path().join("captures");
-    let out = Command::new(vramhook_bin())
-        .arg("agent")
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--ring-dir")
-        .arg(&rings)
-        .arg("--capture-dir")
-        .arg(&captures)
-        .output()
-        .expect("vramhook agent");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = agent_failing(&["--listen", &addr.to_string()], &rings, &captures);
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains(&format!("cannot listen on {addr}")), "{stderr}");
     assert_eq!(stderr.matches("Address already in use").count(), 1, "the cause once: {stderr}");
     assert!(!rings.parent().expect("parent").exists(), "no ring directory left: {}", rings.display());
     assert!(!captures.exists(), "no capture directory left");
     drop(holder);
+}
+
+/// `vramhook agent ARGS --ring-dir RINGS --capture-dir CAPTURES`, which must fail to start
+/// (exit 2): its stderr.
+fn agent_failing(args: &[&str], rings: &Path, captures: &Path) -> String {
+    let out = Command::new(vramhook_bin())
+        .arg("agent")
+        .args(args)
+        .arg("--ring-dir")
+        .arg(rings)
+        .arg("--capture-dir")
+        .arg(captures)
+        .output()
+        .expect("vramhook agent");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
 }
 
 #[test]
@@ -147,17 +153,7 @@ fn agent_failing_after_it_made_its_ring_directory_removes_it() {
     // A capture directory under a regular file: the capture cannot start, after the ring
     // directory was made.
     let captures = file.path().join("captures");
-    let out = Command::new(vramhook_bin())
-        .arg("agent")
-        .arg("--no-http")
-        .arg("--ring-dir")
-        .arg(&rings)
-        .arg("--capture-dir")
-        .arg(&captures)
-        .output()
-        .expect("vramhook agent");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = agent_failing(&["--no-http"], &rings, &captures);
     assert!(stderr.contains("cannot start the capture in"), "{stderr}");
     assert_eq!(stderr.matches("Not a directory").count(), 1, "the cause once: {stderr}");
     assert!(!rings.exists(), "the ring directory it made is gone");

@@ -70,6 +70,16 @@ impl Agent {
         }
     }
 
+    /// One frame of `vramhook top` drawn from this agent, 200 columns by 30 rows.
+    pub fn top_once(&self) -> String {
+        let top = Command::new(vramhook_bin())
+            .args(["top", "--once", "200x30", "--agent"])
+            .arg(self.addr.to_string())
+            .output()
+            .expect("vramhook top --once");
+        String::from_utf8_lossy(&top.stdout).into_owned()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -105,6 +115,17 @@ pub fn spawn_traced(workload: &Path, args: &[&str], ring_dir: &Path, envs: &[(&s
 
 /// A binary the backend tests need, from `.tools/bin` (built by scripts/ci-backends.sh).
 /// Fails loudly, with how to build it, when it is missing: never skips.
+/// The capture files (`.vrhk`) an agent wrote into `dir`, sorted.
+pub fn captures_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("captures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "vrhk"))
+        .collect();
+    files.sort();
+    files
+}
+
 pub fn backend_bin(name: &str) -> PathBuf {
     let p = repo_root().join(".tools/bin").join(name);
     assert!(

@@ -75,6 +75,22 @@ pub fn sim_dir() -> PathBuf {
 }
 
 /// A workload of the simulated driver.
+/// The signal tests' counter (`tests/kit/programs/sigcount.c`), built once per test binary.
+pub fn sigcount() -> PathBuf {
+    static BUILT: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("dir");
+            let src = repo_root().join("tests/kit/programs/sigcount.c");
+            let bin = dir.path().join("sigcount");
+            let out = Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src).output().expect("cc");
+            assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+            (dir, bin)
+        })
+        .1
+        .clone()
+}
+
 pub fn workload(name: &str) -> PathBuf {
     sim_dir().join("workloads").join(name)
 }

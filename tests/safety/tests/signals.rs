@@ -11,54 +11,12 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vramhook_safety_tests::{interposer, vramhook_bin};
-
-const SIGCOUNT_C: &str = r#"
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-static volatile sig_atomic_t ints, term;
-static void on_int(int s) { (void)s; ints++; }
-static void on_term(int s) { (void)s; term = 1; }
-int main(void) {
-    sigset_t block, empty;
-    sigemptyset(&block); sigaddset(&block, SIGINT); sigaddset(&block, SIGTERM);
-    sigemptyset(&empty);
-    sigprocmask(SIG_BLOCK, &block, NULL);
-    struct sigaction sa; memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_int; sigaction(SIGINT, &sa, NULL);
-    sa.sa_handler = on_term; sigaction(SIGTERM, &sa, NULL);
-    printf("ready\n"); fflush(stdout);
-    int said = 0;
-    while (!term) {
-        sigsuspend(&empty);
-        while (said < ints) { said++; printf("int %d\n", said); fflush(stdout); }
-    }
-    return 10 + ints;
-}
-"#;
-
-/// Builds the signal-counting program once.
-fn sigcount() -> PathBuf {
-    static BUILT: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("dir");
-            let src = dir.path().join("sigcount.c");
-            std::fs::write(&src, SIGCOUNT_C).expect("write source");
-            let bin = dir.path().join("sigcount");
-            let out = Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src).output().expect("cc");
-            assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
-            (dir, bin)
-        })
-        .1
-        .clone()
-}
+use vramhook_testkit::sigcount;
 
 fn run_cmd(ring_dir: &Path) -> Command {
     let mut cmd = Command::new(vramhook_bin());
@@ -66,6 +24,7 @@ fn run_cmd(ring_dir: &Path) -> Command {
         .arg(ring_dir)
         .arg("--")
         .arg(sigcount())
+        .arg("count")
         .env("VRAMHOOK_LIB", interposer());
     cmd
 }
