@@ -95,7 +95,7 @@ fn word_at(code: &str, pattern: &str) -> bool {
 /// `git grep`: no Rust variant name of a verdict or an outcome in any output format's
 /// fixture, schema, expected output or documented output. Rust code that names a variant
 /// (`Verdict::Capacity`) is not output and is left out; so are the records of past runs on
-/// the GPU (`docs/gpu/`), which are what those builds printed.
+/// the GPU (`docs/measurements/gpu/`), which are what those builds printed.
 #[test]
 fn no_rust_variant_name_in_outputs_or_fixtures() {
     let root = repo_root();
@@ -124,7 +124,7 @@ fn no_rust_variant_name_in_outputs_or_fixtures() {
             "*.sh",
             "*/tests/*.rs",
             "tests/**",
-            ":!docs/gpu/**",
+            ":!docs/measurements/gpu/**",
             ":!model/src/**",
             // This test names the variants it looks for.
             ":!cli/tests/names.rs",

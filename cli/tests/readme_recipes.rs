@@ -1,6 +1,7 @@
-//! The README's recipes run as written.
+//! The README's recipes, and those of the documents under docs/, run as written.
 //!
-//! Every fenced block of README.md carries a marker on the line before it:
+//! Every fenced block of README.md and of every `docs/**/*.md` carries a marker on the
+//! line before it:
 //! - `<!-- runnable -->`: a command block this test runs, in bash (`-euo pipefail`), on a
 //!   fresh state: a new working directory with `target/release` (the build under test),
 //!   `tests/`, `scripts/` and `lens/` of this repository, a new `HOME`, `vramhook` on the
@@ -43,6 +44,34 @@ fn parse_marker(line: &str) -> Option<Marker> {
     } else {
         None
     }
+}
+
+/// README.md, then every Markdown file under docs/ (sorted), each with its path from the
+/// repository's root.
+fn documents() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    let root = repo_root();
+    let mut paths = Vec::new();
+    walk(&root.join("docs"), &mut paths);
+    paths.sort();
+    paths.insert(0, root.join("README.md"));
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p.strip_prefix(&root).unwrap().display().to_string(), text)
+        })
+        .collect()
 }
 
 fn blocks(text: &str) -> Vec<Block> {
@@ -184,15 +213,18 @@ fn run_block(block: &Block, isolation: Isolation) -> Result<String, String> {
 
 #[test]
 fn every_block_is_marked() {
-    let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let unmarked: Vec<String> = blocks(&text)
-        .iter()
-        .filter(|b| b.marker.is_none())
-        .map(|b| format!("README.md:{}: {}", b.line, b.body.lines().next().unwrap_or("")))
-        .collect();
+    let mut unmarked: Vec<String> = Vec::new();
+    for (path, text) in documents() {
+        unmarked.extend(
+            blocks(&text)
+                .iter()
+                .filter(|b| b.marker.is_none())
+                .map(|b| format!("{path}:{}: {}", b.line, b.body.lines().next().unwrap_or(""))),
+        );
+    }
     assert!(
         unmarked.is_empty(),
-        "README blocks without <!-- runnable -->, <!-- needs: … --> or <!-- output -->:\n{}",
+        "README and docs/ blocks without <!-- runnable -->, <!-- needs: … --> or <!-- output -->:\n{}",
         unmarked.join("\n")
     );
 }
@@ -200,35 +232,44 @@ fn every_block_is_marked() {
 #[test]
 fn runnable_blocks_run_as_written() {
     sim_dir();
-    let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let all = blocks(&text);
     let isolation = isolation();
     let mut ran = 0;
     let mut failures = Vec::new();
-    for b in all.iter().filter(|b| b.marker == Some(Marker::Runnable)) {
-        let first = b.body.lines().next().unwrap_or("");
-        if isolation == Isolation::None && b.body.contains("vramhook agent") && !port_free(9464) {
-            println!(
-                "SKIPPED README.md:{}: {first}\n    reason: port 9464 is taken and no network namespace can be made",
-                b.line
-            );
-            continue;
-        }
-        println!("RUN README.md:{}: {first}", b.line);
-        match run_block(b, isolation) {
-            Ok(out) => {
-                ran += 1;
-                println!("{out}");
+    let mut skipped = Vec::new();
+    for (path, text) in documents() {
+        let all = blocks(&text);
+        for b in all.iter().filter(|b| b.marker == Some(Marker::Runnable)) {
+            let first = b.body.lines().next().unwrap_or("");
+            if isolation == Isolation::None && b.body.contains("vramhook agent") && !port_free(9464) {
+                println!(
+                    "SKIPPED {path}:{}: {first}\n    reason: port 9464 is taken and no network namespace can be made",
+                    b.line
+                );
+                continue;
             }
-            Err(out) => failures.push(format!("README.md:{}:\n{}\n{out}", b.line, b.body)),
+            println!("RUN {path}:{}: {first}", b.line);
+            match run_block(b, isolation) {
+                Ok(out) => {
+                    ran += 1;
+                    println!("{out}");
+                }
+                Err(out) => failures.push(format!("{path}:{}:\n{}\n{out}", b.line, b.body)),
+            }
+        }
+        for b in &all {
+            if let Some(Marker::Needs(why)) = &b.marker {
+                skipped.push(format!(
+                    "SKIPPED {path}:{}: {}\n    reason: needs {why}",
+                    b.line,
+                    b.body.lines().next().unwrap_or("")
+                ));
+            }
         }
     }
-    for b in &all {
-        if let Some(Marker::Needs(why)) = &b.marker {
-            println!("SKIPPED README.md:{}: {}\n    reason: needs {why}", b.line, b.body.lines().next().unwrap_or(""));
-        }
+    for line in &skipped {
+        println!("{line}");
     }
-    assert!(failures.is_empty(), "README recipes failed:\n{}", failures.join("\n\n"));
+    assert!(failures.is_empty(), "README and docs/ recipes failed:\n{}", failures.join("\n\n"));
     assert!(ran >= 4, "only {ran} runnable blocks ran");
 }
 
@@ -247,8 +288,10 @@ fn the_recipes_the_readme_must_have() {
     ] {
         assert!(runnable.contains(needle), "no runnable README recipe uses {needle}");
     }
+    // The Live section now lives in docs/live.md.
+    let live = std::fs::read_to_string(repo_root().join("docs/live.md")).unwrap();
     assert!(
-        text.contains("--include-run-rings"),
+        live.contains("--include-run-rings"),
         "the Live section must say how `vramhook run` processes reach the agent"
     );
 }

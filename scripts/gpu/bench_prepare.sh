@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the development machine: what `scripts/gpu/bench.sh OUT calls sim` needs on the GPU
 # machine, in .gpu-bench/ (ignored by git): the release libvramhook.so, stripped, and
-# the simulated driver's build (tests/simcuda/build, also ignored). Carry both:
-#   run: VRAMHOOK_LIB=.gpu-bench/libvramhook.so bash scripts/gpu/bench.sh "$OUT" calls sim
-#   carry: [".gpu-bench", "tests/simcuda/build"]
+# the simulated driver's build (tests/simcuda/build, also ignored). Copy both folders to the
+# GPU machine beside the working tree (both are git-ignored), then run there:
+#   VRAMHOOK_LIB=.gpu-bench/libvramhook.so bash scripts/gpu/bench.sh "$OUT" calls sim
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook-interposer

@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts, which run from the repository root.
 
-# Every Python program they run: unbuffered output, and NVLink multicast off (KINDS.md).
+# Every Python program they run: unbuffered output, and NVLink multicast off (the GPU machines
+# lent for these runs ask for it off: NCCL, PyTorch and NVSHMEM each have their own switch).
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # use_gpu_build [--lens]: BIN and VRAMHOOK_LIB from .gpu/ (scripts/gpu/prepare.sh puts this

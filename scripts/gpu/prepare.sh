@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the development machine: build the release binaries and copy what the GPU machine
-# needs into .gpu/ (ignored by git; name it in the device tool's `carry`).
+# needs into .gpu/ (ignored by git, so copy it to the GPU machine beside the working tree:
+# the GPU machine has no network and builds nothing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p vramhook -p vramhook-interposer

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks of issue #12 over what scripts/gpu/ollama/run.sh left in DIR (/tmp/vho, or the run's
-raw.tar.gz unpacked); prints the report that becomes docs/gpu/ollama.txt and exits 1 on a mismatch.
+raw.tar.gz unpacked); prints the report that becomes docs/measurements/gpu/ollama.txt and exits 1 on a mismatch.
 
 What a runner's NVML figure is made of, each part measured in the same run:
   * the cold context: NVML - live for a process holding only its cudart context (and for
@@ -211,7 +211,7 @@ def warm_probe(mode, cks):
               f"{mode}: vramhook saw nothing of warm_probe until cuBLAS, then cuBLAS's {mib(w['cublas_live'])}")
     else:
         check(False, f"{mode}: warm_probe's cuBLAS step read by vramhook (steps {list(steps)}, checkpoints {[c for c in cks if c.startswith('warm')]})")
-    # Measured on the H200 (docs/gpu/ollama.txt): frames up to 1 KiB, the default stack limit,
+    # Measured on the H200 (docs/measurements/gpu/ollama.txt): frames up to 1 KiB, the default stack limit,
     # add nothing: the cold context already holds that local memory. Reported, not assumed.
     grown = max(w["local"].values(), default=None)
     out(f"    kernels with stack frames of {sorted(w['local'])} B grew NVML's figure by at most {mib(grown)}: "

@@ -5,7 +5,7 @@
 // launches kernels of known stack frames (cudaFuncGetAttributes' localSizeBytes), largest last,
 // then creates a cuBLAS handle and runs one GEMM on a stream of its own as ggml does, and prints
 // one JSON line per step with NVML's figure for this process and the device's free bytes.
-// On the H200 (driver 580.159.04, docs/gpu/ollama.txt) frames of 16 B to 1 KiB added nothing:
+// On the H200 (driver 580.159.04, docs/measurements/gpu/ollama.txt) frames of 16 B to 1 KiB added nothing:
 // the cold context already holds local memory for the default 1 KiB stack limit. Between the steps named in WAIT it stops until
 // DIR/go-STEP exists, after writing DIR/at-STEP, so that a checkpoint can read vramhook's live
 // bytes for it there (scenarios.sh). cuBLAS is the library ggml-cuda loads (its path in

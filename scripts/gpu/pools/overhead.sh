@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where the 70 MiB that PyTorch's backend:cudaMallocAsync mode used beyond its pool's reserve
-# on the H200 come from (issue #10; docs/gpu/h200-pools.txt): with nothing traced, the bare
+# on the H200 come from (issue #10; docs/measurements/gpu/h200-pools.txt): with nothing traced, the bare
 # driver-API probe (overhead_probe.c: malloc, default pool, default pool with PyTorch's
 # release threshold, a created pool, malloc then the default pool, 64 streams) and PyTorch in its
 # three modes, each sampled step by step (pools_probe.py with POOLS_PROBE_STEPS=1).
