@@ -26,7 +26,7 @@ pub struct ModelConfig {
     /// Device memory the driver keeps for each stream a process made, which no memory call
     /// shows (default 560 KiB: on an H200 with driver 580, 128 streams, PyTorch's stream
     /// pool, took 70 MiB; the driver takes 2 MiB per 4 streams and 2 MiB more now and then,
-    /// so the estimate is within 2.2 MiB up to 129 streams; see docs/gpu/h200-pools-overhead.txt).
+    /// so the estimate is within 2.2 MiB up to 129 streams; see docs/measurements/gpu/h200-pools-overhead.txt).
     #[serde(default = "default_stream_bytes")]
     pub stream_bytes: u64,
     /// The window over which a process's demand (its largest request) is taken, for the
