@@ -19,7 +19,7 @@ while (($#)); do
     esac
 done
 maturin=${MATURIN:-$(command -v maturin || echo .tools/venv/bin/maturin)}
-[ -x "$maturin" ] || { echo "build-wheel.sh: maturin not found (pip install maturin, or scripts/ci-backends.sh)" >&2; exit 1; }
+[ -x "$maturin" ] || { echo "build-wheel.sh: maturin not found (pip install maturin, or scripts/lib/backends.sh)" >&2; exit 1; }
 dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
 mkdir -p target "$out"
 exec 9>target/.wheel.lock

@@ -4,7 +4,7 @@
 # driver, real Jaeger and Prometheus on loopback, headless Chromium, the README's recipes).
 # Run scripts/setup.sh once first (it builds vramhook and the simulated driver).
 # What only the tests need is set up here when missing: chromium, tmux, Go and systemd's
-# tools (apt-get), and the Go-built backends and packagers (scripts/ci-backends.sh:
+# tools (apt-get), and the Go-built backends and packagers (scripts/lib/backends.sh:
 # Prometheus, promtool, Jaeger, k8s-check, cargo-deb, maturin), built once and cached in
 # .tools/ between runs (a second run builds nothing). TEST_SKIP_BACKENDS=1 skips them:
 # their tests then say "not run".
@@ -25,14 +25,17 @@ if ((${#missing[@]})); then
 fi
 . scripts/lib/toolchain.sh
 pin_toolchain
-[ "${TEST_SKIP_BACKENDS:-0}" = 1 ] || scripts/ci-backends.sh
+[ "${TEST_SKIP_BACKENDS:-0}" = 1 ] || scripts/lib/backends.sh
 make -s -C tests/simcuda
 cargo fmt --all -- --check
 cargo build --workspace --all-targets
 cargo clippy --workspace --all-targets -- -D warnings
 bash tests/simcuda/selftest.sh
-# The benchmark summary's judging of #15's targets (a wrong verdict would mislead a reader).
-python3 scripts/bench_pair_summary_test.py
+# The checkers' self-tests: each judge of a result (the benchmark summary's targets, the
+# GPU runs' checkers) must fail on a made-up run that is wrong (a wrong verdict misleads).
+python3 scripts/bench/pair_summary_test.py
+python3 scripts/gpu/ollama/check_selftest.py
+python3 scripts/gpu/pools/pools_check_selftest.py
 # Tests that cannot run here (no root, no mounts) say "not run: <reason>" and are listed
 # below; cargo would count them as passed. Under CI (root) such a test fails instead.
 not_run_log=$(mktemp)

@@ -1,5 +1,5 @@
 //! Agent benchmarks (run with `cargo bench -p vramhook-agent --bench agent`,
-//! or `scripts/bench.sh`):
+//! or `scripts/bench/run.sh`):
 //!
 //! 1. ingest: events drained from a ring and applied to the model per second, on one core
 //!    (the ingest loop is one thread; target ≥ 5 M/s);

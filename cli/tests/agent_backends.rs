@@ -3,7 +3,7 @@
 //! metrics over OTLP (checked with PromQL against the model's numbers, through an
 //! endpoint that is down, then slow, then back), and promtool accepts /metrics.
 //!
-//! The binaries come from `.tools/bin`, built by `scripts/ci-backends.sh`; a missing one
+//! The binaries come from `.tools/bin`, built by `scripts/lib/backends.sh`; a missing one
 //! fails the test with how to build it.
 
 mod agent_support;
@@ -471,7 +471,7 @@ fn dashboard_queries() -> Vec<String> {
 /// tells the hosts apart; every query of the Grafana dashboard returns series from both
 /// hosts (a query of a series that does not exist fails the test); the OOM span in Jaeger
 /// names its host. With VRAMHOOK_FLEET_DATA=DIR, the dashboard's queries over the run are
-/// written there as Prometheus range-query JSON (scripts/plot-dashboard.py draws them).
+/// written there as Prometheus range-query JSON (scripts/dev/plot_dashboard.py draws them).
 #[test]
 fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboard_query_has_data() {
     let started = std::time::SystemTime::now();

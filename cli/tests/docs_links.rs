@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use vramhook_testkit::repo_root;
 
 /// The workspace's crates (and the fuzz crate), each with a README that lists its modules.
-const CRATES: &[&str] = &["protocol", "model", "interposer", "agent", "analyzer", "cli", "ebpf", "tests/kit", "tests/safety"];
+const CRATES: &[&str] =
+    &["protocol", "model", "interposer", "agent", "analyzer", "cli", "ebpf", "tests/kit", "tests/safety"];
 
 /// Folders never searched for documents: build outputs, tools, other repositories.
 fn skipped(name: &str) -> bool {
@@ -207,7 +208,8 @@ fn named(text: &str, name: &str) -> bool {
     text.match_indices(name).any(|(i, _)| {
         let before = text[..i].chars().next_back();
         let after = text[i + name.len()..].chars().next();
-        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
     })
 }
 
@@ -293,5 +295,37 @@ fn slugs_follow_githubs_rule() {
     assert_eq!(slug("Fleet post-mortems: captures from many hosts"), "fleet-post-mortems-captures-from-many-hosts");
     let a = anchors("# A\n## Notes\n```\n# not a heading\n```\n## Notes\n");
     assert!(a.contains("a") && a.contains("notes") && a.contains("notes-1") && !a.contains("not-a-heading"));
-    assert_eq!(link_targets("see [x](a.md#b) and ![p](docs/p.png \"t\") [y](f(1).md)"), ["a.md#b", "docs/p.png", "f(1).md"]);
+    assert_eq!(
+        link_targets("see [x](a.md#b) and ![p](docs/p.png \"t\") [y](f(1).md)"),
+        ["a.md#b", "docs/p.png", "f(1).md"]
+    );
+}
+
+/// Every script under `scripts/` (as git tracks them) is named in `scripts/README.md`, by its
+/// path below `scripts/` or, in a topic folder the README's row names, by its file name.
+#[test]
+fn every_script_is_named_in_the_scripts_readme() {
+    let root = vramhook_testkit::repo_root();
+    let readme = std::fs::read_to_string(root.join("scripts/README.md")).expect("scripts/README.md");
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "scripts"])
+        .current_dir(&root)
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files: {}", String::from_utf8_lossy(&out.stderr));
+    let files: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("scripts/"))
+        .filter(|l| *l != "README.md")
+        .map(str::to_string)
+        .collect();
+    assert!(files.len() > 40, "the scripts are there: {files:?}");
+    let missing: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            let name = f.rsplit('/').next().unwrap_or(f);
+            !named(&readme, f) && !named(&readme, name)
+        })
+        .collect();
+    assert!(missing.is_empty(), "scripts not named in scripts/README.md: {missing:?}");
 }

@@ -174,7 +174,7 @@ fn humanize1024(mut v: f64) -> String {
 fn promtool_passes(case: &str) -> Option<(bool, String)> {
     let promtool = repo_root().join(".tools/bin/promtool");
     if !promtool.is_file() {
-        eprintln!("not run: the alert part: .tools/bin/promtool is missing (scripts/ci-backends.sh builds it)");
+        eprintln!("not run: the alert part: .tools/bin/promtool is missing (scripts/lib/backends.sh builds it)");
         return None;
     }
     let tmp = tempfile::tempdir().expect("dir");

@@ -1,5 +1,5 @@
 //! Model vs brute-force reference, side by side:
-//! `cargo bench -p vramhook-model --bench model` (or `scripts/bench.sh model`)
+//! `cargo bench -p vramhook-model --bench model` (or `scripts/bench/run.sh model`)
 //!
 //! 1. events/s for an alloc/free stream holding 100,000 live allocations;
 //! 2. heap bytes per live allocation (counting global allocator);

@@ -6,7 +6,7 @@
 //! deletion: no tombstones, so probe runs stay short under endless alloc/free churn. It
 //! replaced std's `HashMap` (hashbrown's SIMD groups plus a separate hasher), which took
 //! more instructions per operation in the replay; see `model/benches/model.rs` and
-//! `scripts/bench.sh analyzer`.
+//! `scripts/bench/run.sh analyzer`.
 //!
 //! The hash is fixed (replays are deterministic). A capture crafted so that many keys
 //! collide slows the replay down; it cannot make it wrong.

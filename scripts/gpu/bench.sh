@@ -14,11 +14,11 @@
 #   rounds: aa (no LD_PRELOAD: the method's own error), hooked, and with
 #   .gpu/libvramhook-parts.so (cargo feature bench-parts) the hook with parts left out,
 #   VRAMHOOK_DISABLE=1 (the wrapper alone) and VRAMHOOK_CLOCK=monotonic
-# - simpair: scripts/bench-pair.sh (the simulated driver, inside one process) on this
+# - simpair: scripts/bench/pair.sh (the simulated driver, inside one process) on this
 #   host's cores, at 1 and 16 threads, configurations BENCH_SIMPAIR_CONFIGS (default "aa
 #   hooked"; see that script); needs tests/simcuda/build (carried)
-# pair and simpair end with issue #15's targets judged (scripts/bench_pair_summary.py --targets)
-# - sim: scripts/bench-calls.sh (the simulated driver) on this host's 16 cores; needs
+# pair and simpair end with issue #15's targets judged (scripts/bench/pair_summary.py --targets)
+# - sim: scripts/bench/calls.sh (the simulated driver) on this host's 16 cores; needs
 #   tests/simcuda/build from the development machine (carried)
 # - model, replay, agent: the crates' benchmarks (.gpu/bench_*)
 # - misses: VRAMHOOK_DEBUG=1 on real programs, naming any entry point that could not be wrapped
@@ -134,20 +134,20 @@ pair() {
         done
     done
     rm -rf "$PAIR_RINGS"
-    python3 scripts/bench_pair_summary.py "$OUT/bench_pair.jsonl" --targets h200
+    python3 scripts/bench/pair_summary.py "$OUT/bench_pair.jsonl" --targets h200
 }
 
 simpair() {
-    echo "== simulated driver on this host, inside one process: scripts/bench-pair.sh (SIM_SKIP_BUILD=1)"
+    echo "== simulated driver on this host, inside one process: scripts/bench/pair.sh (SIM_SKIP_BUILD=1)"
     SIM_SKIP_BUILD=1 BENCH_ROUNDS="$ROUNDS" BENCH_JSONL="$OUT/bench_simpair.jsonl" \
         BENCH_PAIR_CONFIGS="${BENCH_SIMPAIR_CONFIGS:-aa hooked}" BENCH_PARTS_LIB="$PWD/.gpu/libvramhook-parts.so" \
-        bash scripts/bench-pair.sh
+        bash scripts/bench/pair.sh
 }
 
 sim() {
-    echo "== simulated driver on this host: scripts/bench-calls.sh (SIM_SKIP_BUILD=1)"
+    echo "== simulated driver on this host: scripts/bench/calls.sh (SIM_SKIP_BUILD=1)"
     : > "$OUT/bench_sim.jsonl"
-    SIM_SKIP_BUILD=1 BENCH_JSONL="$OUT/bench_sim.jsonl" bash scripts/bench-calls.sh
+    SIM_SKIP_BUILD=1 BENCH_JSONL="$OUT/bench_sim.jsonl" bash scripts/bench/calls.sh
 }
 
 {

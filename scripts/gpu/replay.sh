@@ -2,7 +2,7 @@
 # Replay speed on the GPU machine (run scripts/gpu/prepare.sh here first):
 #   bash scripts/gpu/replay.sh [OUTDIR]
 # - the analyzer's replay benchmark (20 M events, 1.28 GB, 5 interleaved rounds) pinned to
-#   one core, as `scripts/bench.sh analyzer` runs it on the development machine;
+#   one core, as `scripts/bench/run.sh analyzer` runs it on the development machine;
 # - the model's own benchmark;
 # - `vramhook analyze` (text, JSON, HTML) of a real capture made here, as a smoke test of
 #   the mapped reader on this kernel.

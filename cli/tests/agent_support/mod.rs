@@ -113,7 +113,7 @@ pub fn spawn_traced(workload: &Path, args: &[&str], ring_dir: &Path, envs: &[(&s
     cmd.spawn().expect("start workload")
 }
 
-/// A binary the backend tests need, from `.tools/bin` (built by scripts/ci-backends.sh).
+/// A binary the backend tests need, from `.tools/bin` (built by scripts/lib/backends.sh).
 /// Fails loudly, with how to build it, when it is missing: never skips.
 /// The capture files (`.vrhk`) an agent wrote into `dir`, sorted.
 pub fn captures_in(dir: &Path) -> Vec<PathBuf> {
@@ -130,7 +130,7 @@ pub fn backend_bin(name: &str) -> PathBuf {
     let p = repo_root().join(".tools/bin").join(name);
     assert!(
         p.is_file(),
-        "MISSING backend binary {}: build the real backends with `scripts/ci-backends.sh` \
+        "MISSING backend binary {}: build the real backends with `scripts/lib/backends.sh` \
          (go install of jaeger v1.76.0, prometheus and promtool v0.316.0 into .tools/bin)",
         p.display()
     );

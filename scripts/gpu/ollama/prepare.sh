@@ -17,7 +17,9 @@ if [ ! -f "$OLLAMA_SRC/go.mod" ]; then
         mkdir -p "$OLLAMA_SRC/$(dirname "$path")"
         if [ "$mode" = 120000 ]; then ln -sf "$(git --git-dir="$OLLAMA_GIT" cat-file blob "$sha")" "$OLLAMA_SRC/$path"; continue; fi
         git --git-dir="$OLLAMA_GIT" cat-file blob "$sha" > "$OLLAMA_SRC/$path" 2>/dev/null || { echo "missing blob: $path"; rm -f "$OLLAMA_SRC/$path"; continue; }
-        [ "$mode" = 100755 ] && chmod +x "$OLLAMA_SRC/$path"
+        # (an `if`: a bare `[ … ] && chmod` ends the loop with status 1 on the last file when
+        # that file is not executable, and `set -e` stopped the script there on a fresh machine)
+        if [ "$mode" = 100755 ]; then chmod +x "$OLLAMA_SRC/$path"; fi
     done
 fi
 (cd "$OLLAMA_SRC" && CGO_ENABLED=1 go build -trimpath -ldflags='-s -w -X=github.com/ollama/ollama/version.Version=0.24.0' -o "$OLLAMA_SRC/ollama" .)

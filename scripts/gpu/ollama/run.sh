@@ -17,9 +17,9 @@ STEP=${1:-scenarios}
 OUT="${2:-${OUT:-/tmp/vramhook-ollama}}"
 mkdir -p "$OUT"
 HERE=scripts/gpu/ollama
-[ "$STEP" = build ] && exec bash "$HERE/build_cuda.sh" "$OUT"
+[ "$STEP" = build ] && exec bash "$HERE/build-cuda.sh" "$OUT"
 if [ "$STEP" = all ]; then
-    bash "$HERE/build_cuda.sh" "$OUT" || exit 1
+    bash "$HERE/build-cuda.sh" "$OUT" || exit 1
     cp "$OUT/ggml-libs.tar.xz" .gpu/ollama/ggml-libs.tar.xz
 fi
 R=/tmp/vho

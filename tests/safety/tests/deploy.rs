@@ -218,14 +218,14 @@ fn agent_image_tree_runs_the_agent_as_its_non_root_user() {
     assert!(p["peak_bytes"].as_u64().unwrap_or(0) >= live, "{p}");
 }
 
-/// `.tools/bin/<name>`, one of the programs `scripts/ci-backends.sh` builds; without it the
+/// `.tools/bin/<name>`, one of the programs `scripts/lib/backends.sh` builds; without it the
 /// test is not run (and says so).
 fn ci_tool(test: &str, name: &str) -> Option<PathBuf> {
     let bin = repo_root().join(".tools/bin").join(name);
     if bin.is_file() {
         return Some(bin);
     }
-    not_run(test, &format!(".tools/bin/{name} is missing (scripts/ci-backends.sh builds it)"));
+    not_run(test, &format!(".tools/bin/{name} is missing (scripts/lib/backends.sh builds it)"));
     None
 }
 
@@ -320,7 +320,7 @@ fn debian_package_installs_and_removes_with_dpkg() {
     const TEST: &str = "debian_package_installs_and_removes_with_dpkg";
     let cargo_deb = repo_root().join(".tools/bin/cargo-deb");
     if !cargo_deb.is_file() && Command::new("cargo-deb").arg("--version").output().is_err() {
-        not_run(TEST, "cargo-deb is not installed (scripts/ci-backends.sh installs it in .tools/bin)");
+        not_run(TEST, "cargo-deb is not installed (scripts/lib/backends.sh installs it in .tools/bin)");
         return;
     }
     if Command::new("dpkg").arg("--version").output().is_err() {
@@ -382,7 +382,7 @@ fn debian_package_installs_and_removes_with_dpkg() {
     }
 }
 
-/// maturin, from `$MATURIN`, `.tools/venv` (scripts/ci-backends.sh) or `PATH`.
+/// maturin, from `$MATURIN`, `.tools/venv` (scripts/lib/backends.sh) or `PATH`.
 fn maturin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MATURIN").map(PathBuf::from).filter(|p| p.is_file()) {
         return Some(p);
@@ -398,7 +398,7 @@ fn maturin() -> Option<PathBuf> {
 fn python_wheel_installs_into_a_fresh_venv_and_traces_a_workload() {
     const TEST: &str = "python_wheel_installs_into_a_fresh_venv_and_traces_a_workload";
     let Some(maturin) = maturin() else {
-        not_run(TEST, "maturin is not installed (pip install maturin; scripts/ci-backends.sh puts it in .tools/venv)");
+        not_run(TEST, "maturin is not installed (pip install maturin; scripts/lib/backends.sh puts it in .tools/venv)");
         return;
     };
     if Command::new("python3").args(["-m", "venv", "--help"]).output().map(|o| !o.status.success()).unwrap_or(true) {

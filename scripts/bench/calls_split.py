@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Splits the instructions libvramhook.so adds per call into what they are for.
 
-Usage: bench-calls-split.py HOOKED.callgrind PLAIN.callgrind LIB CALLS
+Usage: calls_split.py HOOKED.callgrind PLAIN.callgrind LIB CALLS
 
 Both profiles come from `valgrind --tool=callgrind --dump-instr=yes` runs of the same
 benchmark, with and without LD_PRELOAD=LIB. Every instruction executed inside LIB is

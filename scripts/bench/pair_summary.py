@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_pair_summary.py RUNS.jsonl [--targets h200|sim]: the table of what bench_pair
+"""pair_summary.py RUNS.jsonl [--targets h200|sim]: the table of what bench_pair
 measured (tests/simcuda/workloads/bench_pair.c), one row per configuration and call; with
 --targets, issue #15's targets judged against it (see targets() below).
 
@@ -83,7 +83,7 @@ if "--targets" in args:
     at = args.index("--targets")
     driver = args[at + 1] if at + 1 < len(args) else None
     if driver not in ("h200", "sim"):
-        sys.exit("bench_pair_summary.py: --targets takes h200 or sim")
+        sys.exit("pair_summary.py: --targets takes h200 or sim")
     del args[at:at + 2]
 rows = [json.loads(line) for line in open(args[0]) if line.startswith("{")]
 configs = list(dict.fromkeys(r["config"] for r in rows))

@@ -4,11 +4,11 @@
 # default rings, DRAIN_ROUNDS interleaved rounds (run, agent, run, agent, ...). Prints, per
 # round (each writing a capture to $TMPDIR: run --record, agent --capture-dir), events kept (delivered, process start/exit records included) and dropped as each
 # reported them, the kept %, and the
-# ratio run/agent. Needs the release build (scripts/bench.sh builds it) and jq, curl.
+# ratio run/agent. Needs the release build (scripts/bench/run.sh builds it) and jq, curl.
 # DRAIN_BASELINE_BIN=/path/to/an/older/vramhook adds a third mode per round, `base`: that
 # binary's `run` (to measure a change to `run` against the agent in the same rounds).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 profile=${DRAIN_PROFILE:-release}
 bin=target/$profile/vramhook
 lib=target/$profile/libvramhook.so

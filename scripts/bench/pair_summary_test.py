@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of bench_pair_summary.py's judging of issue #15's targets, on made-up runs whose
+"""Tests of pair_summary.py's judging of issue #15's targets, on made-up runs whose
 figures sit on each side of every threshold (run by scripts/test.sh)."""
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 import tempfile
 import unittest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_pair_summary.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pair_summary.py")
 
 
 def run(config, threads, rnd, alloc_added, free_added, alloc_p99=20, free_p99=20, mean=None):

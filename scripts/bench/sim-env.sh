@@ -1,8 +1,8 @@
-# Sourced by scripts/bench-calls.sh and scripts/bench-pair.sh: the settings both share, the
+# Sourced by scripts/bench/calls.sh and scripts/bench/pair.sh: the settings both share, the
 # interposer library checked, the simulated driver built (SIM_SKIP_BUILD=1: use
 # tests/simcuda/build as it is; the GPU machine has no make) and put first on the loader's
 # path. Sets ROOT, LIB, ITERS, THREADS, NCPU, CPU; the caller names itself in BENCH_NAME.
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
 case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
 ITERS="${BENCH_ITERS:-20000}"

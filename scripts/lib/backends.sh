@@ -4,7 +4,7 @@
 # checker (k8s-check), in .tools/bin.
 # Idempotent: a binary already there at the right version is kept.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN="$PWD/.tools/bin"
 mkdir -p "$BIN"
 export GOBIN="$BIN"
@@ -18,10 +18,10 @@ PROMETHEUS_VERSION=v0.316.0
 build() { # name module version
     local name=$1 module=$2 version=$3 stamp="$BIN/.$1.version"
     if [[ -x "$BIN/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
-        echo "ci-backends: $name $version cached"
+        echo "backends: $name $version cached"
         return
     fi
-    echo "ci-backends: building $name $version (go install $module@$version)"
+    echo "backends: building $name $version (go install $module@$version)"
     nice -n 10 go install "$module@$version"
     echo "$version" > "$stamp"
 }
@@ -33,13 +33,13 @@ build prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VE
 build_jaeger() {
     local stamp="$BIN/.jaeger.version"
     if [[ -x "$BIN/jaeger" && -f "$stamp" && "$(cat "$stamp")" == "$JAEGER_VERSION" ]]; then
-        echo "ci-backends: jaeger $JAEGER_VERSION cached"
+        echo "backends: jaeger $JAEGER_VERSION cached"
         return
     fi
-    echo "ci-backends: building jaeger $JAEGER_VERSION (cmd/jaeger, Jaeger v2)"
+    echo "backends: building jaeger $JAEGER_VERSION (cmd/jaeger, Jaeger v2)"
     local dir
     dir=$(go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    [[ -d "$dir" ]] || { echo "ci-backends: cannot download jaeger $JAEGER_VERSION" >&2; exit 1; }
+    [[ -d "$dir" ]] || { echo "backends: cannot download jaeger $JAEGER_VERSION" >&2; exit 1; }
     (cd "$dir" && GOFLAGS="$GOFLAGS -mod=mod" nice -n 10 go build -o "$BIN/jaeger" ./cmd/jaeger)
     echo "$JAEGER_VERSION" > "$stamp"
 }
@@ -51,10 +51,10 @@ build_go_tool() { # name dir
     local name=$1 dir=$2 stamp="$BIN/.$1.version" version
     version=$(cat "$dir"/main.go "$dir"/go.mod "$dir"/go.sum | sha256sum | cut -c1-16)
     if [[ -x "$BIN/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
-        echo "ci-backends: $name $version cached"
+        echo "backends: $name $version cached"
         return
     fi
-    echo "ci-backends: building $name $version"
+    echo "backends: building $name $version"
     (cd "$dir" && nice -n 10 go build -o "$BIN/$name" .)
     echo "$version" > "$stamp"
 }
@@ -64,21 +64,21 @@ build_go_tool k8s-check deploy/check/k8s
 # cargo-deb, for the .deb (scripts/package-deb.sh and its test).
 CARGO_DEB_VERSION=3.8.0
 if [[ -x "$BIN/cargo-deb" && -f "$BIN/.cargo-deb.version" && "$(cat "$BIN/.cargo-deb.version")" == "$CARGO_DEB_VERSION" ]]; then
-    echo "ci-backends: cargo-deb $CARGO_DEB_VERSION cached"
+    echo "backends: cargo-deb $CARGO_DEB_VERSION cached"
 else
-    echo "ci-backends: installing cargo-deb $CARGO_DEB_VERSION"
+    echo "backends: installing cargo-deb $CARGO_DEB_VERSION"
     nice -n 10 cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked --root "$PWD/.tools" --quiet
     echo "$CARGO_DEB_VERSION" > "$BIN/.cargo-deb.version"
 fi
 # maturin from PyPI, in a virtual environment of its own, for the wheel (scripts/build-wheel.sh).
 MATURIN_VERSION=1.16.0
 if [[ -x "$PWD/.tools/venv/bin/maturin" && -f "$BIN/.maturin.version" && "$(cat "$BIN/.maturin.version")" == "$MATURIN_VERSION" ]]; then
-    echo "ci-backends: maturin $MATURIN_VERSION cached"
+    echo "backends: maturin $MATURIN_VERSION cached"
 else
-    echo "ci-backends: installing maturin $MATURIN_VERSION (pip, .tools/venv)"
+    echo "backends: installing maturin $MATURIN_VERSION (pip, .tools/venv)"
     python3 -m venv "$PWD/.tools/venv"
     "$PWD/.tools/venv/bin/pip" install --quiet "maturin==$MATURIN_VERSION"
     echo "$MATURIN_VERSION" > "$BIN/.maturin.version"
 fi
-echo "ci-backends: ready in $BIN"
+echo "backends: ready in $BIN"
 ls -l "$BIN"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One benchmark of this build against a baseline build's, side by side in one run:
-#   scripts/bench-ab.sh model|analyzer THIS_BIN BASE_BIN
+#   scripts/bench/ab.sh model|analyzer THIS_BIN BASE_BIN
 # BENCH_ROUNDS rounds (default 5); each round runs both binaries, one after the other, and
 # the order flips every round (this, base; base, this; ...), so that a slow spell of a
 # shared machine hits both alike. Prints every round's numbers, then per number the median
@@ -11,7 +11,7 @@
 #             $TMPDIR; check `df`) written once by THIS_BIN, replayed by both with
 #             `--rounds 1`: raw read, read + Model::apply, and the full analysis, in M events/s
 #             (printed to 0.1 M: 0.5 % at 20 M/s).
-# BENCH_PIN=CPU runs both under `taskset -c CPU`. Used by scripts/bench.sh when
+# BENCH_PIN=CPU runs both under `taskset -c CPU`. Used by scripts/bench/run.sh when
 # BENCH_BASELINE_DIR is set.
 set -euo pipefail
 part=${1:?model or analyzer} this=${2:?this build\'s bench binary} base=${3:?the baseline\'s bench binary}

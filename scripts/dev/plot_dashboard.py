@@ -2,7 +2,7 @@
 """Draws the Grafana dashboard's queries from a real run, with matplotlib.
 
     VRAMHOOK_FLEET_DATA=/tmp/fleet cargo test -p vramhook --test agent_backends two_hosts
-    python3 scripts/plot-dashboard.py /tmp/fleet/queries.json docs/dashboard-fleet.png
+    python3 scripts/dev/plot_dashboard.py /tmp/fleet/queries.json docs/dashboard-fleet.png
 
 queries.json is what the test wrote: every query of deploy/grafana/vramhook.json (as
 Prometheus ran it) with its range result over the run, from two agents (hosts gpu-a and
@@ -69,7 +69,7 @@ def main(src, out):
         ax.axis("off")
     fig.suptitle(
         "vramhook dashboard queries, two agents (gpu-a, gpu-b) through one collector into Prometheus 3 "
-        "(drawn by scripts/plot-dashboard.py with matplotlib)",
+        "(drawn by scripts/dev/plot_dashboard.py with matplotlib)",
         fontsize=10,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
@@ -78,5 +78,5 @@ def main(src, out):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: plot-dashboard.py QUERIES.json OUT.png")
+        sys.exit("usage: plot_dashboard.py QUERIES.json OUT.png")
     main(sys.argv[1], sys.argv[2])

@@ -6,7 +6,7 @@
 # calls; "added" is hooked - plain at the same percentile (each percentile the median over
 # the rounds), with the spread of the p50 added over the rounds, and the page faults the
 # timed loops took (getrusage, summed over rounds). Then the instructions the hook adds per
-# call (callgrind, exact) split into what they are for (scripts/bench-calls-split.py).
+# call (callgrind, exact) split into what they are for (scripts/bench/calls_split.py).
 # Env: VRAMHOOK_LIB, BENCH_ITERS (default 20000), BENCH_THREADS (default "1 16"),
 # BENCH_ROUNDS (default 10; BENCH_REPEAT is the older name), BENCH_CPU (the CPU a 1-thread
 # run is pinned to, default the last one; more threads are pinned to all CPUs),
@@ -14,8 +14,8 @@
 # BENCH_JSONL (a file to append every run's JSON line to).
 set -euo pipefail
 BENCH_NAME=bench-calls
-# shellcheck source=scripts/bench-sim-env.sh
-source "$(dirname "${BASH_SOURCE[0]}")/bench-sim-env.sh"
+# shellcheck source=scripts/bench/sim-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-${BENCH_REPEAT:-10}}"
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
@@ -100,7 +100,7 @@ if command -v valgrind >/dev/null; then
     count plain
     count hooked "$LIB"
     # 64 warm-up pairs and 20000 timed pairs: 40128 calls.
-    python3 "$ROOT/scripts/bench-calls-split.py" "$TMP/cg.hooked" "$TMP/cg.plain" "$LIB" 40128
+    python3 "$ROOT/scripts/bench/calls_split.py" "$TMP/cg.hooked" "$TMP/cg.plain" "$LIB" 40128
 else
     echo "(valgrind not installed: instruction counts skipped)"
 fi

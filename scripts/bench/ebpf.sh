@@ -8,7 +8,7 @@
 # target/release/libvramhook.so), BENCH_ITERS (default 20000), BENCH_THREADS (default "1 16"),
 # BENCH_REPEAT (default 5), SIM_SKIP_BUILD=1 (use an existing tests/simcuda build).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${VRAMHOOK_BIN:-$ROOT/target/release/vramhook}"
 LIB="${VRAMHOOK_LIB:-$ROOT/target/release/libvramhook.so}"
 ITERS="${BENCH_ITERS:-20000}"

@@ -2,7 +2,7 @@
 # On the GPU machine: build ollama v0.24.0's vendored ggml CUDA backend (and ggml-base, which
 # it links) for sm_90 only, from .gpu/ollama/ggml-src.tar.gz (made by prepare.sh here), and
 # leave ollama's library layout in .gpu/ollama/lib/ollama/ plus a copy in OUTDIR to carry.
-#   bash scripts/gpu/ollama/build_cuda.sh OUTDIR
+#   bash scripts/gpu/ollama/build-cuda.sh OUTDIR
 set -euo pipefail
 OUT="${1:-${OUT:-/tmp/vramhook-ollama}}"
 mkdir -p "$OUT"

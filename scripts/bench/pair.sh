@@ -5,7 +5,7 @@
 # call timed alone with the TSC (VRAMHOOK_SIM_FAST=1: the simulated calls take no lock).
 # For each thread count: BENCH_ROUNDS (default 10) interleaved rounds of an "aa" process (no
 # LD_PRELOAD: the method's own error) and a "hooked" one; the table is
-# scripts/bench_pair_summary.py's. A 1-thread run is pinned to BENCH_CPU (default the last
+# scripts/bench/pair_summary.py's. A 1-thread run is pinned to BENCH_CPU (default the last
 # CPU), more threads to every CPU.
 # Env: VRAMHOOK_LIB (default target/release/libvramhook.so), BENCH_ITERS (20000),
 # BENCH_THREADS ("1 16"), BENCH_ROUNDS, BENCH_CPU, BENCH_JSONL (keep the runs' lines there),
@@ -18,11 +18,11 @@
 # at every thread count, counter and coarse: the hook stamping with a process-wide counter
 # (a locked add) or the kernel's coarse clock instead of the TSC, timed only: neither keeps
 # the ring's order; and before: allocations stamped before their driver call, as releases are).
-# The summary ends with #15's targets judged (bench_pair_summary.py --targets sim).
+# The summary ends with #15's targets judged (pair_summary.py --targets sim).
 set -euo pipefail
 BENCH_NAME=bench-pair
-# shellcheck source=scripts/bench-sim-env.sh
-source "$(dirname "${BASH_SOURCE[0]}")/bench-sim-env.sh"
+# shellcheck source=scripts/bench/sim-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-10}"
 BENCH="$ROOT/tests/simcuda/build/workloads/bench_pair"
 RINGS="$(mktemp -d /dev/shm/vramhook-pair.XXXXXX 2>/dev/null || mktemp -d)"
@@ -65,5 +65,5 @@ for threads in $THREADS; do
         done
     done
 done
-python3 "$ROOT/scripts/bench_pair_summary.py" "$JSONL" --targets sim
+python3 "$ROOT/scripts/bench/pair_summary.py" "$JSONL" --targets sim
 echo "(ns per call; simulated driver, cuMemAlloc_v2/cuMemFree_v2 with VRAMHOOK_SIM_FAST=1; $ITERS iterations per thread after 256 untimed; 1 thread pinned to CPU $CPU, more to CPUs 0-$((NCPU - 1)); $(nproc) CPUs)"
