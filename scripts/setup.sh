@@ -31,13 +31,8 @@ command -v curl >/dev/null || missing+=(curl)
 command -v clang >/dev/null || missing+=(clang)
 command -v llvm-strip >/dev/null || missing+=(llvm)
 [ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
-if ((${#missing[@]})); then
-    echo "setup: installing ${missing[*]}"
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+. scripts/lib/apt.sh
+install_missing setup ${missing[@]+"${missing[@]}"}
 command -v cargo >/dev/null || { echo "setup: Rust is required (cargo not found; see https://rustup.rs)" >&2; exit 1; }
 . scripts/lib/toolchain.sh
 pin_toolchain

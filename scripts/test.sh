@@ -16,13 +16,8 @@ command -v tmux >/dev/null || missing+=(tmux)
 command -v go >/dev/null || missing+=(golang-go)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v curl >/dev/null || missing+=(curl)
-if ((${#missing[@]})); then
-    echo "test: installing ${missing[*]}"
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+. scripts/lib/apt.sh
+install_missing test ${missing[@]+"${missing[@]}"}
 . scripts/lib/toolchain.sh
 pin_toolchain
 [ "${TEST_SKIP_BACKENDS:-0}" = 1 ] || scripts/lib/backends.sh

@@ -33,54 +33,12 @@
 #define MAXS 2048
 #define MAXT 4096
 
-struct block {
-    uint64_t addr, size;
-    int seg, used;
-};
-static struct block blocks[MAXB];
-static int nblocks;
-struct segment {
-    uint64_t base, size;
-    int live;
-};
-static struct segment segs[MAXS];
-static int nsegs;
+#include "block_cache.h"
+
 static int no_caching;
 static int device;
 static cksum_t ck;
 
-/* interposer/src/lens.rs LensRecord */
-struct lens_record {
-    uint32_t kind, framework;
-    int32_t device;
-    uint32_t reserved_zero;
-    uint64_t a, b, c, d, pieces;
-};
-static int (*lens_emit)(const struct lens_record *);
-static void lens(uint32_t kind, uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t pieces) {
-    if (!lens_emit) return;
-    struct lens_record r = {kind, 1 /* PyTorch */, device, 0, a, b, c, d, pieces};
-    lens_emit(&r);
-}
-
-static uint64_t reserved(void) {
-    uint64_t r = 0;
-    for (int i = 0; i < nsegs; i++)
-        if (segs[i].live) r += segs[i].size;
-    return r;
-}
-static uint64_t allocated(void) {
-    uint64_t a = 0;
-    for (int i = 0; i < nblocks; i++)
-        if (blocks[i].used) a += blocks[i].size;
-    return a;
-}
-static uint64_t largest_free(int seg) {
-    uint64_t l = 0;
-    for (int i = 0; i < nblocks; i++)
-        if (!blocks[i].used && (seg < 0 || blocks[i].seg == seg) && blocks[i].size > l) l = blocks[i].size;
-    return l;
-}
 static int seg_used(int s) {
     for (int i = 0; i < nblocks; i++)
         if (blocks[i].seg == s && blocks[i].used) return 1;
@@ -92,39 +50,6 @@ static uint64_t stranded(void) {
     for (int i = 0; i < nblocks; i++)
         if (!blocks[i].used && segs[blocks[i].seg].live && seg_used(blocks[i].seg)) f += blocks[i].size;
     return f;
-}
-
-static void add_block(uint64_t addr, uint64_t size, int seg, int used) {
-    if (nblocks == MAXB) DIE("too many blocks");
-    blocks[nblocks++] = (struct block){addr, size, seg, used};
-}
-
-static int take_cached(uint64_t size) {
-    int best = -1;
-    for (int i = 0; i < nblocks; i++)
-        if (!blocks[i].used && blocks[i].size >= size && (best < 0 || blocks[i].size < blocks[best].size)) best = i;
-    if (best < 0) return -1;
-    if (blocks[best].size > size) {
-        add_block(blocks[best].addr + size, blocks[best].size - size, blocks[best].seg, 0);
-        blocks[best].size = size;
-    }
-    blocks[best].used = 1;
-    return best;
-}
-
-static void release(int b) {
-    blocks[b].used = 0;
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (int i = 0; i < nblocks && !changed; i++)
-            for (int j = 0; j < nblocks && !changed; j++)
-                if (i != j && !blocks[i].used && !blocks[j].used && blocks[i].seg == blocks[j].seg &&
-                    blocks[i].addr + blocks[i].size == blocks[j].addr) {
-                    blocks[i].size += blocks[j].size;
-                    blocks[j] = blocks[--nblocks];
-                    changed = 1;
-                }
-    }
 }
 
 static int grow(uint64_t size) {
@@ -210,6 +135,7 @@ int main(void) {
     uint64_t keep_every = env_u64("SIM_KEEP_EVERY", 24), large_every = env_u64("SIM_LARGE_EVERY", 100);
     *(void **)&lens_emit = dlsym(RTLD_DEFAULT, "vramhook_lens_emit");
     device = (int)env_u64("SIM_DEVICE", 0);
+    lens_device = device;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) DIE("cudaSetDevice: %s", cudaGetErrorString(e));
     size_t fr = 0, tot = 0;
