@@ -29,6 +29,8 @@ fn main() {
         ("capture with 20k processes that each exit", Box::new(|p| many_processes_exiting(p, 20_000))),
         ("capture with 20k processes with process-end frames", Box::new(|p| many_process_ends(p, 20_000))),
         ("capture with 50k distinct device numbers", Box::new(|p| many_devices(p, 50_000))),
+        ("capture with 10k processes holding memory, each failing", Box::new(|p| holders_each_failing(p, 10_000))),
+        ("capture with 10k VMM arenas x 10k OOM failures", Box::new(|p| arenas_and_ooms(p, 10_000, 10_000))),
         (
             "pickle with 10k segments x 10k shared OOM entries",
             Box::new(|p| segments_and_shared_ooms(p, 10_000, 10_000)),

@@ -120,6 +120,37 @@ pub fn many_processes_with_an_oom(path: &Path, n: u64) -> u64 {
     write_capture(path, n, |i| oom(1000 + i as u32, 1_000 + i * 1_000, 0, 200 * GIB))
 }
 
+/// `n` processes that each hold 1 MiB on device 0 and then fail once: 128 bytes per process.
+pub fn holders_each_failing(path: &Path, n: u64) -> u64 {
+    write_capture(path, 2 * n, |i| {
+        let (pid, ts) = (1000 + (i / 2) as u32, 1_000 + i * 1_000);
+        if i % 2 == 0 {
+            alloc(pid, ts, 0, 0x7000_0000_0000 + i * MIB, MIB)
+        } else {
+            oom(pid, ts, 0, 200 * GIB)
+        }
+    })
+}
+
+/// One process with `arenas` mapped VMM reservations of 2 MiB, then `ooms` failures, each
+/// of its own size (not retries): 64 bytes per event.
+pub fn arenas_and_ooms(f: &Path, arenas: u64, ooms: u64) -> u64 {
+    write_capture(f, 3 * arenas + ooms, |i| {
+        let ts = 1_000 + i;
+        if i < 3 * arenas {
+            let (k, addr) = (i / 3, 0x7000_0000_0000 + (i / 3) * 4 * MIB);
+            let e = match i % 3 {
+                0 => Event::vmm_reserve(addr, 2 * MIB, 0, 0),
+                1 => Event::vmm_create(Api::cuMemCreate, 0x100 + k, 2 * MIB),
+                _ => Event::vmm_map(addr, 2 * MIB, 0x100 + k, 0),
+            };
+            made(e, 7, ts, 0)
+        } else {
+            oom(7, ts, 0, 64 * GIB + i * 4096) // each its own request: not a retry
+        }
+    })
+}
+
 /// One process allocating 4 KiB on each of `n` distinct device numbers: 64 bytes per device.
 pub fn many_devices(path: &Path, n: u64) -> u64 {
     write_capture(path, n, |i| {

@@ -110,16 +110,7 @@ fn fifty_thousand_processes_with_an_oom_each() {
 /// with the events read) the rest are kept, unjudged, and said to be.
 #[test]
 fn ten_thousand_holders_each_failing_are_judged_within_the_allowance() {
-    let (_d, _, r) = made_and_analyzed("holders.vhc", |f| {
-        write_capture(f, 20_000, |i| {
-            let (pid, ts) = (1000 + (i / 2) as u32, 1_000 + i * 1_000);
-            if i % 2 == 0 {
-                alloc(pid, ts, 0, 0x7000_0000_0000 + i * MIB, MIB)
-            } else {
-                oom(pid, ts, 0, 200 * GIB)
-            }
-        })
-    });
+    let (_d, _, r) = made_and_analyzed("holders.vhc", |f| holders_each_failing(f, 10_000));
     assert_eq!(count(&r, "ooms") as u64, LIMIT);
     let unjudged = folded(&r, "ooms_unjudged");
     assert!(unjudged > 0 && unjudged < LIMIT, "{unjudged} unjudged");
@@ -464,27 +455,6 @@ fn arenas_times_ooms_are_bounded() {
     let (_d, _, r) = made_and_analyzed("arenas.vhc", |f| arenas_and_ooms(f, 10_000, 10_000));
     assert_eq!(count(&r, "ooms") as u64, LIMIT);
     assert!(folded(&r, "ooms_unjudged") > 0, "{}", r["folded"]);
-}
-
-fn arenas_and_ooms(f: &Path, arenas: u64, ooms: u64) -> u64 {
-    write_capture(f, 3 * arenas + ooms, |i| {
-        let ts = 1_000 + i;
-        if i < 3 * arenas {
-            let (k, addr) = (i / 3, 0x7000_0000_0000 + (i / 3) * 4 * MIB);
-            let e = match i % 3 {
-                0 => vramhook_protocol::record::Event::vmm_reserve(addr, 2 * MIB, 0, 0),
-                1 => vramhook_protocol::record::Event::vmm_create(
-                    vramhook_protocol::record::Api::cuMemCreate,
-                    0x100 + k,
-                    2 * MIB,
-                ),
-                _ => vramhook_protocol::record::Event::vmm_map(addr, 2 * MIB, 0x100 + k, 0),
-            };
-            made(e, 7, ts, 0)
-        } else {
-            oom(7, ts, 0, 64 * GIB + i * 4096) // each its own request: not a retry
-        }
-    })
 }
 
 /// The memory budget stops a replay that outgrows it: exit 3, one line on stderr, and the
