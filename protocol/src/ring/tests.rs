@@ -258,17 +258,27 @@ fn dead_writer_mid_write_is_skipped_and_counted() {
     assert_eq!(restarted.position(), 3);
 }
 
-#[test]
-fn restarted_reader_resumes_from_cursor() {
-    let (mut ring, writer, mut reader) = setup(16);
-    for i in 0..5 {
+/// A ring of 16 slots with `n` events pushed, of which a reader, gone since, polled `max`:
+/// the ring, its writer, what that reader got.
+fn pushed_then_polled_by_a_reader_gone(n: u64, max: usize) -> (TestRing, RingWriter, Vec<Event>) {
+    let (ring, writer, mut reader) = setup(16);
+    for i in 0..n {
         writer.push(&ev(i));
     }
-    let mut first = Vec::new();
-    reader.poll(3, false, |e| first.push(e));
-    drop(reader);
-    let len = ring_file_size(16);
-    let mut reader = unsafe { RingReader::new(ring.base(), len, None) }.expect("valid");
+    let mut got = Vec::new();
+    reader.poll(max, false, |e| got.push(e));
+    (ring, writer, got)
+}
+
+/// A new reader of the 16-slot ring.
+fn reader_again(ring: &mut TestRing) -> RingReader {
+    unsafe { RingReader::new(ring.base(), ring_file_size(16), None) }.expect("valid")
+}
+
+#[test]
+fn restarted_reader_resumes_from_cursor() {
+    let (mut ring, _writer, first) = pushed_then_polled_by_a_reader_gone(5, 3);
+    let mut reader = reader_again(&mut ring);
     let mut rest = Vec::new();
     reader.poll(usize::MAX, false, |e| rest.push(e));
     assert_eq!(first.len(), 3);
@@ -548,21 +558,14 @@ fn a_release_marker_too_old_or_of_a_gone_writer_holds_nothing() {
 
 #[test]
 fn a_reader_killed_before_saving_its_cursor_leaves_an_honest_ring() {
-    let (mut ring, writer, mut reader) = setup(16);
-    for i in 0..16 {
-        writer.push(&ev(i));
-    }
-    let mut first = Vec::new();
-    reader.poll(usize::MAX, false, |e| first.push(e));
+    let (mut ring, writer, first) = pushed_then_polled_by_a_reader_gone(16, usize::MAX);
     assert_eq!(first.len(), 16);
-    drop(reader);
     // Killed after freeing the slots, before its cursor reached shared memory.
     unsafe { lane_read_pos(ring.base(), 0) }.store(0, Ordering::Release);
     for i in 16..21 {
         assert!(writer.push(&ev(i)), "the freed slots are reused");
     }
-    let len = ring_file_size(16);
-    let mut restarted = unsafe { RingReader::new(ring.base(), len, None) }.expect("valid");
+    let mut restarted = reader_again(&mut ring);
     restarted.check_claims(u64::MAX).expect("a write cursor 21 past a stale cursor 0 is honest here");
     let mut rest = Vec::new();
     restarted.poll(usize::MAX, false, |e| rest.push(e));
