@@ -113,19 +113,7 @@ pub struct AgentConfig {
 /// Runs the agent until SIGINT/SIGTERM or until `stop` is set. Prints the address it
 /// listens on (`vramhook agent: listening on ADDR`) once ready.
 pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
-    // The ring directory as the rules say (parent 1777 sticky, ours 0700, no symlink),
-    // or a clear refusal.
-    // A root agent may drain another user's directory, `<parent>/<uid>` as under
-    // /dev/shm/vramhook, under that user's rules; its own it makes or repairs.
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    let owner = vramhook_protocol::ringdir::expected_owner(&cfg.ingest.ring_dir, euid);
-    let ring_dir_fd = if owner == euid {
-        vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, euid)
-    } else {
-        vramhook_protocol::ringdir::open_ring_dir(&cfg.ingest.ring_dir, owner)
-    }
-    .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })?;
+    let ring_dir_fd = open_ring_dir(&cfg)?;
     // eBPF mode: probes loaded and attached before anything else starts, so that a missing
     // capability or kernel feature is one clear line and a non-zero exit.
     let ebpf = cfg.ingest.ebpf.clone().map(ebpf::start).transpose()?;
@@ -139,17 +127,7 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     let (snap_tx, snap_rx) = tokio::sync::watch::channel(Arc::new(Model::new(model_config()).snapshot()));
     let ring_dir = cfg.ingest.ring_dir.display().to_string();
 
-    let recovered = match (&cfg.capture, cfg.recover) {
-        (Some(c), true) => capture::recover(&c.dir),
-        _ => None,
-    };
-    if let Some(r) = &recovered {
-        eprintln!(
-            "vramhook agent: recovered the model from {} ({} events after its last checkpoint)",
-            r.file.display(),
-            r.events
-        );
-    }
+    let recovered = recover(&cfg);
     pause_point("recovered");
     let (capture, capture_join) = match &cfg.capture {
         Some(c) => {
@@ -170,56 +148,11 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     };
 
     if let Some(addr) = cfg.listen {
-        let listener =
-            rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|source| AgentError::Listen { addr, source })?;
-        let local = listener.local_addr().unwrap_or(addr);
-        eprintln!("vramhook agent: listening on {local}");
         let state = http::HttpState { stats: stats.clone(), snapshots: snap_rx.clone(), ring_dir: ring_dir.clone() };
-        rt.spawn(http::serve(listener, state));
+        serve_http(&rt, addr, state)?;
     }
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        // The handlers are installed here, not in the task: a task not yet polled left
-        // SIGTERM's default action in place, and a SIGTERM soon after start killed the agent
-        // with its capture unflushed (seen under load in the restart test).
-        let handlers = {
-            let _runtime = rt.enter();
-            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-        };
-        let stop = stop.clone();
-        rt.spawn(async move {
-            let (Ok(mut term), Ok(mut int)) = handlers else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-    }
-
-    // The first gc waits one interval: ingestion looks at what is there first (a ring it
-    // refuses is counted as refused before gc may remove it).
-    {
-        use std::os::fd::AsRawFd;
-        let (rings, bytes) = vramhook_protocol::ringdir::read_gc_record(ring_dir_fd.as_raw_fd());
-        stats.rings_gc_removed.store(rings, Ordering::Relaxed);
-        stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
-    }
-    {
-        let (stats, stop) = (stats.clone(), stop.clone());
-        rt.spawn(async move {
-            let dir = Arc::new(ring_dir_fd);
-            let mut tick = tokio::time::interval(GC_INTERVAL);
-            tick.tick().await;
-            while !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
-                let (dir, stats) = (dir.clone(), stats.clone());
-                let _ = tokio::task::spawn_blocking(move || collect_garbage(&dir, &stats)).await;
-            }
-        });
-    }
+    watch_signals(&rt, &stop);
+    start_gc(&rt, ring_dir_fd, &stats, &stop);
     eprintln!("vramhook agent: draining rings in {ring_dir}");
     let links = ingest::IngestLinks {
         stats: stats.clone(),
@@ -257,6 +190,99 @@ pub fn run(cfg: AgentConfig, stop: Arc<AtomicBool>) -> Result<(), AgentError> {
     }
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// The ring directory as the rules say (parent 1777 sticky, ours 0700, no symlink),
+/// or a clear refusal.
+fn open_ring_dir(cfg: &AgentConfig) -> Result<std::os::fd::OwnedFd, AgentError> {
+    // A root agent may drain another user's directory, `<parent>/<uid>` as under
+    // /dev/shm/vramhook, under that user's rules; its own it makes or repairs.
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let owner = vramhook_protocol::ringdir::expected_owner(&cfg.ingest.ring_dir, euid);
+    if owner == euid {
+        vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, euid)
+    } else {
+        vramhook_protocol::ringdir::open_ring_dir(&cfg.ingest.ring_dir, owner)
+    }
+    .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })
+}
+
+/// The model from the newest capture checkpoint, where asked for.
+fn recover(cfg: &AgentConfig) -> Option<capture::Recovered> {
+    let recovered = match (&cfg.capture, cfg.recover) {
+        (Some(c), true) => capture::recover(&c.dir),
+        _ => None,
+    };
+    if let Some(r) = &recovered {
+        eprintln!(
+            "vramhook agent: recovered the model from {} ({} events after its last checkpoint)",
+            r.file.display(),
+            r.events
+        );
+    }
+    recovered
+}
+
+/// Serves `/metrics` and the state API on `addr`.
+fn serve_http(rt: &tokio::runtime::Runtime, addr: SocketAddr, state: http::HttpState) -> Result<(), AgentError> {
+    let listener =
+        rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|source| AgentError::Listen { addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!("vramhook agent: listening on {local}");
+    rt.spawn(http::serve(listener, state));
+    Ok(())
+}
+
+/// Sets `stop` on SIGTERM or SIGINT.
+fn watch_signals(rt: &tokio::runtime::Runtime, stop: &Arc<AtomicBool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    // The handlers are installed here, not in the task: a task not yet polled left
+    // SIGTERM's default action in place, and a SIGTERM soon after start killed the agent
+    // with its capture unflushed (seen under load in the restart test).
+    let handlers = {
+        let _runtime = rt.enter();
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    };
+    let stop = stop.clone();
+    rt.spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
+/// The ring gc, every `GC_INTERVAL` until `stop`, its earlier removals counted first.
+fn start_gc(
+    rt: &tokio::runtime::Runtime,
+    ring_dir_fd: std::os::fd::OwnedFd,
+    stats: &Arc<stats::AgentStats>,
+    stop: &Arc<AtomicBool>,
+) {
+    // The first gc waits one interval: ingestion looks at what is there first (a ring it
+    // refuses is counted as refused before gc may remove it).
+    {
+        use std::os::fd::AsRawFd;
+        let (rings, bytes) = vramhook_protocol::ringdir::read_gc_record(ring_dir_fd.as_raw_fd());
+        stats.rings_gc_removed.store(rings, Ordering::Relaxed);
+        stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
+    }
+    let (stats, stop) = (stats.clone(), stop.clone());
+    rt.spawn(async move {
+        let dir = Arc::new(ring_dir_fd);
+        let mut tick = tokio::time::interval(GC_INTERVAL);
+        tick.tick().await;
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let (dir, stats) = (dir.clone(), stats.clone());
+            let _ = tokio::task::spawn_blocking(move || collect_garbage(&dir, &stats)).await;
+        }
+    });
 }
 
 /// `VRAMHOOK_STREAM_BYTES`: the device bytes the driver keeps per stream, which the model

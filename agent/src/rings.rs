@@ -379,156 +379,181 @@ impl RingSource {
     pub fn poll(&mut self, sink: &mut dyn FnMut(SourceItem<'_>)) -> PollSummary {
         let mut summary = PollSummary::default();
         self.generation += 1;
-        let (generation, deferred) = (self.generation, self.deferred_commit);
         if self.auto_discover {
             summary.opened = self.discover();
         }
         let now = std::time::Instant::now();
-        let liveness_interval = self.liveness_interval;
         let keys: Vec<RingKey> = self.rings.keys().copied().collect();
-        'rings: for key in keys {
-            let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
-            let Some(t) = self.rings.get_mut(&key) else { continue };
-            if !t.announced {
-                t.announced = true;
-                sink(SourceItem::Process(&t.info));
-            }
-            let counters = t.ring.reader.counters();
-            let alive = match t.checked {
-                // A ring marked exited is looked up every poll until its process is gone.
-                Some((at, alive))
-                    if !liveness_interval.is_zero()
-                        && now.duration_since(at) < liveness_interval
-                        && !counters.exited =>
-                {
-                    alive
-                }
-                _ => {
-                    let alive = process_alive(key.0, key.1);
-                    t.checked = Some((now, alive));
-                    alive
-                }
-            };
-            let writer_gone = superseded || (counters.exited && self.trust_exit_mark) || !alive;
-            if let Err(reason) = t.ring.reader.check_claims(max_plausible_events()) {
-                // (A file cut under the map reads as zeros, which no writer leaves either.)
-                let reason = match t.ring.shrank() {
-                    Some(at) => cut_reason(at, t.ring.mapped_len()),
-                    None => reason,
-                };
-                self.close_hostile(key, writer_gone, reason, sink, &mut summary);
-                continue;
-            }
-            // A ring whose writer is gone is drained to its end in this poll (at most one
-            // lap, which the claims check bounds), so that its process is closed in the
-            // same poll it was last read: a process that is gone never looks alive.
-            let Some(t) = self.rings.get_mut(&key) else { continue };
-            let max_rounds = t.ring.mapped_len() / vramhook_protocol::record::RECORD_SIZE / self.batch_limit.max(1) + 2;
-            let mut rounds = 0;
-            loop {
-                let Some(t) = self.rings.get_mut(&key) else { continue 'rings };
-                self.batch.clear();
-                let batch = &mut self.batch;
-                let (pid, start) = (t.writer_pid, key.1);
-                let (host_pid, host_ppid) = (key.0, t.host_ppid);
-                let mut foreign = 0u64;
-                t.ring.reader.auto_commit = !deferred;
-                t.ring.reader.set_generation(generation);
-                let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
-                    // An event is the ring's verified writer's, whatever pid it names: one that
-                    // names another process (or another start of this pid) is refused, and so
-                    // is an NVML sample, which only a reader writes (never a traced process).
-                    let kind = EventKind::from_code(e.kind);
-                    if e.pid != pid
-                        || (kind == Some(EventKind::ProcessStart) && e.aux != start)
-                        || kind == Some(EventKind::GpuProcess)
-                    {
-                        foreign += 1;
-                    } else if host_pid != pid {
-                        // From the writer's pid namespace into this reader's.
-                        let mut e = e;
-                        e.pid = host_pid;
-                        if kind == Some(EventKind::ProcessStart) {
-                            e.addr = u64::from(host_ppid);
-                        }
-                        batch.push(e);
-                    } else {
-                        batch.push(e);
-                    }
-                });
-                if let Some(at) = t.ring.shrank() {
-                    // Cut while mapped: what was read before the cut is handed on; the rest is
-                    // gone. The ring is closed; the map now reads zeros, never SIGBUS.
-                    if !self.batch.is_empty() {
-                        sink(SourceItem::Events(&self.batch));
-                    }
-                    let reason = cut_reason(at, t.ring.mapped_len());
-                    self.close_hostile(key, writer_gone, reason, sink, &mut summary);
-                    continue 'rings;
-                }
-                // Slot accounting: every slot behind the cursor was delivered (now or before a
-                // restart, as recorded), lost in flight, malformed, or taken by an earlier
-                // reader that died before its events were recorded. The reader may consume
-                // ahead of its cursor, so `position - accounted` is a lower bound of the last
-                // kind, exact whenever the reader has caught up: report its growth as a
-                // `Dropped` marker (aux = slots), so nothing is lost silently.
-                t.accounted = t
-                    .accounted
-                    .saturating_add(stats.delivered)
-                    .saturating_add(stats.lost_in_flight)
-                    .saturating_add(stats.malformed);
-                let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
-                if unexplained > t.lost_reported {
-                    let skipped = unexplained - t.lost_reported;
-                    t.lost_reported = unexplained;
-                    batch.push(Event {
-                        seq: t.ring.reader.position(),
-                        ts_ns: vramhook_protocol::clock::monotonic_ns(),
-                        pid: key.0,
-                        kind: EventKind::Dropped.code(),
-                        api: Api::Interposer.code(),
-                        device: -1,
-                        size: skipped,
-                        aux: skipped,
-                        ..Event::default()
-                    });
-                    t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(skipped);
-                    summary.skipped = summary.skipped.saturating_add(skipped);
-                }
-                let delivered = stats.delivered.saturating_sub(foreign);
-                let malformed = stats.malformed.saturating_add(foreign);
-                t.end.delivered = t.end.delivered.saturating_add(delivered);
-                t.end.dropped = t.end.dropped.saturating_add(stats.dropped.saturating_sub(stats.lost_in_flight));
-                t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(stats.lost_in_flight);
-                t.end.malformed = t.end.malformed.saturating_add(malformed);
-                t.end.hook_misses = counters.hook_misses;
-                summary.delivered = summary.delivered.saturating_add(delivered);
-                summary.malformed = summary.malformed.saturating_add(malformed);
-                summary.foreign = summary.foreign.saturating_add(foreign);
-                summary.duplicates = summary.duplicates.saturating_add(stats.duplicates);
-                summary.dropped = summary.dropped.saturating_add(stats.dropped);
-                if !self.batch.is_empty() {
-                    sink(SourceItem::Events(&self.batch));
-                }
-                rounds += 1;
-                if !writer_gone || t.ring.reader.pending() == 0 || rounds >= max_rounds {
-                    break;
-                }
-            }
-            let Some(t) = self.rings.get_mut(&key) else { continue };
-            if writer_gone && t.ring.reader.pending() == 0 {
-                if let Some(t) = self.take_ring(key) {
-                    let mut end = t.end;
-                    end.exit_status = self.exit_statuses.get(&key.0).copied();
-                    end.ts_ns = vramhook_protocol::clock::monotonic_ns();
-                    drop(t.ring);
-                    self.remove_ring_file(&t.name, t.ident);
-                    sink(SourceItem::End(end));
-                    summary.closed += 1;
-                }
-            }
+        for key in keys {
+            self.poll_ring(key, now, sink, &mut summary);
         }
         summary
+    }
+
+    /// Announces, checks and drains one open ring, and closes it when its writer is gone
+    /// and its events are all read.
+    fn poll_ring(
+        &mut self,
+        key: RingKey,
+        now: std::time::Instant,
+        sink: &mut dyn FnMut(SourceItem<'_>),
+        summary: &mut PollSummary,
+    ) {
+        let liveness_interval = self.liveness_interval;
+        let superseded = self.rings.range((key.0, key.1, key.2 + 1)..=(key.0, key.1, u64::MAX)).next().is_some();
+        let Some(t) = self.rings.get_mut(&key) else { return };
+        if !t.announced {
+            t.announced = true;
+            sink(SourceItem::Process(&t.info));
+        }
+        let counters = t.ring.reader.counters();
+        let alive = match t.checked {
+            // A ring marked exited is looked up every poll until its process is gone.
+            Some((at, alive))
+                if !liveness_interval.is_zero() && now.duration_since(at) < liveness_interval && !counters.exited =>
+            {
+                alive
+            }
+            _ => {
+                let alive = process_alive(key.0, key.1);
+                t.checked = Some((now, alive));
+                alive
+            }
+        };
+        let writer_gone = superseded || (counters.exited && self.trust_exit_mark) || !alive;
+        if let Err(reason) = t.ring.reader.check_claims(max_plausible_events()) {
+            // (A file cut under the map reads as zeros, which no writer leaves either.)
+            let reason = match t.ring.shrank() {
+                Some(at) => cut_reason(at, t.ring.mapped_len()),
+                None => reason,
+            };
+            self.close_hostile(key, writer_gone, reason, sink, summary);
+            return;
+        }
+        // A ring whose writer is gone is drained to its end in this poll (at most one
+        // lap, which the claims check bounds), so that its process is closed in the
+        // same poll it was last read: a process that is gone never looks alive.
+        let max_rounds = t.ring.mapped_len() / vramhook_protocol::record::RECORD_SIZE / self.batch_limit.max(1) + 2;
+        let mut rounds = 0;
+        loop {
+            let Some(pending) = self.drain_round(key, writer_gone, counters.hook_misses, sink, summary) else {
+                return;
+            };
+            rounds += 1;
+            if !writer_gone || pending == 0 || rounds >= max_rounds {
+                break;
+            }
+        }
+        let Some(t) = self.rings.get_mut(&key) else { return };
+        if writer_gone && t.ring.reader.pending() == 0 {
+            if let Some(t) = self.take_ring(key) {
+                let mut end = t.end;
+                end.exit_status = self.exit_statuses.get(&key.0).copied();
+                end.ts_ns = vramhook_protocol::clock::monotonic_ns();
+                drop(t.ring);
+                self.remove_ring_file(&t.name, t.ident);
+                sink(SourceItem::End(end));
+                summary.closed += 1;
+            }
+        }
+    }
+
+    /// Reads one batch of a ring and hands it on, with the slots it accounts for. Returns
+    /// the events still pending in the ring, or `None` where the ring is gone or closed.
+    fn drain_round(
+        &mut self,
+        key: RingKey,
+        writer_gone: bool,
+        hook_misses: u64,
+        sink: &mut dyn FnMut(SourceItem<'_>),
+        summary: &mut PollSummary,
+    ) -> Option<u64> {
+        let (generation, deferred) = (self.generation, self.deferred_commit);
+        let t = self.rings.get_mut(&key)?;
+        self.batch.clear();
+        let batch = &mut self.batch;
+        let (pid, start) = (t.writer_pid, key.1);
+        let (host_pid, host_ppid) = (key.0, t.host_ppid);
+        let mut foreign = 0u64;
+        t.ring.reader.auto_commit = !deferred;
+        t.ring.reader.set_generation(generation);
+        let stats = t.ring.reader.poll(self.batch_limit, writer_gone, |e| {
+            // An event is the ring's verified writer's, whatever pid it names: one that
+            // names another process (or another start of this pid) is refused, and so
+            // is an NVML sample, which only a reader writes (never a traced process).
+            let kind = EventKind::from_code(e.kind);
+            if e.pid != pid
+                || (kind == Some(EventKind::ProcessStart) && e.aux != start)
+                || kind == Some(EventKind::GpuProcess)
+            {
+                foreign += 1;
+            } else if host_pid != pid {
+                // From the writer's pid namespace into this reader's.
+                let mut e = e;
+                e.pid = host_pid;
+                if kind == Some(EventKind::ProcessStart) {
+                    e.addr = u64::from(host_ppid);
+                }
+                batch.push(e);
+            } else {
+                batch.push(e);
+            }
+        });
+        if let Some(at) = t.ring.shrank() {
+            // Cut while mapped: what was read before the cut is handed on; the rest is
+            // gone. The ring is closed; the map now reads zeros, never SIGBUS.
+            if !self.batch.is_empty() {
+                sink(SourceItem::Events(&self.batch));
+            }
+            let reason = cut_reason(at, t.ring.mapped_len());
+            self.close_hostile(key, writer_gone, reason, sink, summary);
+            return None;
+        }
+        // Slot accounting: every slot behind the cursor was delivered (now or before a
+        // restart, as recorded), lost in flight, malformed, or taken by an earlier
+        // reader that died before its events were recorded. The reader may consume
+        // ahead of its cursor, so `position - accounted` is a lower bound of the last
+        // kind, exact whenever the reader has caught up: report its growth as a
+        // `Dropped` marker (aux = slots), so nothing is lost silently.
+        t.accounted = t
+            .accounted
+            .saturating_add(stats.delivered)
+            .saturating_add(stats.lost_in_flight)
+            .saturating_add(stats.malformed);
+        let unexplained = t.ring.reader.position().saturating_sub(t.accounted);
+        if unexplained > t.lost_reported {
+            let skipped = unexplained - t.lost_reported;
+            t.lost_reported = unexplained;
+            batch.push(Event {
+                seq: t.ring.reader.position(),
+                ts_ns: vramhook_protocol::clock::monotonic_ns(),
+                pid: key.0,
+                kind: EventKind::Dropped.code(),
+                api: Api::Interposer.code(),
+                device: -1,
+                size: skipped,
+                aux: skipped,
+                ..Event::default()
+            });
+            t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(skipped);
+            summary.skipped = summary.skipped.saturating_add(skipped);
+        }
+        let delivered = stats.delivered.saturating_sub(foreign);
+        let malformed = stats.malformed.saturating_add(foreign);
+        t.end.delivered = t.end.delivered.saturating_add(delivered);
+        t.end.dropped = t.end.dropped.saturating_add(stats.dropped.saturating_sub(stats.lost_in_flight));
+        t.end.lost_in_flight = t.end.lost_in_flight.saturating_add(stats.lost_in_flight);
+        t.end.malformed = t.end.malformed.saturating_add(malformed);
+        t.end.hook_misses = hook_misses;
+        summary.delivered = summary.delivered.saturating_add(delivered);
+        summary.malformed = summary.malformed.saturating_add(malformed);
+        summary.foreign = summary.foreign.saturating_add(foreign);
+        summary.duplicates = summary.duplicates.saturating_add(stats.duplicates);
+        summary.dropped = summary.dropped.saturating_add(stats.dropped);
+        if !self.batch.is_empty() {
+            sink(SourceItem::Events(&self.batch));
+        }
+        Some(t.ring.reader.pending())
     }
 
     /// Closes an open ring whose writer did something no writer can do (claims beyond
@@ -741,74 +766,12 @@ impl RingSource {
     }
 
     fn open(&self, _path: &Path, key: RingKey) -> Result<Option<Tracked>, OpenError> {
-        let Some(dir) = &self.dir_fd else { return Err(OpenError::NotReady) };
-        let file = match open_ring_file(dir, &ring_name(key)) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
-            Err(e) => return Err(OpenError::Refuse(format!("cannot open: {e}"))),
-        };
-        let meta = file.metadata().map_err(|e| OpenError::Refuse(e.to_string()))?;
-        if !meta.file_type().is_file() {
-            return Err(OpenError::Refuse("not a regular file".into()));
-        }
-        // Who may write rings here: ourselves, or for root the owner of the directory.
-        let expected = if self.euid != 0 { self.euid } else { self.dir_uid };
-        if meta.uid() != expected {
-            return Err(OpenError::Refuse(format!(
-                "ring owned by uid {}, not by uid {expected} (the {})",
-                meta.uid(),
-                if self.euid != 0 { "reader" } else { "directory's owner" }
-            )));
-        }
+        let (file, meta) = self.open_file(key)?;
         let ident = (meta.dev(), meta.ino());
         if self.skip_run_rings {
-            match peek_header(&file) {
-                Peek::NotReady => return Err(OpenError::NotReady),
-                Peek::Plain => {}
-                // Listed only when the header names the process its file name does (the
-                // file's owner was checked above); either way it is left alone.
-                Peek::Run { pid, start_time, pid_ns, exe, cmdline } if (pid, start_time) == (key.0, key.1) => {
-                    let command = if cmdline.is_empty() { exe.clone() } else { cmdline.join(" ") };
-                    let other_ns = pid_ns != 0 && self.own_pid_ns != 0 && pid_ns != self.own_pid_ns;
-                    return Err(OpenError::RunRing(Box::new(RunRing {
-                        listed: RecordedByRun {
-                            pid,
-                            start_time,
-                            exe: printable(&exe, 1024),
-                            command: printable(&command, 1024),
-                            run_pid: None,
-                        },
-                        ident,
-                        other_ns,
-                        since: std::time::Instant::now(),
-                        announced: false,
-                    })));
-                }
-                Peek::Run { .. } => return Err(OpenError::Ignore),
-            }
+            self.leave_run_ring(&file, key, ident)?;
         }
-        let ring = match MappedRing::from_file(file, self.tsc, self.max_ring_bytes) {
-            Ok(Some(ring)) => ring,
-            // Another reader holds it (a `vramhook run`, or a gc about to remove it): look again
-            // later rather than never, in case it lets go without removing it.
-            Ok(None) => return Err(OpenError::NotReady),
-            Err(RingError::NotReady) => return Err(OpenError::NotReady),
-            Err(RingError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
-            // The writer creates the file, then sizes it: a scan may see it empty. Wait
-            // while the process it names lives; what it left unsized when gone is refused.
-            Err(RingError::TooSmall(_)) if process_alive(key.0, key.1) => return Err(OpenError::NotReady),
-            // Never silently: counted per owner (the agent's state, `/metrics`, `top`) and
-            // refused with the setting that takes it.
-            Err(RingError::TooLarge { len, max }) => {
-                crate::stats::note_too_large(meta.uid(), len, max);
-                return Err(OpenError::Refuse(format!(
-                    "ring file is {len} bytes, more than the {max} bytes this reader takes: its process is not \
-                     traced (--max-ring-mib {} takes it)",
-                    crate::stats::max_ring_mib_for(len)
-                )));
-            }
-            Err(e) => return Err(OpenError::Refuse(e.to_string())),
-        };
+        let ring = self.map_file(file, &meta, key)?;
         let info = ring.reader.info().clone();
         if let Some(run_id) = self.filter.run_id {
             if info.run_id != run_id {
@@ -828,6 +791,120 @@ impl RingSource {
         if info.pid != key.0 || info.start_time != key.1 {
             return Err(OpenError::Refuse("ring header does not match its file name".into()));
         }
+        let (pid, other_ns) = self.writer_here(&ring, key, owner)?;
+        let host_pid = pid.unwrap_or(key.0);
+        let host_ppid = match pid {
+            Some(p) if other_ns => proc_ppid(p).unwrap_or(0),
+            _ => info.ppid,
+        };
+        let process = ProcessInfo {
+            pid: host_pid,
+            ppid: host_ppid,
+            uid: info.uid,
+            start_time: info.start_time,
+            run_id: info.run_id,
+            exe: info.exe.clone(),
+            cmdline: info.cmdline.clone(),
+        };
+        Ok(Some(Tracked {
+            ring,
+            end: ProcessEnd { pid: host_pid, start_time: info.start_time, ..ProcessEnd::default() },
+            info: process,
+            image: key.2,
+            announced: false,
+            checked: None,
+            accounted: 0,
+            lost_reported: 0,
+            ident,
+            name: ring_name(key),
+            writer_pid: info.pid,
+            host_ppid,
+        }))
+    }
+
+    /// Opens the ring's file: a regular file owned by whoever may write rings here.
+    fn open_file(&self, key: RingKey) -> Result<(std::fs::File, std::fs::Metadata), OpenError> {
+        let Some(dir) = &self.dir_fd else { return Err(OpenError::NotReady) };
+        let file = match open_ring_file(dir, &ring_name(key)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(OpenError::Ignore),
+            Err(e) => return Err(OpenError::Refuse(format!("cannot open: {e}"))),
+        };
+        let meta = file.metadata().map_err(|e| OpenError::Refuse(e.to_string()))?;
+        if !meta.file_type().is_file() {
+            return Err(OpenError::Refuse("not a regular file".into()));
+        }
+        // Who may write rings here: ourselves, or for root the owner of the directory.
+        let expected = if self.euid != 0 { self.euid } else { self.dir_uid };
+        if meta.uid() != expected {
+            return Err(OpenError::Refuse(format!(
+                "ring owned by uid {}, not by uid {expected} (the {})",
+                meta.uid(),
+                if self.euid != 0 { "reader" } else { "directory's owner" }
+            )));
+        }
+        Ok((file, meta))
+    }
+
+    /// With `skip_run_rings`: a ring that a `vramhook run` session records is left alone
+    /// (listed, an error carrying it), and so is one not ready to tell.
+    fn leave_run_ring(&self, file: &std::fs::File, key: RingKey, ident: (u64, u64)) -> Result<(), OpenError> {
+        match peek_header(file) {
+            Peek::NotReady => Err(OpenError::NotReady),
+            Peek::Plain => Ok(()),
+            // Listed only when the header names the process its file name does (the
+            // file's owner was checked above); either way it is left alone.
+            Peek::Run { pid, start_time, pid_ns, exe, cmdline } if (pid, start_time) == (key.0, key.1) => {
+                let command = if cmdline.is_empty() { exe.clone() } else { cmdline.join(" ") };
+                let other_ns = pid_ns != 0 && self.own_pid_ns != 0 && pid_ns != self.own_pid_ns;
+                Err(OpenError::RunRing(Box::new(RunRing {
+                    listed: RecordedByRun {
+                        pid,
+                        start_time,
+                        exe: printable(&exe, 1024),
+                        command: printable(&command, 1024),
+                        run_pid: None,
+                    },
+                    ident,
+                    other_ns,
+                    since: std::time::Instant::now(),
+                    announced: false,
+                })))
+            }
+            Peek::Run { .. } => Err(OpenError::Ignore),
+        }
+    }
+
+    /// Maps the ring, or says why not (yet).
+    fn map_file(&self, file: std::fs::File, meta: &std::fs::Metadata, key: RingKey) -> Result<MappedRing, OpenError> {
+        match MappedRing::from_file(file, self.tsc, self.max_ring_bytes) {
+            Ok(Some(ring)) => Ok(ring),
+            // Another reader holds it (a `vramhook run`, or a gc about to remove it): look again
+            // later rather than never, in case it lets go without removing it.
+            Ok(None) => Err(OpenError::NotReady),
+            Err(RingError::NotReady) => Err(OpenError::NotReady),
+            Err(RingError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Err(OpenError::Ignore),
+            // The writer creates the file, then sizes it: a scan may see it empty. Wait
+            // while the process it names lives; what it left unsized when gone is refused.
+            Err(RingError::TooSmall(_)) if process_alive(key.0, key.1) => Err(OpenError::NotReady),
+            // Never silently: counted per owner (the agent's state, `/metrics`, `top`) and
+            // refused with the setting that takes it.
+            Err(RingError::TooLarge { len, max }) => {
+                crate::stats::note_too_large(meta.uid(), len, max);
+                Err(OpenError::Refuse(format!(
+                    "ring file is {len} bytes, more than the {max} bytes this reader takes: its process is not \
+                     traced (--max-ring-mib {} takes it)",
+                    crate::stats::max_ring_mib_for(len)
+                )))
+            }
+            Err(e) => Err(OpenError::Refuse(e.to_string())),
+        }
+    }
+
+    /// The ring's writer as this reader sees it: its pid here (`None`: not found in its
+    /// namespace) and whether it is in another pid namespace; refused where a live process
+    /// of that pid is not the one the ring names.
+    fn writer_here(&self, ring: &MappedRing, key: RingKey, owner: u32) -> Result<(Option<u32>, bool), OpenError> {
         // A writer in another pid namespace (a container) names itself by its pid there:
         // find it here, by its namespace, that pid and its start time. Not found, it is
         // gone (or out of this reader's sight): drained as a process that is gone, under the
@@ -859,34 +936,7 @@ impl RingSource {
                 Err(_) => {} // gone since: drained as a process that is gone
             }
         }
-        let host_pid = pid.unwrap_or(key.0);
-        let host_ppid = match pid {
-            Some(p) if other_ns => proc_ppid(p).unwrap_or(0),
-            _ => info.ppid,
-        };
-        let process = ProcessInfo {
-            pid: host_pid,
-            ppid: host_ppid,
-            uid: info.uid,
-            start_time: info.start_time,
-            run_id: info.run_id,
-            exe: info.exe.clone(),
-            cmdline: info.cmdline.clone(),
-        };
-        Ok(Some(Tracked {
-            ring,
-            end: ProcessEnd { pid: host_pid, start_time: info.start_time, ..ProcessEnd::default() },
-            info: process,
-            image: key.2,
-            announced: false,
-            checked: None,
-            accounted: 0,
-            lost_reported: 0,
-            ident,
-            name: ring_name(key),
-            writer_pid: info.pid,
-            host_ppid,
-        }))
+        Ok((pid, other_ns))
     }
 
     /// Image number (exec count) of an open ring, for diagnostics.

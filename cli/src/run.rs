@@ -492,39 +492,134 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     let lib = find_interposer()?;
     let run_id = random_run_id();
     let ring_dir = run.ring_dir.map(Path::to_path_buf).unwrap_or_else(default_ring_dir);
-    // The ring directory as the rules say (parent 1777 sticky, ours 0700), or a clear
-    // refusal; then what the gc rules remove (rings of gone processes), before we add ours.
-    let ring_dir_fd = {
-        use vramhook_protocol::ringdir;
-        // SAFETY: geteuid has no preconditions.
-        let uid = unsafe { libc::geteuid() };
-        let dir = ringdir::make_ring_dir(&ring_dir, uid)
-            .map_err(|e| anyhow::anyhow!("refusing ring directory {}: {e}", ring_dir.display()))?;
-        collect_garbage(&dir);
-        dir
-    };
+    let ring_dir_fd = prepare_ring_dir(&ring_dir)?;
     let tsc = TscClock::calibrate(Duration::from_millis(10));
-    let mut recorder = Recorder::new(run.record)?;
-    let mut source = RingSource::new(&ring_dir, RingFilter { run_id: Some(run_id) }, tsc);
-    // Asked for here, or inherited from the environment (the interposer reads it too).
-    let inherited = std::env::var("VRAMHOOK_RING_SLOTS").ok().and_then(|v| v.trim().parse::<u64>().ok());
-    if let Some(slots) = run.ring_slots.or(inherited) {
-        // Rings as big as asked for are taken (two lanes' rounding to spare).
-        let asked = (slots.max(1) as u128 * 64 * 2 + 4096 * 2).min(u64::MAX as u128) as u64;
-        source.max_ring_bytes = source.max_ring_bytes.max(asked);
-    }
+    let recorder = Recorder::new(run.record)?;
+    let source = run_source(&ring_dir, run_id, run.ring_slots, tsc);
 
     // Become the reaper of orphaned descendants, so that we see every one of them exit.
     // SAFETY: prctl with constant arguments.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let (program, mut cmd) = command(&run, &lib, run_id)?;
+    // Before the spawn, so that no signal finds us without a handler (the command starts
+    // with the default dispositions: exec resets caught signals).
+    install_signal_handlers();
+    let mut forwarder = Forwarder { sentinel: Sentinel::spawn(), credit: Vec::new() };
+    let sentinel_pid = forwarder.sentinel.as_ref().map_or(0, |s| s.pid);
+    let child = cmd.spawn().with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
+    // NVML's per-process usage into the capture: periodic, and after each failure.
+    let nvml = Feed::spawn(nvml, "vramhook", false);
+    let child_pid = child.id() as i32;
+    drop(child); // reaped below with waitpid(-1), together with every descendant
+
+    let mut d = RunDrain {
+        ring_dir: &ring_dir,
+        source,
+        recorder,
+        nvml,
+        child_pid,
+        sentinel_pid,
+        exit_code: None,
+        child_signal: None,
+        statuses: BTreeMap::new(),
+        held: Vec::new(),
+        descendants_left: true,
+    };
+    // Drained like the agent drains (ingest.rs): no sleep while events flow; liveness
+    // looked up in /proc at most every 100 ms per ring (a ring marked exited is looked up
+    // every poll); the directory scanned at most every 10 ms while busy. The batch per ring
+    // stays the source's default (65,536): a lane cut short by a small batch while another
+    // lane is read up to the time watermark lets a later poll deliver events older than
+    // ones already delivered, and a free on one thread can then come before the alloc on
+    // another that it follows (seen under load with 4,096: `trace::sixteen_threads_hammering`).
+    d.source.liveness_interval = Duration::from_millis(100);
+    d.source.auto_discover = false;
+    let discover_every = Duration::from_millis(10);
+    let mut last_discover = Instant::now() - discover_every;
+    let mut idle = Duration::ZERO;
+    let mut last_report = Instant::now();
+    loop {
+        if d.exit_code.is_none() {
+            forwarder.forward(child_pid);
+        } else {
+            // The command is reaped: nothing to pass signals on to (its pid may be reused).
+            forwarder.sentinel = None;
+        }
+        d.reap_exited();
+        d.release_held();
+        if last_discover.elapsed() >= discover_every || !idle.is_zero() {
+            last_discover = Instant::now();
+            d.source.discover_now();
+        }
+        let delivered = d.poll();
+        if d.all_done() {
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(1) {
+            d.recorder.flush();
+            last_report = Instant::now();
+        }
+        // Straight on while events flow, 1 ms after a trickle, backing off to 10 ms when
+        // idle. "Flowing" is not "a poll came back full" (the agent's test): the batch is
+        // split over a ring's lanes, so a process writing on one lane of two never fills
+        // it, and a 1 ms sleep after each poll capped a one-thread process at ~2,000
+        // events/ms: it dropped a third of its events with the reader on a core of its own.
+        idle = if delivered >= BUSY_POLL {
+            Duration::ZERO
+        } else if delivered > 0 {
+            Duration::from_millis(1)
+        } else {
+            (idle * 2).clamp(Duration::from_millis(1), Duration::from_millis(10))
+        };
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
+        }
+    }
+    d.finish();
+    let RunDrain { source, recorder, nvml: _nvml, exit_code, child_signal, .. } = d;
+    // Our descendants' rings are drained and their processes gone: removed now (the
+    // source's locks released first), so nothing accumulates across runs.
+    drop(source);
+    collect_garbage(&ring_dir_fd);
+    Ok(RunOutcome { exit_code: exit_code.unwrap_or(1), signal: child_signal, recorder })
+}
+
+/// The ring directory as the rules say (parent 1777 sticky, ours 0700), or a clear
+/// refusal; then what the gc rules remove (rings of gone processes), before we add ours.
+fn prepare_ring_dir(ring_dir: &Path) -> Result<OwnedFd> {
+    use vramhook_protocol::ringdir;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let dir = ringdir::make_ring_dir(ring_dir, uid)
+        .map_err(|e| anyhow::anyhow!("refusing ring directory {}: {e}", ring_dir.display()))?;
+    collect_garbage(&dir);
+    Ok(dir)
+}
+
+/// The source of this run's rings (those stamped with `run_id`), taking rings as big as
+/// the run asked for.
+fn run_source(ring_dir: &Path, run_id: u64, ring_slots: Option<u64>, tsc: Option<TscClock>) -> RingSource {
+    let mut source = RingSource::new(ring_dir, RingFilter { run_id: Some(run_id) }, tsc);
+    // Asked for here, or inherited from the environment (the interposer reads it too).
+    let inherited = std::env::var("VRAMHOOK_RING_SLOTS").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(slots) = ring_slots.or(inherited) {
+        // Rings as big as asked for are taken (two lanes' rounding to spare).
+        let asked = (slots.max(1) as u128 * 64 * 2 + 4096 * 2).min(u64::MAX as u128) as u64;
+        source.max_ring_bytes = source.max_ring_bytes.max(asked);
+    }
+    source
+}
+
+/// The command to run, with the interposer preloaded and the run's environment.
+fn command<'r>(run: &'r TracedRun<'_>, lib: &Path, run_id: u64) -> Result<(&'r OsString, std::process::Command)> {
     let preload = match std::env::var_os("LD_PRELOAD") {
         Some(existing) if !existing.is_empty() => {
-            let mut v = lib.clone().into_os_string();
+            let mut v = lib.to_path_buf().into_os_string();
             v.push(":");
             v.push(existing);
             v
         }
-        _ => lib.clone().into_os_string(),
+        _ => lib.to_path_buf().into_os_string(),
     };
     let (program, args) = run.program.split_first().context("no command given")?;
     let mut cmd = std::process::Command::new(program);
@@ -550,88 +645,78 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
     for (k, v) in &run.envs {
         cmd.env(k, v);
     }
-    // Before the spawn, so that no signal finds us without a handler (the command starts
-    // with the default dispositions: exec resets caught signals).
-    install_signal_handlers();
-    let mut forwarder = Forwarder { sentinel: Sentinel::spawn(), credit: Vec::new() };
-    let sentinel_pid = forwarder.sentinel.as_ref().map_or(0, |s| s.pid);
-    let child = cmd.spawn().with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
-    // NVML's per-process usage into the capture: periodic, and after each failure.
-    let mut nvml = Feed::spawn(nvml, "vramhook", false);
-    let child_pid = child.id() as i32;
-    drop(child); // reaped below with waitpid(-1), together with every descendant
+    Ok((program, cmd))
+}
 
-    // Drained like the agent drains (ingest.rs): no sleep while events flow; liveness
-    // looked up in /proc at most every 100 ms per ring (a ring marked exited is looked up
-    // every poll); the directory scanned at most every 10 ms while busy. The batch per ring
-    // stays the source's default (65,536): a lane cut short by a small batch while another
-    // lane is read up to the time watermark lets a later poll deliver events older than
-    // ones already delivered, and a free on one thread can then come before the alloc on
-    // another that it follows (seen under load with 4,096: `trace::sixteen_threads_hammering`).
-    source.liveness_interval = Duration::from_millis(100);
-    source.auto_discover = false;
-    let discover_every = Duration::from_millis(10);
-    let mut last_discover = Instant::now() - discover_every;
+/// A traced run's drain: its rings into the recorder, with the exit status of every
+/// descendant reaped.
+struct RunDrain<'a> {
+    ring_dir: &'a Path,
+    source: RingSource,
+    recorder: Recorder,
+    nvml: Option<Feed>,
+    child_pid: i32,
+    sentinel_pid: i32,
+    exit_code: Option<i32>,
+    child_signal: Option<libc::c_int>,
+    statuses: BTreeMap<u32, i32>,
+    /// Streams of our children that ended before we reaped them: their end waits for the
+    /// exit status (so a capture's process end never lacks a status `run` knew).
+    held: Vec<ProcessEnd>,
+    descendants_left: bool,
+}
 
-    let mut exit_code = None;
-    let mut child_signal = None;
-    let mut statuses: BTreeMap<u32, i32> = BTreeMap::new();
-    // Streams of our children that ended before we reaped them: their end waits for the
-    // exit status (so a capture's process end never lacks a status `run` knew).
-    let mut held: Vec<ProcessEnd> = Vec::new();
-    let mut descendants_left = true;
-    let mut idle = Duration::ZERO;
-    let mut last_report = Instant::now();
-    loop {
-        if exit_code.is_none() {
-            forwarder.forward(child_pid);
-        } else {
-            // The command is reaped: nothing to pass signals on to (its pid may be reused).
-            forwarder.sentinel = None;
-        }
-        // Reap every descendant that has exited.
-        while descendants_left {
+impl RunDrain<'_> {
+    /// Reaps every descendant that has exited.
+    fn reap_exited(&mut self) {
+        while self.descendants_left {
             let mut status = 0;
             // SAFETY: waitpid with a valid out pointer.
             let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid > 0 && pid == sentinel_pid {
+            if pid > 0 && pid == self.sentinel_pid {
                 continue;
             } else if pid > 0 {
                 let code = wait_status_code(status);
-                source.set_exit_status(pid as u32, code);
-                recorder.note_exit_status(pid as u32, code);
-                statuses.insert(pid as u32, code);
-                if pid == child_pid {
-                    exit_code = Some(code);
-                    child_signal = term_signal(status);
+                self.source.set_exit_status(pid as u32, code);
+                self.recorder.note_exit_status(pid as u32, code);
+                self.statuses.insert(pid as u32, code);
+                if pid == self.child_pid {
+                    self.exit_code = Some(code);
+                    self.child_signal = term_signal(status);
                 }
             } else if pid == 0 {
                 break;
             } else {
-                descendants_left = false; // ECHILD: no descendant is left
+                self.descendants_left = false; // ECHILD: no descendant is left
             }
         }
-        // Held ends whose status is now known go on (all of them once no child is left).
-        for end in std::mem::take(&mut held) {
-            match statuses.get(&end.pid) {
-                Some(code) => recorder.handle(SourceItem::End(ProcessEnd { exit_status: Some(*code), ..end })),
-                None if descendants_left => held.push(end),
-                None => recorder.handle(SourceItem::End(end)),
+    }
+
+    /// Held ends whose status is now known go on (all of them once no child is left).
+    fn release_held(&mut self) {
+        for end in std::mem::take(&mut self.held) {
+            match self.statuses.get(&end.pid) {
+                Some(code) => self.recorder.handle(SourceItem::End(ProcessEnd { exit_status: Some(*code), ..end })),
+                None if self.descendants_left => self.held.push(end),
+                None => self.recorder.handle(SourceItem::End(end)),
             }
         }
-        if last_discover.elapsed() >= discover_every || !idle.is_zero() {
-            last_discover = Instant::now();
-            source.discover_now();
-        }
+    }
+
+    /// One poll of the rings into the recorder, NVML's samples after it; returns the events
+    /// delivered.
+    fn poll(&mut self) -> u64 {
+        let (statuses, exit_code, child_signal) = (&mut self.statuses, &mut self.exit_code, &mut self.child_signal);
+        let (recorder, held, ring_dir, child_pid) = (&mut self.recorder, &mut self.held, self.ring_dir, self.child_pid);
         // Reaped first, so that a closed ring's end carries the exit status.
         let mut oom = false;
-        let summary = source.poll(&mut |item| match item {
+        let summary = self.source.poll(&mut |item| match item {
             SourceItem::End(mut end) if end.exit_status.is_none() => match reap(end.pid) {
                 Reaped::Now(status) => {
                     let code = wait_status_code(status);
-                    source_statuses_note(&mut statuses, &mut exit_code, child_pid, end.pid, code);
+                    source_statuses_note(statuses, exit_code, child_pid, end.pid, code);
                     if end.pid as i32 == child_pid {
-                        child_signal = term_signal(status);
+                        *child_signal = term_signal(status);
                     }
                     recorder.note_exit_status(end.pid, code);
                     end.exit_status = Some(code);
@@ -639,7 +724,7 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
                 }
                 // An older image of a process that exec'd ends while the process runs on
                 // in its new image (whose ring is still there): no status to wait for.
-                Reaped::Later if newer_image(&ring_dir, &end) => recorder.handle(SourceItem::End(end)),
+                Reaped::Later if newer_image(ring_dir, &end) => recorder.handle(SourceItem::End(end)),
                 Reaped::Later => held.push(end),
                 Reaped::NotOurs => recorder.handle(SourceItem::End(end)),
             },
@@ -648,61 +733,46 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
                 recorder.handle(other)
             }
         });
-        if let Some(n) = &mut nvml {
-            record_samples(&mut recorder, n.poll(oom));
+        if let Some(n) = &mut self.nvml {
+            record_samples(&mut self.recorder, n.poll(oom));
         }
-        for refusal in source.take_refusals() {
+        for refusal in self.source.take_refusals() {
             eprintln!("vramhook: ignoring ring {}: {}", refusal.path.display(), refusal.reason);
         }
-        if !descendants_left && source.open_rings() == 0 {
-            // A last look for rings made just before the last process exited.
-            source.discover_now();
-            let mut oom = false;
-            source.poll(&mut |item| {
-                oom |= has_oom(&item);
-                recorder.handle(item)
-            });
-            if let Some(n) = &mut nvml {
-                record_samples(&mut recorder, n.poll(oom));
-            }
-            if source.open_rings() == 0 {
-                break;
-            }
-        }
-        if last_report.elapsed() > Duration::from_secs(1) {
-            recorder.flush();
-            last_report = Instant::now();
-        }
-        // Straight on while events flow, 1 ms after a trickle, backing off to 10 ms when
-        // idle. "Flowing" is not "a poll came back full" (the agent's test): the batch is
-        // split over a ring's lanes, so a process writing on one lane of two never fills
-        // it, and a 1 ms sleep after each poll capped a one-thread process at ~2,000
-        // events/ms: it dropped a third of its events with the reader on a core of its own.
-        idle = if summary.delivered >= BUSY_POLL {
-            Duration::ZERO
-        } else if summary.delivered > 0 {
-            Duration::from_millis(1)
-        } else {
-            (idle * 2).clamp(Duration::from_millis(1), Duration::from_millis(10))
-        };
-        if !idle.is_zero() {
-            std::thread::sleep(idle);
-        }
+        summary.delivered
     }
-    if let Some(n) = &mut nvml {
-        // The read a failure asked for, when the run ended before it came.
-        record_samples(&mut recorder, n.finish());
+
+    /// Whether every descendant is gone and every ring drained, after a last look for
+    /// rings made just before the last process exited.
+    fn all_done(&mut self) -> bool {
+        if self.descendants_left || self.source.open_rings() != 0 {
+            return false;
+        }
+        self.source.discover_now();
+        let mut oom = false;
+        let recorder = &mut self.recorder;
+        self.source.poll(&mut |item| {
+            oom |= has_oom(&item);
+            recorder.handle(item)
+        });
+        if let Some(n) = &mut self.nvml {
+            record_samples(&mut self.recorder, n.poll(oom));
+        }
+        self.source.open_rings() == 0
     }
-    for end in held.drain(..) {
-        let exit_status = statuses.get(&end.pid).copied();
-        recorder.handle(SourceItem::End(ProcessEnd { exit_status, ..end }));
+
+    /// The ends still held go out, and the capture is finished.
+    fn finish(&mut self) {
+        if let Some(n) = &mut self.nvml {
+            // The read a failure asked for, when the run ended before it came.
+            record_samples(&mut self.recorder, n.finish());
+        }
+        for end in self.held.drain(..) {
+            let exit_status = self.statuses.get(&end.pid).copied();
+            self.recorder.handle(SourceItem::End(ProcessEnd { exit_status, ..end }));
+        }
+        self.recorder.finish();
     }
-    recorder.finish();
-    // Our descendants' rings are drained and their processes gone: removed now (the
-    // source's locks released first), so nothing accumulates across runs.
-    drop(source);
-    collect_garbage(&ring_dir_fd);
-    Ok(RunOutcome { exit_code: exit_code.unwrap_or(1), signal: child_signal, recorder })
 }
 
 /// Applies the gc rules to the ring directory (rings of processes that are gone).

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEventKind, KeyModifiers};
-use ratatui::layout::{Constraint, Layout};
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
@@ -485,7 +485,6 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         Constraint::Length(1),
     ])
     .areas(f.area());
-    let bold = Style::default().add_modifier(Modifier::BOLD);
     let Some(s) = state else {
         let msg = error.unwrap_or("waiting for data…");
         f.render_widget(Paragraph::new(msg).block(Block::bordered().title(format!(" vramhook top — {label} "))), head);
@@ -503,6 +502,22 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         head,
     );
 
+    draw_devices(f, s, devs);
+    draw_processes(f, s, sort, procs);
+
+    let inner = (ooms.width.saturating_sub(2) as usize, ooms.height.saturating_sub(2) as usize);
+    let lines = oom_lines(s, inner.0, inner.1, clock);
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(format!(" recent OOMs ({} total) ", s.snapshot.incidents.len()))),
+        ooms,
+    );
+    f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+}
+
+/// The devices table.
+fn draw_devices(f: &mut Frame<'_>, s: &State, area: Rect) {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
     let rows = s.snapshot.devices.iter().map(|d| {
         Row::new(vec![
             d.ordinal.to_string(),
@@ -518,47 +533,20 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
         Table::new(rows, widths)
             .header(Row::new(["device", "total", "free", "traced", "untraced", "pool idle"]).style(bold))
             .block(Block::bordered().title(" devices ")),
-        devs,
+        area,
     );
+}
 
+/// The live processes, sorted as asked.
+fn draw_processes(f: &mut Frame<'_>, s: &State, sort: Sort, area: Rect) {
+    let bold = Style::default().add_modifier(Modifier::BOLD);
     let mut live: Vec<_> = s.snapshot.processes.iter().filter(|p| p.alive).collect();
     match sort {
         Sort::Live => live.sort_by_key(|p| std::cmp::Reverse(p.live_bytes)),
         Sort::Peak => live.sort_by_key(|p| std::cmp::Reverse(p.peak_bytes)),
         Sort::Pid => live.sort_by_key(|p| p.pid),
     }
-    let rows = live.iter().map(|p| {
-        let style =
-            if p.dropped_events > 0 || p.oom_count > 0 { Style::default().fg(Color::Yellow) } else { Style::default() };
-        let mut cells: Vec<Cell<'_>> = [
-            p.pid.to_string(),
-            match p.traced_since_ns {
-                // eBPF mode, attached while it ran: its numbers start at the attach.
-                Some(_) => format!(
-                    "{} (attached late; earlier allocations unknown)",
-                    vramhook_agent::metrics::command_label(&p.command, &p.exe)
-                ),
-                None => vramhook_agent::metrics::command_label(&p.command, &p.exe),
-            },
-            fmt_bytes(p.live_bytes),
-            fmt_bytes(p.held_bytes),
-            fmt_bytes(p.device_memory.iter().map(|m| m.releasable_bytes).sum()),
-            fmt_bytes(p.device_memory.iter().map(|m| m.stranded_bytes).sum()),
-            p.streams.to_string(),
-            fmt_bytes(p.peak_bytes),
-            p.live_allocations.to_string(),
-            fmt_bytes(p.largest_free_span),
-            format!("{:.2}", p.fragmentation),
-            framework_fragmentation(p),
-        ]
-        .into_iter()
-        .map(Cell::from)
-        .collect();
-        cells.push(fit_cell(p));
-        cells.push(Cell::from(p.oom_count.to_string()));
-        cells.push(Cell::from(p.dropped_events.to_string()));
-        Row::new(cells).style(style)
-    });
+    let rows = live.iter().map(|p| process_row(p));
     // Byte columns of 10: "138.04 GiB" (fmt_bytes stays below 1,000 of a unit but for
     // 1000..1023.99, which is cut to its first 10 characters). A lens's free cache is in
     // releasable + stranded (the cache's whole free segments, and its split blocks).
@@ -609,17 +597,42 @@ fn draw(f: &mut Frame<'_>, label: &str, state: Option<&State>, error: Option<&st
                 .style(bold),
             )
             .block(Block::bordered().title(format!(" processes ({} live, by {sort_name}) ", live.len()))),
-        procs,
+        area,
     );
+}
 
-    let inner = (ooms.width.saturating_sub(2) as usize, ooms.height.saturating_sub(2) as usize);
-    let lines = oom_lines(s, inner.0, inner.1, clock);
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(Block::bordered().title(format!(" recent OOMs ({} total) ", s.snapshot.incidents.len()))),
-        ooms,
-    );
-    f.render_widget(Paragraph::new("q quit · l sort by live · p by peak · n by pid · r refresh"), help);
+/// One live process's row: yellow where it dropped events or had an OOM.
+fn process_row(p: &vramhook_model::ProcessView) -> Row<'static> {
+    let style =
+        if p.dropped_events > 0 || p.oom_count > 0 { Style::default().fg(Color::Yellow) } else { Style::default() };
+    let mut cells: Vec<Cell<'_>> = [
+        p.pid.to_string(),
+        match p.traced_since_ns {
+            // eBPF mode, attached while it ran: its numbers start at the attach.
+            Some(_) => format!(
+                "{} (attached late; earlier allocations unknown)",
+                vramhook_agent::metrics::command_label(&p.command, &p.exe)
+            ),
+            None => vramhook_agent::metrics::command_label(&p.command, &p.exe),
+        },
+        fmt_bytes(p.live_bytes),
+        fmt_bytes(p.held_bytes),
+        fmt_bytes(p.device_memory.iter().map(|m| m.releasable_bytes).sum()),
+        fmt_bytes(p.device_memory.iter().map(|m| m.stranded_bytes).sum()),
+        p.streams.to_string(),
+        fmt_bytes(p.peak_bytes),
+        p.live_allocations.to_string(),
+        fmt_bytes(p.largest_free_span),
+        format!("{:.2}", p.fragmentation),
+        framework_fragmentation(p),
+    ]
+    .into_iter()
+    .map(Cell::from)
+    .collect();
+    cells.push(fit_cell(p));
+    cells.push(Cell::from(p.oom_count.to_string()));
+    cells.push(Cell::from(p.dropped_events.to_string()));
+    Row::new(cells).style(style)
 }
 
 /// The lowest fit of its next large request over its devices ("-": no request in the window,

@@ -773,6 +773,66 @@ fn create_ring() -> bool {
         warn(b"VRAMHOOK_DIR is 512 bytes or longer", b"refused, not replaced by the default directory");
         return false;
     }
+    let dir_path = ring_dir_path(uid);
+    let dir = &dir_path.buf[..dir_path.len];
+    let Some(dir_fd) = open_ring_dir(&dir_path, uid) else { return false };
+    let dfd = dir_fd.as_raw_fd();
+    collect_garbage(dfd, uid);
+
+    let start_time = process_start_time();
+    let Some((capacity, lanes)) = ring_shape(dfd, dir) else { return false };
+    let len = ring_file_size_lanes(capacity, lanes);
+
+    // Made under a hidden temporary name, sized, reserved, mapped and initialised, then
+    // renamed to its final name: a reader never finds an unfinished ring there.
+    let mut file = NewRingFile { dfd, dir, pid, start_time, tmp_name: [0; 80], final_name: [0; 80], image: 0 };
+    let fd = file.create_tmp();
+    if fd < 0 {
+        warn(errno_name(), dir);
+        return false;
+    }
+    let Some(map) = file.map(fd, len) else { return false };
+    let mut meta = [0u8; META_CAPACITY];
+    let meta_len = ring_meta(&mut meta);
+    let use_tsc = !config::FORCE_MONOTONIC.load(Ordering::Relaxed) && clock::tsc_is_invariant();
+    let init = RingInit {
+        capacity,
+        pid,
+        ppid,
+        uid,
+        start_time,
+        run_id: config::RUN_ID.load(Ordering::Relaxed),
+        clock_source: if use_tsc { ClockSource::Tsc as u32 } else { ClockSource::Monotonic as u32 },
+        tsc_anchor: clock::read_tsc(),
+        mono_anchor_ns: clock::monotonic_ns(),
+        wall_anchor_ns: clock::wall_ns(),
+    };
+    let writer = init_writer(map, &init, lanes, &meta[..meta_len]);
+    if let Err(e) = file.publish() {
+        warn(ringdir::errno_text(e), dir);
+        // SAFETY: unmapping our own mapping, never handed out.
+        unsafe { libc::munmap(map as *mut libc::c_void, len) };
+        file.drop_tmp();
+        return false;
+    }
+    drop(dir_fd);
+    say_if_an_agent_refuses(len as u64);
+    install_ring(writer, map, len, pid, use_tsc);
+    // SAFETY: just written by `install_ring`.
+    let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
+    // First in the shared lane: before every other event of every thread.
+    writer.push_to_lane(0, &stamp(Event::process_start(ppid, start_time), current_tid()));
+    // Who holds this process's bytes, read once (its frameworks' libraries are loaded by
+    // the time it first calls CUDA).
+    let frameworks = crate::lens::loaded_frameworks();
+    if frameworks != 0 {
+        writer.push_to_lane(0, &stamp(Event::frameworks(frameworks), current_tid()));
+    }
+    true
+}
+
+/// The ring directory: `VRAMHOOK_DIR`, else `/dev/shm/vramhook/<uid>`.
+fn ring_dir_path(uid: u32) -> StackStr<600> {
     let mut dir = StackStr::<600>::new();
     match config::ring_dir() {
         Some(d) => {
@@ -783,22 +843,28 @@ fn create_ring() -> bool {
             dir.push_u64(u64::from(uid));
         }
     }
+    dir
+}
+
+/// Makes (or checks) the ring directory and opens it; says why not where it cannot.
+fn open_ring_dir(dir: &StackStr<600>, uid: u32) -> Option<std::os::fd::OwnedFd> {
     let made = match core::ffi::CStr::from_bytes_with_nul(&dir.buf[..=dir.len]) {
         // The shared parent 1777 with the sticky bit, ours 0700; checked through the fd.
         Ok(path) => ringdir::make_ring_dir_c(path, uid),
         Err(_) => Err(ringdir::RingDirError::BadPath),
     };
-    let dir_fd = match made {
-        Ok(fd) => fd,
+    match made {
+        Ok(fd) => Some(fd),
         Err(e) => {
             warn(e.reason(), &dir.buf[..dir.len]);
-            return false;
+            None
         }
-    };
-    let dfd = dir_fd.as_raw_fd();
-    collect_garbage(dfd, uid);
+    }
+}
 
-    let start_time = process_start_time();
+/// The lanes and slots per lane of this process's ring, or `None` (said) where not even
+/// the smallest ring fits.
+fn ring_shape(dfd: libc::c_int, dir: &[u8]) -> Option<(u64, u32)> {
     // One lane per CPU (up to 16) so that threads on different cores do not contend for
     // one write cursor; VRAMHOOK_RING_SLOTS is the total, split evenly.
     let lanes = match config::RING_LANES.load(Ordering::Relaxed) {
@@ -816,85 +882,14 @@ fn create_ring() -> bool {
         } else {
             b"too little free space: a ring may take 10% of it, and the smallest is 1,024 slots"
         };
-        warn(reason, &dir.buf[..dir.len]);
-        return false;
+        warn(reason, dir);
+        return None;
     };
-    let len = ring_file_size_lanes(capacity, lanes);
+    Some((capacity, lanes))
+}
 
-    // Made under a hidden temporary name, sized, reserved, mapped and initialised, then
-    // renamed to its final name: a reader never finds an unfinished ring there.
-    let mut tmp_name = [0u8; 80];
-    let mut final_name = [0u8; 80];
-    let mut fd = -1;
-    let mut image = 0u64;
-    // After exec the pid and start time stay the same: the image number keeps names apart.
-    while image < 64 {
-        let taken = ringdir::format_ring_name(&mut final_name, pid, start_time, image, false).is_some_and(|_| {
-            // SAFETY: fstatat on our directory fd with a NUL-terminated name.
-            unsafe {
-                let mut st: libc::stat = core::mem::zeroed();
-                libc::fstatat(dfd, final_name.as_ptr() as *const libc::c_char, &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0
-            }
-        });
-        if !taken && ringdir::format_ring_name(&mut tmp_name, pid, start_time, image, true).is_some() {
-            // SAFETY: openat on our directory fd with a NUL-terminated name.
-            fd = unsafe {
-                libc::openat(
-                    dfd,
-                    tmp_name.as_ptr() as *const libc::c_char,
-                    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0o600,
-                )
-            };
-            if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
-                break;
-            }
-        }
-        image += 1;
-    }
-    if fd < 0 {
-        warn(errno_name(), &dir.buf[..dir.len]);
-        return false;
-    }
-    let drop_tmp = || {
-        // SAFETY: unlinkat on our directory fd with a NUL-terminated name.
-        unsafe { libc::unlinkat(dfd, tmp_name.as_ptr() as *const libc::c_char, 0) };
-    };
-    // SAFETY: fd is ours; the mapping is checked before use.
-    let map = unsafe {
-        if libc::ftruncate(fd, len as libc::off_t) != 0 {
-            warn(errno_name(), &dir.buf[..dir.len]);
-            libc::close(fd);
-            drop_tmp();
-            return false;
-        }
-        // Reserve every page now: on a full file system a write to an unbacked page of a
-        // shared mapping is a SIGBUS in the program. (posix_fallocate returns the error.)
-        let err = libc::posix_fallocate(fd, 0, len as libc::off_t);
-        if err != 0 {
-            warn(ringdir::errno_text(err), &dir.buf[..dir.len]);
-            libc::close(fd);
-            drop_tmp();
-            return false;
-        }
-        // Populated now (once, at the first CUDA call) so that no page fault lands on a hook.
-        let map = libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            0,
-        );
-        libc::close(fd);
-        if map == libc::MAP_FAILED {
-            warn(errno_name(), &dir.buf[..dir.len]);
-            drop_tmp();
-            return false;
-        }
-        prefault_for_writing(map as *mut u8, len);
-        map as *mut u8
-    };
+/// The ring's metadata (the executable and the command line) into `meta`; returns its length.
+fn ring_meta(meta: &mut [u8; META_CAPACITY]) -> usize {
     let mut exe = [0u8; 512];
     // SAFETY: readlink into our buffer.
     let exe_len =
@@ -902,46 +897,20 @@ fn create_ring() -> bool {
     let exe = &exe[..exe_len.max(0) as usize];
     let mut cmdline = [0u8; META_CAPACITY];
     let cmd_len = read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
-    let mut meta = [0u8; META_CAPACITY];
-    let meta_len = encode_meta(exe, &cmdline[..cmd_len], &mut meta);
-    let use_tsc = !config::FORCE_MONOTONIC.load(Ordering::Relaxed) && clock::tsc_is_invariant();
-    let init = RingInit {
-        capacity,
-        pid,
-        ppid,
-        uid,
-        start_time,
-        run_id: config::RUN_ID.load(Ordering::Relaxed),
-        clock_source: if use_tsc { ClockSource::Tsc as u32 } else { ClockSource::Monotonic as u32 },
-        tsc_anchor: clock::read_tsc(),
-        mono_anchor_ns: clock::monotonic_ns(),
-        wall_anchor_ns: clock::wall_ns(),
-    };
+    encode_meta(exe, &cmdline[..cmd_len], meta)
+}
+
+/// Writes the ring's header and lanes into the fresh mapping.
+fn init_writer(map: *mut u8, init: &RingInit, lanes: u32, meta: &[u8]) -> RingWriter {
     // SAFETY: a fresh zero-filled shared mapping of the right size, page aligned.
-    let writer = unsafe { RingWriter::init_lanes(map, &init, lanes, &meta[..meta_len]) };
+    let writer = unsafe { RingWriter::init_lanes(map, init, lanes, meta) };
     writer.set_pid_ns(ringdir::own_pid_ns());
-    // Publish under the final name; a name taken meanwhile moves to the next image.
-    let published = loop {
-        match rename_noreplace(dfd, &tmp_name, &final_name) {
-            Ok(()) => break Ok(()),
-            Err(libc::EEXIST) if image < 63 => {
-                image += 1;
-                if ringdir::format_ring_name(&mut final_name, pid, start_time, image, false).is_none() {
-                    break Err(libc::ENAMETOOLONG);
-                }
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    if let Err(e) = published {
-        warn(ringdir::errno_text(e), &dir.buf[..dir.len]);
-        // SAFETY: unmapping our own mapping, never handed out.
-        unsafe { libc::munmap(map as *mut libc::c_void, len) };
-        drop_tmp();
-        return false;
-    }
-    drop(dir_fd);
-    say_if_an_agent_refuses(len as u64);
+    writer
+}
+
+/// Hands the published ring to every thread (READY is stored by the caller) and makes
+/// sure a forked child forgets it.
+fn install_ring(writer: RingWriter, map: *mut u8, len: usize, pid: u32, use_tsc: bool) {
     // SAFETY: only the creating thread writes here, before READY is published.
     unsafe { (*RING.writer.get()).write(writer) };
     RING.map.store(map as usize, Ordering::Relaxed);
@@ -952,17 +921,119 @@ fn create_ring() -> bool {
         // SAFETY: registering a plain function.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     }
-    // SAFETY: just written above.
-    let writer = unsafe { (*RING.writer.get()).assume_init_ref() };
-    // First in the shared lane: before every other event of every thread.
-    writer.push_to_lane(0, &stamp(Event::process_start(ppid, start_time), current_tid()));
-    // Who holds this process's bytes, read once (its frameworks' libraries are loaded by
-    // the time it first calls CUDA).
-    let frameworks = crate::lens::loaded_frameworks();
-    if frameworks != 0 {
-        writer.push_to_lane(0, &stamp(Event::frameworks(frameworks), current_tid()));
+}
+
+/// The ring's file while it is made: its directory, and its temporary and final names
+/// (NUL-terminated, in fixed buffers).
+struct NewRingFile<'a> {
+    dfd: libc::c_int,
+    /// For warnings.
+    dir: &'a [u8],
+    pid: u32,
+    start_time: u64,
+    tmp_name: [u8; 80],
+    final_name: [u8; 80],
+    /// After exec the pid and start time stay the same: the image number keeps names apart.
+    image: u64,
+}
+
+impl NewRingFile<'_> {
+    /// Creates the temporary file under the first image number whose final name is free;
+    /// returns its fd (negative on failure, with errno set).
+    fn create_tmp(&mut self) -> libc::c_int {
+        let (dfd, pid, start_time) = (self.dfd, self.pid, self.start_time);
+        let mut fd = -1;
+        while self.image < 64 {
+            let final_name = &mut self.final_name;
+            let taken = ringdir::format_ring_name(final_name, pid, start_time, self.image, false).is_some_and(|_| {
+                // SAFETY: fstatat on our directory fd with a NUL-terminated name.
+                unsafe {
+                    let mut st: libc::stat = core::mem::zeroed();
+                    libc::fstatat(dfd, final_name.as_ptr() as *const libc::c_char, &mut st, libc::AT_SYMLINK_NOFOLLOW)
+                        == 0
+                }
+            });
+            if !taken && ringdir::format_ring_name(&mut self.tmp_name, pid, start_time, self.image, true).is_some() {
+                // SAFETY: openat on our directory fd with a NUL-terminated name.
+                fd = unsafe {
+                    libc::openat(
+                        dfd,
+                        self.tmp_name.as_ptr() as *const libc::c_char,
+                        libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                        0o600,
+                    )
+                };
+                if fd >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                    break;
+                }
+            }
+            self.image += 1;
+        }
+        fd
     }
-    true
+
+    fn drop_tmp(&self) {
+        // SAFETY: unlinkat on our directory fd with a NUL-terminated name.
+        unsafe { libc::unlinkat(self.dfd, self.tmp_name.as_ptr() as *const libc::c_char, 0) };
+    }
+
+    /// Sizes the file (`fd`, closed here), reserves its pages and maps it; on failure says
+    /// why and removes the file.
+    fn map(&self, fd: libc::c_int, len: usize) -> Option<*mut u8> {
+        // SAFETY: fd is ours; the mapping is checked before use.
+        unsafe {
+            if libc::ftruncate(fd, len as libc::off_t) != 0 {
+                warn(errno_name(), self.dir);
+                libc::close(fd);
+                self.drop_tmp();
+                return None;
+            }
+            // Reserve every page now: on a full file system a write to an unbacked page of a
+            // shared mapping is a SIGBUS in the program. (posix_fallocate returns the error.)
+            let err = libc::posix_fallocate(fd, 0, len as libc::off_t);
+            if err != 0 {
+                warn(ringdir::errno_text(err), self.dir);
+                libc::close(fd);
+                self.drop_tmp();
+                return None;
+            }
+            // Populated now (once, at the first CUDA call) so that no page fault lands on a hook.
+            let map = libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                0,
+            );
+            libc::close(fd);
+            if map == libc::MAP_FAILED {
+                warn(errno_name(), self.dir);
+                self.drop_tmp();
+                return None;
+            }
+            prefault_for_writing(map as *mut u8, len);
+            Some(map as *mut u8)
+        }
+    }
+
+    /// Publishes under the final name; a name taken meanwhile moves to the next image.
+    fn publish(&mut self) -> Result<(), libc::c_int> {
+        loop {
+            match rename_noreplace(self.dfd, &self.tmp_name, &self.final_name) {
+                Ok(()) => break Ok(()),
+                Err(libc::EEXIST) if self.image < 63 => {
+                    self.image += 1;
+                    if ringdir::format_ring_name(&mut self.final_name, self.pid, self.start_time, self.image, false)
+                        .is_none()
+                    {
+                        break Err(libc::ENAMETOOLONG);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        }
+    }
 }
 
 /// Maps every page of a fresh ring writable and dirty now, so that no hook takes a fault.

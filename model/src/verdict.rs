@@ -263,173 +263,206 @@ pub(crate) fn explain(c: &ExplainCtx<'_>) -> String {
         );
     }
     let f = i.device_free.unwrap_or(0);
-    match c.verdict {
-        Verdict::Capacity => match over_limit(i) {
-            Some((limit, allocated, request)) => {
-                s += &format!(
-                    "Verdict: capacity (of the framework's limit). {} allows this process {}: {} were allocated, so the \
-                     {} request could not fit under the limit even with its whole free cache given back (the device had \
-                     {} free). Fix: raise the limit ({}), or need less memory.",
-                    i.framework.map(FrameworkId::display_name).unwrap_or("The framework"),
-                    with_bytes(limit),
-                    with_bytes(allocated),
-                    fmt_bytes(request),
-                    fmt_bytes(f),
-                    limit_fix(i.framework)
-                )
-            }
-            None if cache_full(i) && f >= round_up(i.requested, i.granularity) => {
-                s += &format!(
-                    "Verdict: capacity. The framework's cache was fully allocated (nothing cached to give back) and the \
-                     {} free is within the {} the driver keeps back: the device was full. Fix: a larger GPU or less \
-                     memory (smaller batches, a smaller model).",
-                    fmt_bytes(f),
-                    fmt_bytes(DRIVER_RESERVE)
-                )
-            }
-            None => {
-                s += &format!(
-                    "Verdict: capacity. Even with the device to itself (every idle byte of its own and all that other \
-                     processes held given back) the request would not have fit: at most {} for the {} requested. The \
-                     workload needs a larger GPU or less memory.",
-                    fmt_bytes(f.saturating_add(i.own_idle).saturating_add(o.total())),
-                    fmt_bytes(needed(i))
-                )
-            }
-        },
-        Verdict::Reclaimable => {
+    s += &match c.verdict {
+        Verdict::Capacity => capacity(i, &o, f),
+        Verdict::Reclaimable => reclaimable(i, f),
+        Verdict::OtherProcess => other_process(i, &o, f),
+        Verdict::ArenaFragmentation => arena_fragmentation(i),
+        Verdict::Granularity => granularity(i),
+        Verdict::FrameworkFragmentation => framework_fragmentation(i),
+        Verdict::FrameworkCache => framework_cache(i, f),
+        Verdict::Unknown => format!("Verdict: unknown: {}.", c.unknown_reason.unwrap_or("no reason recorded")),
+    };
+    s
+}
+
+/// Capacity: past the framework's limit, a full cache on a full device, or more than the device holds.
+fn capacity(i: &VerdictInputs, o: &OthersBytes, f: u64) -> String {
+    let mut s = String::new();
+    match over_limit(i) {
+        Some((limit, allocated, request)) => {
             s += &format!(
-                "Verdict: reclaimable. The process's own idle bytes ({}) plus the free {} would have covered the \
-                 request: releasing its cache (pool trim, empty_cache) before allocating would have avoided the failure.",
-                fmt_bytes(i.own_idle),
-                fmt_bytes(f)
-            )
-        }
-        Verdict::OtherProcess => {
-            let base = f.saturating_add(i.own_idle);
-            let need = needed(i).saturating_sub(base);
-            let tier = if need <= o.releasable {
-                "with their releasable bytes given back"
-            } else if need <= o.releasable.saturating_add(o.stranded) {
-                "only with their stranded bytes given back too (a restart of the holder)"
-            } else {
-                "only with memory they were using (or could not show) given back"
-            };
-            s += &format!(
-                "Verdict: other process. Its own idle bytes were not enough; the request would have fit {tier}: {} \
-                 more were needed. ",
-                fmt_bytes(need)
-            );
-            s += &holders_advice(&i.holders);
-        }
-        Verdict::ArenaFragmentation => {
-            let a = i.arenas.iter().find(|a| holds_bytes(a) && a.free_in_arena >= i.requested && a.largest_free_span < i.requested);
-            if let Some(a) = a {
-                s += &format!(
-                    "Verdict: arena fragmentation. Its {:?} arena at {:#x} had {} free but its largest free span was \
-                     only {}, so the request could not be placed there and the driver had no room for more.",
-                    a.kind,
-                    a.base,
-                    fmt_bytes(a.free_in_arena),
-                    fmt_bytes(a.largest_free_span)
-                )
-            }
-        }
-        Verdict::Granularity => {
-            s += &format!(
-                "Verdict: granularity. The device had the {} requested, but not the {} it takes once rounded up to \
-                 {} pages.",
-                fmt_bytes(i.requested),
-                fmt_bytes(round_up(i.requested, i.granularity)),
-                fmt_bytes(i.granularity)
-            )
-        }
-        Verdict::FrameworkFragmentation => match &i.lens {
-            Some(l) => {
-                let name = l.framework.display_name();
-                s += &format!(
-                    "Verdict: framework fragmentation. {name} said, when it gave up: {} allocated by {name}, {} \
-                     reserved by {name} but unallocated, of {} reserved. ",
-                    with_bytes(l.allocated),
-                    with_bytes(l.cached_free()),
-                    fmt_bytes(l.reserved)
-                );
-                let largest = l.largest_free_block.or((i.cache_segments > 0).then_some(i.cache_largest_free));
-                let largest = largest.map(fmt_bytes).unwrap_or_else(|| "not measured".into());
-                s += &format!("The largest free block was {largest}, for a request of {}", fmt_bytes(l.requested));
-                let (pieces, with_free, listed) = if l.segments_listed > 0 {
-                    (l.free_pieces, l.segments_with_free, l.segments_listed)
-                } else {
-                    (i.cache_pieces, i.cache_with_free, i.cache_segments)
-                };
-                if listed > 0 {
-                    s += &format!(
-                        "; the free bytes were in {pieces} pieces over {with_free} of its {listed} segments (cache-wide \
-                         fragmentation {:.3})",
-                        fragmentation(i.cache_largest_free, i.cache_free)
-                    );
-                }
-                s += ": the memory was there, stranded in the cache. ";
-                s += &fragmentation_fix(l.framework, l.cached_free());
-            }
-            None if i.cache_segments == 0 && i.lens_sample.is_some() => {
-                let l = i.lens_sample.clone().unwrap_or_default();
-                let name = l.framework.display_name();
-                s += &format!(
-                    "Verdict: framework fragmentation. {name}'s lens, {:.3} s before the failure: {} allocated by                      {name}, {} reserved by {name} but unallocated, of {} reserved; ",
-                    l.age_ns as f64 / 1e9,
-                    with_bytes(l.allocated),
-                    with_bytes(l.cached_free()),
-                    fmt_bytes(l.reserved)
-                );
-                match l.largest_free_block {
-                    Some(b) => s += &format!("the largest free block was {}, ", fmt_bytes(b)),
-                    None => s += &format!("{name} does not report its largest free block, but "),
-                }
-                s += &format!(
-                    "{name} asked the driver for {} and did not get it on a retry, so no free block in its cache held                      it: the memory was there, stranded in the cache (as of that sample). ",
-                    fmt_bytes(i.requested)
-                );
-                s += &fragmentation_fix(l.framework, l.cached_free());
-            }
-            None => {
-                let fw = i.framework.unwrap_or(FrameworkId::PyTorch);
-                s += &format!(
-                    "Verdict: framework fragmentation. Its {} framework segments on the device held {} reserved, {} \
-                     allocated and {} free in {} pieces (cache-wide fragmentation {:.3}), but the largest free block was \
-                     {}: the request fit in none of them. ",
-                    i.cache_segments,
-                    fmt_bytes(i.cache_reserved),
-                    with_bytes(i.cache_reserved.saturating_sub(i.cache_free)),
-                    with_bytes(i.cache_free),
-                    i.cache_pieces,
-                    fragmentation(i.cache_largest_free, i.cache_free),
-                    fmt_bytes(i.cache_largest_free)
-                );
-                s += &fragmentation_fix(fw, i.cache_free);
-            }
-        },
-        Verdict::FrameworkCache => {
-            let fw = i.framework.map(FrameworkId::display_name).unwrap_or("a framework");
-            s += &format!(
-                "Verdict: framework cache. {fw} held {} of this device from the driver, enough with the free {} for \
-                 the {} requested; how much of it was free inside {fw}'s cache is not visible from the driver, so \
-                 this is not known to be a shortage. Turn on the lens to see inside the cache (vramhook run does; \
-                 with LD_PRELOAD, put vramhook's lens directory first on PYTHONPATH){}.",
-                fmt_bytes(i.framework_held),
+                "Verdict: capacity (of the framework's limit). {} allows this process {}: {} were allocated, so the \
+                 {} request could not fit under the limit even with its whole free cache given back (the device had \
+                 {} free). Fix: raise the limit ({}), or need less memory.",
+                i.framework.map(FrameworkId::display_name).unwrap_or("The framework"),
+                with_bytes(limit),
+                with_bytes(allocated),
+                fmt_bytes(request),
                 fmt_bytes(f),
-                fmt_bytes(i.requested),
-                if i.framework == Some(FrameworkId::PyTorch) {
-                    "; if the cache was fragmented, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it"
-                } else {
-                    ""
-                }
-            );
+                limit_fix(i.framework)
+            )
         }
-        Verdict::Unknown => {
-            s += &format!("Verdict: unknown: {}.", c.unknown_reason.unwrap_or("no reason recorded"));
+        None if cache_full(i) && f >= round_up(i.requested, i.granularity) => {
+            s += &format!(
+                "Verdict: capacity. The framework's cache was fully allocated (nothing cached to give back) and the \
+                 {} free is within the {} the driver keeps back: the device was full. Fix: a larger GPU or less \
+                 memory (smaller batches, a smaller model).",
+                fmt_bytes(f),
+                fmt_bytes(DRIVER_RESERVE)
+            )
+        }
+        None => {
+            s += &format!(
+                "Verdict: capacity. Even with the device to itself (every idle byte of its own and all that other \
+                 processes held given back) the request would not have fit: at most {} for the {} requested. The \
+                 workload needs a larger GPU or less memory.",
+                fmt_bytes(f.saturating_add(i.own_idle).saturating_add(o.total())),
+                fmt_bytes(needed(i))
+            )
         }
     }
+    s
+}
+
+fn reclaimable(i: &VerdictInputs, f: u64) -> String {
+    let mut s = String::new();
+    s += &format!(
+        "Verdict: reclaimable. The process's own idle bytes ({}) plus the free {} would have covered the \
+         request: releasing its cache (pool trim, empty_cache) before allocating would have avoided the failure.",
+        fmt_bytes(i.own_idle),
+        fmt_bytes(f)
+    );
+    s
+}
+
+fn other_process(i: &VerdictInputs, o: &OthersBytes, f: u64) -> String {
+    let mut s = String::new();
+    let base = f.saturating_add(i.own_idle);
+    let need = needed(i).saturating_sub(base);
+    let tier = if need <= o.releasable {
+        "with their releasable bytes given back"
+    } else if need <= o.releasable.saturating_add(o.stranded) {
+        "only with their stranded bytes given back too (a restart of the holder)"
+    } else {
+        "only with memory they were using (or could not show) given back"
+    };
+    s += &format!(
+        "Verdict: other process. Its own idle bytes were not enough; the request would have fit {tier}: {} \
+         more were needed. ",
+        fmt_bytes(need)
+    );
+    s += &holders_advice(&i.holders);
+    s
+}
+
+fn arena_fragmentation(i: &VerdictInputs) -> String {
+    let mut s = String::new();
+    let a =
+        i.arenas.iter().find(|a| holds_bytes(a) && a.free_in_arena >= i.requested && a.largest_free_span < i.requested);
+    if let Some(a) = a {
+        s += &format!(
+            "Verdict: arena fragmentation. Its {:?} arena at {:#x} had {} free but its largest free span was \
+             only {}, so the request could not be placed there and the driver had no room for more.",
+            a.kind,
+            a.base,
+            fmt_bytes(a.free_in_arena),
+            fmt_bytes(a.largest_free_span)
+        )
+    }
+    s
+}
+
+fn granularity(i: &VerdictInputs) -> String {
+    let mut s = String::new();
+    s += &format!(
+        "Verdict: granularity. The device had the {} requested, but not the {} it takes once rounded up to \
+         {} pages.",
+        fmt_bytes(i.requested),
+        fmt_bytes(round_up(i.requested, i.granularity)),
+        fmt_bytes(i.granularity)
+    );
+    s
+}
+
+/// What the framework (or its lens, or its segments) said about its cache.
+fn framework_fragmentation(i: &VerdictInputs) -> String {
+    let mut s = String::new();
+    match &i.lens {
+        Some(l) => {
+            let name = l.framework.display_name();
+            s += &format!(
+                "Verdict: framework fragmentation. {name} said, when it gave up: {} allocated by {name}, {} \
+                 reserved by {name} but unallocated, of {} reserved. ",
+                with_bytes(l.allocated),
+                with_bytes(l.cached_free()),
+                fmt_bytes(l.reserved)
+            );
+            let largest = l.largest_free_block.or((i.cache_segments > 0).then_some(i.cache_largest_free));
+            let largest = largest.map(fmt_bytes).unwrap_or_else(|| "not measured".into());
+            s += &format!("The largest free block was {largest}, for a request of {}", fmt_bytes(l.requested));
+            let (pieces, with_free, listed) = if l.segments_listed > 0 {
+                (l.free_pieces, l.segments_with_free, l.segments_listed)
+            } else {
+                (i.cache_pieces, i.cache_with_free, i.cache_segments)
+            };
+            if listed > 0 {
+                s += &format!(
+                    "; the free bytes were in {pieces} pieces over {with_free} of its {listed} segments (cache-wide \
+                     fragmentation {:.3})",
+                    fragmentation(i.cache_largest_free, i.cache_free)
+                );
+            }
+            s += ": the memory was there, stranded in the cache. ";
+            s += &fragmentation_fix(l.framework, l.cached_free());
+        }
+        None if i.cache_segments == 0 && i.lens_sample.is_some() => {
+            let l = i.lens_sample.clone().unwrap_or_default();
+            let name = l.framework.display_name();
+            s += &format!(
+                "Verdict: framework fragmentation. {name}'s lens, {:.3} s before the failure: {} allocated by                      {name}, {} reserved by {name} but unallocated, of {} reserved; ",
+                l.age_ns as f64 / 1e9,
+                with_bytes(l.allocated),
+                with_bytes(l.cached_free()),
+                fmt_bytes(l.reserved)
+            );
+            match l.largest_free_block {
+                Some(b) => s += &format!("the largest free block was {}, ", fmt_bytes(b)),
+                None => s += &format!("{name} does not report its largest free block, but "),
+            }
+            s += &format!(
+                "{name} asked the driver for {} and did not get it on a retry, so no free block in its cache held                      it: the memory was there, stranded in the cache (as of that sample). ",
+                fmt_bytes(i.requested)
+            );
+            s += &fragmentation_fix(l.framework, l.cached_free());
+        }
+        None => {
+            let fw = i.framework.unwrap_or(FrameworkId::PyTorch);
+            s += &format!(
+                "Verdict: framework fragmentation. Its {} framework segments on the device held {} reserved, {} \
+                 allocated and {} free in {} pieces (cache-wide fragmentation {:.3}), but the largest free block was \
+                 {}: the request fit in none of them. ",
+                i.cache_segments,
+                fmt_bytes(i.cache_reserved),
+                with_bytes(i.cache_reserved.saturating_sub(i.cache_free)),
+                with_bytes(i.cache_free),
+                i.cache_pieces,
+                fragmentation(i.cache_largest_free, i.cache_free),
+                fmt_bytes(i.cache_largest_free)
+            );
+            s += &fragmentation_fix(fw, i.cache_free);
+        }
+    }
+    s
+}
+
+fn framework_cache(i: &VerdictInputs, f: u64) -> String {
+    let mut s = String::new();
+    let fw = i.framework.map(FrameworkId::display_name).unwrap_or("a framework");
+    s += &format!(
+        "Verdict: framework cache. {fw} held {} of this device from the driver, enough with the free {} for \
+         the {} requested; how much of it was free inside {fw}'s cache is not visible from the driver, so \
+         this is not known to be a shortage. Turn on the lens to see inside the cache (vramhook run does; \
+         with LD_PRELOAD, put vramhook's lens directory first on PYTHONPATH){}.",
+        fmt_bytes(i.framework_held),
+        fmt_bytes(f),
+        fmt_bytes(i.requested),
+        if i.framework == Some(FrameworkId::PyTorch) {
+            "; if the cache was fragmented, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids it"
+        } else {
+            ""
+        }
+    );
     s
 }
 

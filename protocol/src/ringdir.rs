@@ -930,39 +930,96 @@ pub fn gc_dir(
     report_kept: bool,
     report: &mut dyn FnMut(&GcEntry<'_>),
 ) -> GcSummary {
-    let mut sum = GcSummary::default();
+    let mut gc = Gc { dir, uid, policy, now_secs, own_ns: 0, sum: GcSummary::default(), report };
+    gc.sum.budget_bytes = fs_bytes(dir) / 100 * policy.keep_percent.min(100);
+    gc.own_ns = own_pid_ns();
+    let undrained_bytes = gc.remove_by_rules();
+    let cutoff = gc.remove_over_budget(undrained_bytes);
+    if report_kept {
+        gc.report_kept(cutoff);
+    }
+    if !policy.dry_run && gc.sum.removed_undrained > 0 {
+        add_gc_record(dir, gc.sum.removed_undrained, gc.sum.removed_undrained_bytes);
+    }
+    gc.sum
+}
+
+/// The size of the filesystem holding `dir` (0 when unknown).
+fn fs_bytes(dir: RawFd) -> u64 {
     // SAFETY: fstatvfs into a zeroed buffer.
-    let fs_bytes = unsafe {
+    unsafe {
         let mut vfs: libc::statvfs = core::mem::zeroed();
         if libc::fstatvfs(dir, &mut vfs) == 0 {
             (vfs.f_blocks as u64).saturating_mul(vfs.f_frsize as u64)
         } else {
             0
         }
-    };
-    sum.budget_bytes = fs_bytes / 100 * policy.keep_percent.min(100);
-    // The keep-hours budget counts from when a gc first found the process gone (stamped in
-    // the ring's header), not from the ring's creation.
-    let age = |c: &Candidate| if c.gone_since == 0 { 0 } else { now_secs.saturating_sub(c.gone_since) };
-    let mut name_buf = [0u8; 256];
-    let mut undrained_bytes = 0u64;
-    // A ring from another pid namespace names a pid our /proc cannot check: it counts as
-    // gone only once its writer marked it exited.
-    let own_ns = own_pid_ns();
-    let foreign = |c: &Candidate| c.pid_ns != 0 && own_ns != 0 && c.pid_ns != own_ns && !c.exited;
+    }
+}
 
-    // Pass 1: what the rules remove outright; sum what is left undrained.
-    for_each_name(dir, policy.max_entries, &mut |name| {
-        let Some(cname) = name_cstr(name, &mut name_buf) else { return };
+/// The key that orders rings for the budget passes (oldest first): mtime, then inode.
+type AgeKey = (i128, u64);
+
+/// One gc run: its settings, its running summary and where removals are reported.
+struct Gc<'a> {
+    dir: RawFd,
+    uid: u32,
+    policy: &'a GcPolicy,
+    now_secs: u64,
+    own_ns: u64,
+    sum: GcSummary,
+    report: &'a mut dyn FnMut(&GcEntry<'_>),
+}
+
+impl Gc<'_> {
+    /// The keep-hours budget counts from when a gc first found the process gone (stamped in
+    /// the ring's header), not from the ring's creation.
+    fn age(&self, c: &Candidate) -> u64 {
+        if c.gone_since == 0 {
+            0
+        } else {
+            self.now_secs.saturating_sub(c.gone_since)
+        }
+    }
+
+    /// A ring from another pid namespace names a pid our /proc cannot check: it counts as
+    /// gone only once its writer marked it exited.
+    fn foreign(&self, c: &Candidate) -> bool {
+        c.pid_ns != 0 && self.own_ns != 0 && c.pid_ns != self.own_ns && !c.exited
+    }
+
+    /// Removes `c` (named `cname` in the directory) unless a reader holds it; always "done"
+    /// in a dry run.
+    fn remove(&self, c: &Candidate, cname: &CStr) -> bool {
+        self.policy.dry_run || (lock_for_removal(c) && unlink_at(self.dir, cname))
+    }
+
+    /// Pass 1: what the rules remove outright. Returns the bytes left undrained.
+    fn remove_by_rules(&mut self) -> u64 {
+        let mut name_buf = [0u8; 256];
+        let mut undrained_bytes = 0u64;
+        let (dir, max) = (self.dir, self.policy.max_entries);
+        for_each_name(dir, max, &mut |name| self.rule(name, &mut name_buf, &mut undrained_bytes));
+        undrained_bytes
+    }
+
+    fn rule(&mut self, name: &[u8], name_buf: &mut [u8; 256], undrained_bytes: &mut u64) {
+        let Some(cname) = name_cstr(name, name_buf) else { return };
         if let Some((pid, start, _)) = parse_tmp_name(name) {
             if !process_alive(pid, start) {
                 // A tmp file that is not ours is left alone.
-                let Ok(c) = open_candidate(dir, cname, uid) else { return };
+                let Ok(c) = open_candidate(self.dir, cname, self.uid) else { return };
                 let st_bytes = c.bytes;
-                if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
-                    sum.removed += 1;
-                    sum.removed_bytes += st_bytes;
-                    report(&GcEntry { name, bytes: st_bytes, pending: 0, age_secs: 0, reason: GcReason::StaleTmp });
+                if self.remove(&c, cname) {
+                    self.sum.removed += 1;
+                    self.sum.removed_bytes += st_bytes;
+                    (self.report)(&GcEntry {
+                        name,
+                        bytes: st_bytes,
+                        pending: 0,
+                        age_secs: 0,
+                        reason: GcReason::StaleTmp,
+                    });
                 }
             }
             return;
@@ -971,47 +1028,79 @@ pub fn gc_dir(
         if process_alive(pid, start) {
             return;
         }
-        let Ok(c) = open_candidate(dir, cname, uid) else { return };
-        if foreign(&c) {
+        let Ok(c) = open_candidate(self.dir, cname, self.uid) else { return };
+        if self.foreign(&c) {
             return;
         }
         let (reason, pending) = match c.drain {
             Drain::Drained => (GcReason::Drained, 0),
-            Drain::Pending(n) if age(&c) >= policy.keep_secs => (GcReason::Expired, n),
+            Drain::Pending(n) if self.age(&c) >= self.policy.keep_secs => (GcReason::Expired, n),
             Drain::Pending(_) => {
-                if c.gone_since == 0 && !policy.dry_run {
-                    stamp_gone_since(c.fd.as_raw_fd(), now_secs, c.mtime_ns);
+                if c.gone_since == 0 && !self.policy.dry_run {
+                    stamp_gone_since(c.fd.as_raw_fd(), self.now_secs, c.mtime_ns);
                 }
-                undrained_bytes = undrained_bytes.saturating_add(c.bytes);
+                *undrained_bytes = undrained_bytes.saturating_add(c.bytes);
                 return;
             }
         };
-        if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
-            sum.removed += 1;
-            sum.removed_bytes += c.bytes;
+        if self.remove(&c, cname) {
+            self.sum.removed += 1;
+            self.sum.removed_bytes += c.bytes;
             if reason == GcReason::Expired {
-                sum.removed_undrained += 1;
-                sum.removed_undrained_bytes += c.bytes;
+                self.sum.removed_undrained += 1;
+                self.sum.removed_undrained_bytes += c.bytes;
             }
-            report(&GcEntry { name, bytes: c.bytes, pending, age_secs: age(&c), reason });
+            let age_secs = self.age(&c);
+            (self.report)(&GcEntry { name, bytes: c.bytes, pending, age_secs, reason });
         }
-    });
+    }
 
-    // Budget passes: while undrained rings of gone processes take more than the budget,
-    // the oldest goes (one pass each, bounded).
-    let mut cutoff: Option<(i128, u64)> = None;
-    let mut removals = 0usize;
-    while undrained_bytes > sum.budget_bytes && removals < policy.max_budget_removals {
-        let mut oldest: Option<((i128, u64), [u8; 256], usize)> = None;
-        for_each_name(dir, policy.max_entries, &mut |name| {
+    /// Budget passes: while undrained rings of gone processes take more than the budget,
+    /// the oldest goes (one pass each, bounded). Returns the key of the last one taken.
+    fn remove_over_budget(&mut self, mut undrained_bytes: u64) -> Option<AgeKey> {
+        let mut cutoff: Option<AgeKey> = None;
+        let mut removals = 0usize;
+        while undrained_bytes > self.sum.budget_bytes && removals < self.policy.max_budget_removals {
+            let Some((key, nb, len)) = self.oldest_undrained(cutoff) else { break };
+            cutoff = Some(key);
+            removals += 1;
+            let name = &nb[..len];
+            let mut cb = [0u8; 256];
+            let Some(cname) = name_cstr(name, &mut cb) else { break };
+            let Ok(c) = open_candidate(self.dir, cname, self.uid) else { continue };
+            undrained_bytes = undrained_bytes.saturating_sub(c.bytes);
+            let pending = match c.drain {
+                Drain::Pending(n) => n,
+                Drain::Drained => 0,
+            };
+            if self.remove(&c, cname) {
+                self.sum.removed += 1;
+                self.sum.removed_bytes += c.bytes;
+                if pending > 0 {
+                    self.sum.removed_undrained += 1;
+                    self.sum.removed_undrained_bytes += c.bytes;
+                }
+                let reason = if pending > 0 { GcReason::OverBudget } else { GcReason::Drained };
+                let age_secs = self.age(&c);
+                (self.report)(&GcEntry { name, bytes: c.bytes, pending, age_secs, reason });
+            }
+        }
+        cutoff
+    }
+
+    /// The oldest undrained ring of a gone process newer than `cutoff` and within its keep
+    /// time: its key and its name (in a buffer, with its length).
+    fn oldest_undrained(&self, cutoff: Option<AgeKey>) -> Option<(AgeKey, [u8; 256], usize)> {
+        let mut oldest: Option<(AgeKey, [u8; 256], usize)> = None;
+        for_each_name(self.dir, self.policy.max_entries, &mut |name| {
             let Some((pid, start, _)) = parse_ring_name(name) else { return };
             let mut nb = [0u8; 256];
             let Some(cname) = name_cstr(name, &mut nb) else { return };
             if process_alive(pid, start) {
                 return;
             }
-            let Ok(c) = open_candidate(dir, cname, uid) else { return };
-            if foreign(&c) || !matches!(c.drain, Drain::Pending(_)) || age(&c) >= policy.keep_secs {
+            let Ok(c) = open_candidate(self.dir, cname, self.uid) else { return };
+            if self.foreign(&c) || !matches!(c.drain, Drain::Pending(_)) || self.age(&c) >= self.policy.keep_secs {
                 return;
             }
             let key = (c.mtime_ns, c.ino);
@@ -1022,71 +1111,49 @@ pub fn gc_dir(
                 oldest = Some((key, nb, name.len()));
             }
         });
-        let Some((key, nb, len)) = oldest else { break };
-        cutoff = Some(key);
-        removals += 1;
-        let name = &nb[..len];
-        let mut cb = [0u8; 256];
-        let Some(cname) = name_cstr(name, &mut cb) else { break };
-        let Ok(c) = open_candidate(dir, cname, uid) else { continue };
-        undrained_bytes = undrained_bytes.saturating_sub(c.bytes);
-        let pending = match c.drain {
-            Drain::Pending(n) => n,
-            Drain::Drained => 0,
-        };
-        if policy.dry_run || (lock_for_removal(&c) && unlink_at(dir, cname)) {
-            sum.removed += 1;
-            sum.removed_bytes += c.bytes;
-            if pending > 0 {
-                sum.removed_undrained += 1;
-                sum.removed_undrained_bytes += c.bytes;
-            }
-            let reason = if pending > 0 { GcReason::OverBudget } else { GcReason::Drained };
-            report(&GcEntry { name, bytes: c.bytes, pending, age_secs: age(&c), reason });
-        }
+        oldest
     }
 
-    // What is kept (for the operator's listing and the summary; the interposer skips it).
-    if report_kept {
-        for_each_name(dir, policy.max_entries, &mut |name| {
-            let Some((pid, start, _)) = parse_ring_name(name) else { return };
-            let Some(cname) = name_cstr(name, &mut name_buf) else { return };
-            let (reason, bytes, pending, age_secs) = if process_alive(pid, start) {
-                let mut st: libc::stat = unsafe { core::mem::zeroed() };
-                // SAFETY: fstatat on our directory fd, not following links.
-                let bytes = if unsafe { libc::fstatat(dir, cname.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
-                    (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64)
-                } else {
-                    0
-                };
-                (GcReason::Live, bytes, 0, 0)
+    /// What is kept (for the operator's listing and the summary; the interposer skips it).
+    fn report_kept(&mut self, cutoff: Option<AgeKey>) {
+        let mut name_buf = [0u8; 256];
+        let (dir, max) = (self.dir, self.policy.max_entries);
+        for_each_name(dir, max, &mut |name| self.kept(name, &mut name_buf, cutoff));
+    }
+
+    fn kept(&mut self, name: &[u8], name_buf: &mut [u8; 256], cutoff: Option<AgeKey>) {
+        let Some((pid, start, _)) = parse_ring_name(name) else { return };
+        let Some(cname) = name_cstr(name, name_buf) else { return };
+        let (reason, bytes, pending, age_secs) = if process_alive(pid, start) {
+            let mut st: libc::stat = unsafe { core::mem::zeroed() };
+            // SAFETY: fstatat on our directory fd, not following links.
+            let bytes = if unsafe { libc::fstatat(self.dir, cname.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } == 0 {
+                (st.st_blocks as u64).saturating_mul(512).max(st.st_size as u64)
             } else {
-                match open_candidate(dir, cname, uid) {
-                    Ok(c) if foreign(&c) => (GcReason::OtherPidNamespace, c.bytes, 0, 0),
-                    Ok(c) => match c.drain {
-                        // Only in a dry run (or a race with a finishing reader).
-                        Drain::Drained => return,
-                        Drain::Pending(_) if age(&c) >= policy.keep_secs => return,
-                        Drain::Pending(_) if cutoff.is_some_and(|k| (c.mtime_ns, c.ino) <= k) => return,
-                        Drain::Pending(n) => {
-                            sum.kept_undrained += 1;
-                            sum.kept_undrained_bytes += c.bytes;
-                            (GcReason::Undrained, c.bytes, n, age(&c))
-                        }
-                    },
-                    Err(reason) => (reason, 0, 0, 0),
-                }
+                0
             };
-            sum.kept += 1;
-            sum.kept_bytes += bytes;
-            report(&GcEntry { name, bytes, pending, age_secs, reason });
-        });
+            (GcReason::Live, bytes, 0, 0)
+        } else {
+            match open_candidate(self.dir, cname, self.uid) {
+                Ok(c) if self.foreign(&c) => (GcReason::OtherPidNamespace, c.bytes, 0, 0),
+                Ok(c) => match c.drain {
+                    // Only in a dry run (or a race with a finishing reader).
+                    Drain::Drained => return,
+                    Drain::Pending(_) if self.age(&c) >= self.policy.keep_secs => return,
+                    Drain::Pending(_) if cutoff.is_some_and(|k| (c.mtime_ns, c.ino) <= k) => return,
+                    Drain::Pending(n) => {
+                        self.sum.kept_undrained += 1;
+                        self.sum.kept_undrained_bytes += c.bytes;
+                        (GcReason::Undrained, c.bytes, n, self.age(&c))
+                    }
+                },
+                Err(reason) => (reason, 0, 0, 0),
+            }
+        };
+        self.sum.kept += 1;
+        self.sum.kept_bytes += bytes;
+        (self.report)(&GcEntry { name, bytes, pending, age_secs, reason });
     }
-
-    if !policy.dry_run && sum.removed_undrained > 0 {
-        add_gc_record(dir, sum.removed_undrained, sum.removed_undrained_bytes);
-    }
-    sum
 }
 
 /// The counts in a [`GC_RECORD_NAME`] file: `<rings> <bytes>`.

@@ -393,229 +393,283 @@ fn run(vm: &mut Vm<'_>) -> Result<Value, PickleError> {
     loop {
         let op = vm.u8()?;
         match op {
-            0x80 => {
-                let p = vm.u8()?;
-                if p > 5 {
-                    return vm.err(format!("pickle protocol {p} is newer than 5"));
-                }
-            }
-            0x95 => {
-                vm.le(8)?;
-            }
             b'.' => return vm.pop(),
-            b'N' => vm.push(Value::None)?,
-            0x88 => vm.push(Value::Bool(true))?,
-            0x89 => vm.push(Value::Bool(false))?,
-            b'J' => {
-                let v = vm.le(4)? as u32 as i32;
-                vm.push(Value::Int(i64::from(v)))?
-            }
-            b'K' => {
-                let v = vm.le(1)?;
-                vm.push(Value::Int(v as i64))?
-            }
-            b'M' => {
-                let v = vm.le(2)?;
-                vm.push(Value::Int(v as i64))?
-            }
-            0x8a | 0x8b => {
-                let n = if op == 0x8a { vm.u8()? as usize } else { vm.len(4)? };
-                let b = vm.take(n)?;
-                let v = if n == 0 {
-                    Value::Int(0)
-                } else if n <= 8 {
-                    let mut v = 0u64;
-                    for (i, x) in b.iter().enumerate() {
-                        v |= u64::from(*x) << (8 * i);
-                    }
-                    let shift = 64 - 8 * n as u32;
-                    Value::Int(((v << shift) as i64) >> shift)
-                } else {
-                    let mut f = 0f64;
-                    for x in b.iter().rev() {
-                        f = f * 256.0 + f64::from(*x);
-                    }
-                    if b[n - 1] & 0x80 != 0 {
-                        f -= 256f64.powi(n as i32);
-                    }
-                    Value::BigInt(f)
-                };
-                vm.push(v)?
-            }
-            b'G' => {
-                let b = vm.take(8)?;
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                vm.push(Value::Float(f64::from_be_bytes(a)))?
-            }
-            0x8c | b'U' => {
-                let n = vm.len(1)?;
-                let v = vm.string(n)?;
-                vm.push(v)?
-            }
-            b'X' | b'T' => {
-                let n = vm.len(4)?;
-                let v = vm.string(n)?;
-                vm.push(v)?
-            }
-            0x8d => {
-                let n = vm.len(8)?;
-                let v = vm.string(n)?;
-                vm.push(v)?
-            }
-            b'C' | b'B' | 0x8e | 0x96 => {
-                let n = match op {
-                    b'C' => vm.len(1)?,
-                    b'B' => vm.len(4)?,
-                    _ => vm.len(8)?,
-                };
-                vm.take(n)?;
-                vm.push(Value::Bytes(n))?
-            }
-            b']' | 0x8f => vm.push_d(Value::List(Rc::new(RefCell::new(Seq::default()))), 1)?,
-            b'}' => vm.push_d(Value::Dict(Rc::new(RefCell::new(Pairs::default()))), 1)?,
-            b')' => vm.push_d(Value::Tuple(Rc::new(Seq::default())), 1)?,
-            b'(' => {
-                vm.created += 1;
-                if vm.created > MAX_VALUES {
-                    return vm.err("too many values");
-                }
-                vm.stack_room()?;
-                vm.stack.push(Item::Mark)
-            }
-            b'a' => {
-                let (v, d) = vm.pop_d()?;
-                let (t, _) = vm.top_d()?;
-                vm.deepen_top(d)?;
-                vm.append(&t, vec![v])?
-            }
-            b'e' | 0x90 => {
-                let (items, d) = vm.pop_mark()?;
-                let (t, _) = vm.top_d()?;
-                vm.deepen_top(d)?;
-                vm.append(&t, items)?
-            }
-            b's' => {
-                let (v, dv) = vm.pop_d()?;
-                let (k, dk) = vm.pop_d()?;
-                let (t, _) = vm.top_d()?;
-                vm.deepen_top(dv.max(dk))?;
-                vm.set_items(&t, vec![k, v])?
-            }
-            b'u' => {
-                let (items, d) = vm.pop_mark()?;
-                let (t, _) = vm.top_d()?;
-                vm.deepen_top(d)?;
-                vm.set_items(&t, items)?
-            }
-            b'l' | 0x91 => {
-                let (items, d) = vm.pop_mark()?;
-                let items = vm.keep(0, items);
-                vm.push_d(Value::List(Rc::new(RefCell::new(Seq(items)))), d.saturating_add(1))?
-            }
-            b't' => {
-                let (items, d) = vm.pop_mark()?;
-                let items = vm.keep(0, items);
-                vm.push_d(Value::Tuple(Rc::new(Seq(items))), d.saturating_add(1))?
-            }
-            b'd' => {
-                let (items, depth) = vm.pop_mark()?;
-                let d = Value::Dict(Rc::new(RefCell::new(Pairs::default())));
-                vm.set_items(&d, items)?;
-                vm.push_d(d, depth.saturating_add(1))?
-            }
-            0x85..=0x87 => {
-                let n = (op - 0x84) as usize;
-                let mut items = Vec::with_capacity(n);
-                let mut depth = 0;
-                for _ in 0..n {
-                    let (v, d) = vm.pop_d()?;
-                    depth = depth.max(d);
-                    items.push(v);
-                }
-                items.reverse();
-                let items = vm.keep(0, items);
-                vm.push_d(Value::Tuple(Rc::new(Seq(items))), depth.saturating_add(1))?
-            }
-            // BINPUT / LONG_BINPUT: a 1- or 4-byte memo index.
-            b'q' | b'r' => {
-                let i = vm.le(if op == b'q' { 1 } else { 4 })? as usize;
-                vm.memo_put(i)?
-            }
-            0x94 => {
-                let i = vm.memo.len();
-                vm.memo_put(i)?
-            }
-            // BINGET / LONG_BINGET.
-            b'h' | b'j' => {
-                let i = vm.le(if op == b'h' { 1 } else { 4 })? as usize;
-                vm.memo_get(i)?
-            }
-            b'0' => {
-                let v = vm.pop()?;
-                drop_items(vec![v]);
-            }
-            b'1' => {
-                let (items, _) = vm.pop_mark()?;
-                drop_items(items);
-            }
-            b'2' => {
-                let (v, d) = vm.top_d()?;
-                vm.push_d(v, d)?
-            }
-            b'c' => {
-                let mut name = String::new();
-                for _ in 0..2 {
-                    let rest = &vm.data[vm.pos..];
-                    let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
-                        return vm.err("GLOBAL without newline");
-                    };
-                    let part = vm.take(nl + 1)?;
-                    if !name.is_empty() {
-                        name.push('.');
-                    }
-                    name.push_str(&String::from_utf8_lossy(&part[..nl]));
-                }
-                vm.push(Value::Object(Rc::from(name.as_str())))?
-            }
-            0x93 => {
-                let n = vm.pop()?;
-                let m = vm.pop()?;
-                let name = match (m, n) {
-                    (Value::Str(m), Value::Str(n)) => format!("{m}.{n}"),
-                    _ => "?".into(),
-                };
-                vm.push(Value::Object(Rc::from(name.as_str())))?
-            }
-            b'R' | 0x81 => {
-                let args = vm.pop()?;
-                drop_items(vec![args]);
-                let cls = vm.pop()?;
-                let name = match cls {
-                    Value::Object(n) => n,
-                    _ => Rc::from("?"),
-                };
-                vm.push(Value::Object(name))?
-            }
-            0x92 => {
-                let kw = vm.pop()?;
-                let args = vm.pop()?;
-                drop_items(vec![kw, args]);
-                let cls = vm.pop()?;
-                let name = match cls {
-                    Value::Object(n) => n,
-                    _ => Rc::from("?"),
-                };
-                vm.push(Value::Object(name))?
-            }
-            b'b' => {
-                let state = vm.pop()?;
-                drop_items(vec![state]);
-                vm.top()?;
-            }
+            0x80 | 0x95 | b'N' | 0x88 | 0x89 | b'J' | b'K' | b'M' | 0x8a | 0x8b | b'G' => scalar_op(vm, op)?,
+            0x8c | b'U' | b'X' | b'T' | 0x8d | b'C' | b'B' | 0x8e | 0x96 => text_op(vm, op)?,
+            b']' | 0x8f | b'}' | b')' | b'(' | b'l' | 0x91 | b't' | b'd' | 0x85..=0x87 => container_op(vm, op)?,
+            b'a' | b'e' | 0x90 | b's' | b'u' => fill_op(vm, op)?,
+            b'q' | b'r' | 0x94 | b'h' | b'j' | b'0' | b'1' | b'2' => memo_op(vm, op)?,
+            b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' => object_op(vm, op)?,
             other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
         }
     }
+}
+
+/// Protocol and framing opcodes, and the scalars: None, bools, ints, floats.
+fn scalar_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        0x80 => {
+            let p = vm.u8()?;
+            if p > 5 {
+                return vm.err(format!("pickle protocol {p} is newer than 5"));
+            }
+        }
+        0x95 => {
+            vm.le(8)?;
+        }
+        b'N' => vm.push(Value::None)?,
+        0x88 => vm.push(Value::Bool(true))?,
+        0x89 => vm.push(Value::Bool(false))?,
+        b'J' => {
+            let v = vm.le(4)? as u32 as i32;
+            vm.push(Value::Int(i64::from(v)))?
+        }
+        b'K' => {
+            let v = vm.le(1)?;
+            vm.push(Value::Int(v as i64))?
+        }
+        b'M' => {
+            let v = vm.le(2)?;
+            vm.push(Value::Int(v as i64))?
+        }
+        0x8a | 0x8b => {
+            let n = if op == 0x8a { vm.u8()? as usize } else { vm.len(4)? };
+            let b = vm.take(n)?;
+            let v = if n == 0 {
+                Value::Int(0)
+            } else if n <= 8 {
+                let mut v = 0u64;
+                for (i, x) in b.iter().enumerate() {
+                    v |= u64::from(*x) << (8 * i);
+                }
+                let shift = 64 - 8 * n as u32;
+                Value::Int(((v << shift) as i64) >> shift)
+            } else {
+                let mut f = 0f64;
+                for x in b.iter().rev() {
+                    f = f * 256.0 + f64::from(*x);
+                }
+                if b[n - 1] & 0x80 != 0 {
+                    f -= 256f64.powi(n as i32);
+                }
+                Value::BigInt(f)
+            };
+            vm.push(v)?
+        }
+        b'G' => {
+            let b = vm.take(8)?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            vm.push(Value::Float(f64::from_be_bytes(a)))?
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
+}
+
+/// Strings, and bytes (skipped, kept as their length).
+fn text_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        0x8c | b'U' => {
+            let n = vm.len(1)?;
+            let v = vm.string(n)?;
+            vm.push(v)?
+        }
+        b'X' | b'T' => {
+            let n = vm.len(4)?;
+            let v = vm.string(n)?;
+            vm.push(v)?
+        }
+        0x8d => {
+            let n = vm.len(8)?;
+            let v = vm.string(n)?;
+            vm.push(v)?
+        }
+        b'C' | b'B' | 0x8e | 0x96 => {
+            let n = match op {
+                b'C' => vm.len(1)?,
+                b'B' => vm.len(4)?,
+                _ => vm.len(8)?,
+            };
+            vm.take(n)?;
+            vm.push(Value::Bytes(n))?
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
+}
+
+/// Marks, and new lists, dicts and tuples (empty, or from the items above a mark).
+fn container_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        b']' | 0x8f => vm.push_d(Value::List(Rc::new(RefCell::new(Seq::default()))), 1)?,
+        b'}' => vm.push_d(Value::Dict(Rc::new(RefCell::new(Pairs::default()))), 1)?,
+        b')' => vm.push_d(Value::Tuple(Rc::new(Seq::default())), 1)?,
+        b'(' => {
+            vm.created += 1;
+            if vm.created > MAX_VALUES {
+                return vm.err("too many values");
+            }
+            vm.stack_room()?;
+            vm.stack.push(Item::Mark)
+        }
+        b'l' | 0x91 => {
+            let (items, d) = vm.pop_mark()?;
+            let items = vm.keep(0, items);
+            vm.push_d(Value::List(Rc::new(RefCell::new(Seq(items)))), d.saturating_add(1))?
+        }
+        b't' => {
+            let (items, d) = vm.pop_mark()?;
+            let items = vm.keep(0, items);
+            vm.push_d(Value::Tuple(Rc::new(Seq(items))), d.saturating_add(1))?
+        }
+        b'd' => {
+            let (items, depth) = vm.pop_mark()?;
+            let d = Value::Dict(Rc::new(RefCell::new(Pairs::default())));
+            vm.set_items(&d, items)?;
+            vm.push_d(d, depth.saturating_add(1))?
+        }
+        0x85..=0x87 => {
+            let n = (op - 0x84) as usize;
+            let mut items = Vec::with_capacity(n);
+            let mut depth = 0;
+            for _ in 0..n {
+                let (v, d) = vm.pop_d()?;
+                depth = depth.max(d);
+                items.push(v);
+            }
+            items.reverse();
+            let items = vm.keep(0, items);
+            vm.push_d(Value::Tuple(Rc::new(Seq(items))), depth.saturating_add(1))?
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
+}
+
+/// Appending to the list, or setting items of the dict, under the items popped.
+fn fill_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        b'a' => {
+            let (v, d) = vm.pop_d()?;
+            let (t, _) = vm.top_d()?;
+            vm.deepen_top(d)?;
+            vm.append(&t, vec![v])?
+        }
+        b'e' | 0x90 => {
+            let (items, d) = vm.pop_mark()?;
+            let (t, _) = vm.top_d()?;
+            vm.deepen_top(d)?;
+            vm.append(&t, items)?
+        }
+        b's' => {
+            let (v, dv) = vm.pop_d()?;
+            let (k, dk) = vm.pop_d()?;
+            let (t, _) = vm.top_d()?;
+            vm.deepen_top(dv.max(dk))?;
+            vm.set_items(&t, vec![k, v])?
+        }
+        b'u' => {
+            let (items, d) = vm.pop_mark()?;
+            let (t, _) = vm.top_d()?;
+            vm.deepen_top(d)?;
+            vm.set_items(&t, items)?
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
+}
+
+/// The memo (put and get), and popping or duplicating the stack.
+fn memo_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        // BINPUT / LONG_BINPUT: a 1- or 4-byte memo index.
+        b'q' | b'r' => {
+            let i = vm.le(if op == b'q' { 1 } else { 4 })? as usize;
+            vm.memo_put(i)?
+        }
+        0x94 => {
+            let i = vm.memo.len();
+            vm.memo_put(i)?
+        }
+        // BINGET / LONG_BINGET.
+        b'h' | b'j' => {
+            let i = vm.le(if op == b'h' { 1 } else { 4 })? as usize;
+            vm.memo_get(i)?
+        }
+        b'0' => {
+            let v = vm.pop()?;
+            drop_items(vec![v]);
+        }
+        b'1' => {
+            let (items, _) = vm.pop_mark()?;
+            drop_items(items);
+        }
+        b'2' => {
+            let (v, d) = vm.top_d()?;
+            vm.push_d(v, d)?
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
+}
+
+/// Globals, calls that build objects (kept as the class name), and their state.
+fn object_op(vm: &mut Vm<'_>, op: u8) -> Result<(), PickleError> {
+    match op {
+        b'c' => {
+            let mut name = String::new();
+            for _ in 0..2 {
+                let rest = &vm.data[vm.pos..];
+                let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+                    return vm.err("GLOBAL without newline");
+                };
+                let part = vm.take(nl + 1)?;
+                if !name.is_empty() {
+                    name.push('.');
+                }
+                name.push_str(&String::from_utf8_lossy(&part[..nl]));
+            }
+            vm.push(Value::Object(Rc::from(name.as_str())))?
+        }
+        0x93 => {
+            let n = vm.pop()?;
+            let m = vm.pop()?;
+            let name = match (m, n) {
+                (Value::Str(m), Value::Str(n)) => format!("{m}.{n}"),
+                _ => "?".into(),
+            };
+            vm.push(Value::Object(Rc::from(name.as_str())))?
+        }
+        b'R' | 0x81 => {
+            let args = vm.pop()?;
+            drop_items(vec![args]);
+            let cls = vm.pop()?;
+            let name = match cls {
+                Value::Object(n) => n,
+                _ => Rc::from("?"),
+            };
+            vm.push(Value::Object(name))?
+        }
+        0x92 => {
+            let kw = vm.pop()?;
+            let args = vm.pop()?;
+            drop_items(vec![kw, args]);
+            let cls = vm.pop()?;
+            let name = match cls {
+                Value::Object(n) => n,
+                _ => Rc::from("?"),
+            };
+            vm.push(Value::Object(name))?
+        }
+        b'b' => {
+            let state = vm.pop()?;
+            drop_items(vec![state]);
+            vm.top()?;
+        }
+        other => return vm.err(format!("unsupported pickle opcode {other:#04x}")),
+    }
+    Ok(())
 }
 
 impl Value {

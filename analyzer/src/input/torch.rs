@@ -438,6 +438,9 @@ fn dev(v: &Value) -> i16 {
     v.get("device").and_then(|x| x.as_i64()).and_then(|d| i16::try_from(d).ok()).unwrap_or(0)
 }
 
+/// One trace entry: its time on the replay's clock, its device, and the entry itself.
+type TraceEntry = (u64, i16, Value);
+
 /// Imports one snapshot into the replay. Malformed pickles are errors with the byte offset.
 pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeError> {
     if r.over_budget.is_some() {
@@ -447,9 +450,61 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
     if !r.within_budget() {
         return Ok(());
     }
-    let root = &parsed.root;
     let mut budget = Budget::new(bytes.len());
-    let segments = match root.get("segments") {
+    let segments = read_segments(r, &parsed.root, &mut budget, path)?;
+    let trace = read_trace(r, &parsed.root, &mut budget);
+    let wall_start = match (r.clock, trace.first()) {
+        (Some((mono, anchor)), Some(first)) => Some(first.0.saturating_sub(mono).saturating_add(anchor)),
+        (None, Some(first)) => Some(first.0),
+        _ => None,
+    };
+    let pid = SNAPSHOT_PID_BASE + r.inputs.len() as u32;
+    let join = join_decision(r, path);
+    let joined = join.as_ref().and_then(|j| j.pid);
+    r.snapshot_pids.insert(pid, (path.to_string(), joined));
+    let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
+    let t_end = trace.last().map_or(1, |e| e.0.saturating_add(1));
+    snapshot_process(r, pid, path);
+    r.folded.pickle_values += parsed.folded;
+    let mut imp = Importer::new(r, pid, joined, bytes.len());
+    // A snapshot is PyTorch's caching allocator by definition.
+    imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
+    let allocated_seen = imp.before_trace(&trace, &segments, t_start);
+    imp.push_segments(t_start);
+    imp.always_live_at_ooms(&trace, &segments, allocated_seen, &mut budget, path);
+    let entries = imp.replay_trace(&trace, path);
+
+    // The final state: the snapshot's own segments and blocks. Its own last moment (its last
+    // trace entry) is where its cache timeline ends; the model's state goes on to the end of
+    // the replay.
+    let t_snap = if trace.is_empty() { imp.r.last_ts } else { t_end };
+    let t_end = t_end.max(imp.r.last_ts);
+    imp.free_gone_segments(&segments, t_end);
+    let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
+    imp.final_segments(&segments, &mut budget, &mut totals, t_end, t_snap);
+    imp.folded_notes(path);
+    imp.r.snapshot_segments += imp.live.len() as u64;
+    drop(imp);
+    if let Some(note) = budget.note(path, bytes.len()) {
+        r.notes.push(note);
+    }
+    let snap = r.model.snapshot();
+    totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
+    r.sample(r.last_ts);
+    r.inputs.push(InputReport {
+        wall_start_ns: wall_start,
+        bytes_read: bytes.len() as u64,
+        events: entries,
+        pytorch: Some(PytorchTotals { join, ..totals }),
+        ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
+    });
+    drop(parsed);
+    Ok(())
+}
+
+/// The snapshot's segment list (`segments`, or the root itself in older PyTorch).
+fn read_segments(r: &mut Replayer, root: &Value, budget: &mut Budget, path: &str) -> Result<Vec<Value>, AnalyzeError> {
+    Ok(match root.get("segments") {
         Some(s @ Value::List(_)) => budget.items(&s, &mut r.work),
         _ => {
             // Older PyTorch pickled the segment list itself.
@@ -459,9 +514,12 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
             }
             items
         }
-    };
-    // Trace entries of every device, merged by time.
-    let mut trace: Vec<(u64, i16, Value)> = Vec::new();
+    })
+}
+
+/// Trace entries of every device, merged by time.
+fn read_trace(r: &mut Replayer, root: &Value, budget: &mut Budget) -> Vec<TraceEntry> {
+    let mut trace: Vec<TraceEntry> = Vec::new();
     if let Some(traces) = root.get("device_traces") {
         for (d, per_dev) in budget.items(&traces, &mut r.work).into_iter().enumerate() {
             let device = i16::try_from(d).unwrap_or(i16::MAX);
@@ -482,18 +540,11 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         }
     }
     trace.sort_by_key(|e| e.0);
-    let wall_start = match (r.clock, trace.first()) {
-        (Some((mono, anchor)), Some(first)) => Some(first.0.saturating_sub(mono).saturating_add(anchor)),
-        (None, Some(first)) => Some(first.0),
-        _ => None,
-    };
-    let n_inputs = r.inputs.len() as u32;
-    let pid = SNAPSHOT_PID_BASE + n_inputs;
-    let join = join_decision(r, path);
-    let joined = join.as_ref().and_then(|j| j.pid);
-    r.snapshot_pids.insert(pid, (path.to_string(), joined));
-    let t_start = trace.first().map_or(1, |e| e.0.saturating_sub(1).max(1));
-    let t_end = trace.last().map_or(1, |e| e.0.saturating_add(1));
+    trace
+}
+
+/// The synthetic process a snapshot's events belong to.
+fn snapshot_process(r: &mut Replayer, pid: u32, path: &str) {
     let name = path.rsplit('/').next().unwrap_or(path).to_string();
     r.process_info(&ProcessInfo {
         pid,
@@ -504,284 +555,319 @@ pub fn import(r: &mut Replayer, path: &str, bytes: &[u8]) -> Result<(), AnalyzeE
         exe: "pytorch".into(),
         cmdline: vec!["pytorch-snapshot".into(), name],
     });
-    let max = r.opts.max_items;
-    r.folded.pickle_values += parsed.folded;
-    let mut imp = Importer {
-        r,
-        pid,
-        seq: 0,
-        live: BTreeMap::new(),
-        max,
-        dirty: BTreeSet::new(),
-        reserved: BTreeMap::new(),
-        allocated: BTreeMap::new(),
-        folded: BTreeSet::new(),
-        view_pid: joined.unwrap_or(pid),
-        joined: joined.is_some(),
-        block_frames: HashMap::new(),
-        always_live: Vec::new(),
-        stacks: Stacks::default(),
-        blocks_live: 0,
-        visits_left: 0,
-        visits_limit: 0,
-        ooms_folded: 0,
-        ooms_folded_bytes: 0,
-        stacks_skipped: 0,
-    };
-    imp.visits_limit = (bytes.len() as u64).saturating_mul(VISITS_PER_BYTE).saturating_add(VISITS_FLOOR);
-    imp.visits_left = imp.visits_limit;
-    // A snapshot is PyTorch's caching allocator by definition.
-    imp.emit(Event::frameworks(FrameworkId::PyTorch.bit()), -1, t_start);
+}
 
-    // Segments that existed before the trace: the final ones never allocated in it, and
-    // any the trace frees (or unmaps) before allocating.
-    let mut born: BTreeSet<u64> = BTreeSet::new();
-    let mut early: BTreeMap<u64, (i16, u64)> = BTreeMap::new();
-    for (_, d, e) in &trace {
-        let action = e.get("action").and_then(|a| a.as_str());
-        let addr = u(e, "addr");
-        match action.as_deref() {
-            Some("segment_alloc") | Some("segment_map") => {
-                born.insert(addr);
+fn action(e: &Value) -> Option<Rc<str>> {
+    e.get("action").and_then(|a| a.as_str())
+}
+
+fn action_is(e: &Value, a: &str) -> bool {
+    action(e).as_deref() == Some(a)
+}
+
+impl<'r> Importer<'r> {
+    fn new(r: &'r mut Replayer, pid: u32, joined: Option<u32>, bytes: usize) -> Importer<'r> {
+        let max = r.opts.max_items;
+        let visits_limit = (bytes as u64).saturating_mul(VISITS_PER_BYTE).saturating_add(VISITS_FLOOR);
+        Importer {
+            r,
+            pid,
+            seq: 0,
+            live: BTreeMap::new(),
+            max,
+            dirty: BTreeSet::new(),
+            reserved: BTreeMap::new(),
+            allocated: BTreeMap::new(),
+            folded: BTreeSet::new(),
+            view_pid: joined.unwrap_or(pid),
+            joined: joined.is_some(),
+            block_frames: HashMap::new(),
+            always_live: Vec::new(),
+            stacks: Stacks::default(),
+            blocks_live: 0,
+            visits_left: visits_limit,
+            visits_limit,
+            ooms_folded: 0,
+            ooms_folded_bytes: 0,
+            stacks_skipped: 0,
+        }
+    }
+
+    /// Segments that existed before the trace (the final ones never allocated in it, and any
+    /// the trace frees or unmaps before allocating), and the blocks in them the trace frees
+    /// without allocating. Returns the addresses the trace allocates.
+    fn before_trace(&mut self, trace: &[TraceEntry], segments: &[Value], t_start: u64) -> BTreeSet<u64> {
+        let mut born: BTreeSet<u64> = BTreeSet::new();
+        let mut early: BTreeMap<u64, (i16, u64)> = BTreeMap::new();
+        for (_, d, e) in trace {
+            let addr = u(e, "addr");
+            match action(e).as_deref() {
+                Some("segment_alloc") | Some("segment_map") => {
+                    born.insert(addr);
+                }
+                Some("segment_free") | Some("segment_unmap") if !born.contains(&addr) => {
+                    early.entry(addr).or_insert((*d, u(e, "size")));
+                }
+                _ => {}
             }
-            Some("segment_free") | Some("segment_unmap") if !born.contains(&addr) => {
-                early.entry(addr).or_insert((*d, u(e, "size")));
-            }
-            _ => {}
         }
-    }
-    for s in &segments {
-        let a = u(s, "address");
-        if !born.contains(&a) {
-            early.entry(a).or_insert((dev(s), u(s, "total_size")));
-        }
-    }
-    // Blocks of those early segments that the trace frees were allocated before it too.
-    for (base, (d, size)) in &early {
-        if *size == 0 || !imp.add_seg(*base, *d, *size) {
-            continue;
-        }
-        imp.emit(Event::alloc(Api::cuMemAlloc_v2, *base, *size), *d, t_start);
-    }
-    let mut allocated_seen: BTreeSet<u64> = BTreeSet::new();
-    for (_, _, e) in &trace {
-        if e.get("action").and_then(|a| a.as_str()).as_deref() == Some("alloc") {
-            allocated_seen.insert(u(e, "addr"));
-        }
-    }
-    for (_, _, e) in &trace {
-        if e.get("action").and_then(|a| a.as_str()).as_deref() == Some("free_completed") {
-            let a = u(e, "addr");
-            if !allocated_seen.contains(&a) {
-                imp.add_block(a, u(e, "size"));
+        for s in segments {
+            let a = u(s, "address");
+            if !born.contains(&a) {
+                early.entry(a).or_insert((dev(s), u(s, "total_size")));
             }
         }
-    }
-    imp.push_segments(t_start);
-    // Blocks live through the whole trace: in the final segments, allocated, and never named
-    // by an `alloc` or `free_completed` entry. Their stacks come from the final blocks.
-    let action_is = |e: &Value, a: &str| e.get("action").and_then(|x| x.as_str()).as_deref() == Some(a);
-    let oom_entries = trace.iter().filter(|(_, _, e)| action_is(e, "oom")).count();
-    if oom_entries > 0 {
-        let mut touched = allocated_seen;
-        touched.extend(trace.iter().filter(|(_, _, e)| action_is(e, "free_completed")).map(|(_, _, e)| u(e, "addr")));
-        for s in &segments {
-            let d = dev(s);
-            let blist = match s.get("blocks") {
-                Some(b) => budget.items(&b, &mut imp.r.work),
-                None => Vec::new(),
-            };
-            for b in blist {
-                let active = b.get("state").and_then(|x| x.as_str()).is_some_and(|st| st.starts_with("active"));
-                if active && !touched.contains(&u(&b, "address")) {
-                    imp.always_live.push((d, u(&b, "size"), b.get("frames")));
+        // Blocks of those early segments that the trace frees were allocated before it too.
+        for (base, (d, size)) in &early {
+            if *size == 0 || !self.add_seg(*base, *d, *size) {
+                continue;
+            }
+            self.emit(Event::alloc(Api::cuMemAlloc_v2, *base, *size), *d, t_start);
+        }
+        let mut allocated_seen: BTreeSet<u64> = BTreeSet::new();
+        for (_, _, e) in trace {
+            if action_is(e, "alloc") {
+                allocated_seen.insert(u(e, "addr"));
+            }
+        }
+        for (_, _, e) in trace {
+            if action_is(e, "free_completed") {
+                let a = u(e, "addr");
+                if !allocated_seen.contains(&a) {
+                    self.add_block(a, u(e, "size"));
                 }
             }
         }
+        allocated_seen
     }
-    if oom_entries > MAX_OOM_STACKS {
-        imp.r.notes.push(format!(
-            "{path}: {oom_entries} OOM entries; the allocations live at the first {MAX_OOM_STACKS} only are grouped by stack"
-        ));
-    }
-    let mut oom_stacks_left = MAX_OOM_STACKS;
 
-    let mut entries = 0u64;
-    for (ts, d, e) in &trace {
-        if entries % 1024 == 1023 && !imp.r.within_budget() {
-            break;
-        }
-        entries += 1;
-        let ts = (*ts).max(1);
-        let addr = u(e, "addr");
-        let size = u(e, "size");
-        let action = e.get("action").and_then(|a| a.as_str()).unwrap_or_else(|| "".into());
-        match &*action {
-            "segment_alloc" | "segment_map"
-                if size > 0 && !imp.live.contains_key(&addr) && imp.add_seg(addr, *d, size) =>
-            {
-                imp.dirty.remove(&addr);
-                imp.emit(Event::alloc(Api::cuMemAlloc_v2, addr, size), *d, ts);
-                imp.r.framework_segment(pid, *d, addr, size, &[], ts);
-                imp.point(*d, ts, None);
-            }
-            "segment_free" | "segment_unmap" if imp.remove_seg(addr).is_some() => {
-                imp.r.framework_segment(pid, *d, addr, 0, &[], ts);
-                imp.emit(Event::free(Api::cuMemFree_v2, addr), *d, ts);
-                imp.point(*d, ts, None);
-            }
-            "alloc" => {
-                imp.add_block(addr, size);
-                match e.get("frames") {
-                    Some(f) => imp.block_frames.insert(addr, f),
-                    None => imp.block_frames.remove(&addr),
+    /// Where the trace has `oom` entries: the blocks live through the whole trace (in the
+    /// final segments, allocated, and never named by an `alloc` or `free_completed` entry),
+    /// with their stacks from the final blocks.
+    fn always_live_at_ooms(
+        &mut self,
+        trace: &[TraceEntry],
+        segments: &[Value],
+        allocated_seen: BTreeSet<u64>,
+        budget: &mut Budget,
+        path: &str,
+    ) {
+        let oom_entries = trace.iter().filter(|(_, _, e)| action_is(e, "oom")).count();
+        if oom_entries > 0 {
+            let mut touched = allocated_seen;
+            touched
+                .extend(trace.iter().filter(|(_, _, e)| action_is(e, "free_completed")).map(|(_, _, e)| u(e, "addr")));
+            for s in segments {
+                let d = dev(s);
+                let blist = match s.get("blocks") {
+                    Some(b) => budget.items(&b, &mut self.r.work),
+                    None => Vec::new(),
                 };
-                imp.point(*d, ts, None);
-            }
-            "free_completed" => {
-                imp.remove_block(addr);
-                imp.block_frames.remove(&addr);
-                imp.point(*d, ts, None);
-            }
-            "oom" => {
-                let cost = imp.oom_cost();
-                if !imp.spend(cost) {
-                    // Counted, not analysed; its cache's timeline still marks it.
-                    // Not `folded.ooms`: those are past --max-items; this note is its own.
-                    imp.ooms_folded += 1;
-                    imp.ooms_folded_bytes = imp.ooms_folded_bytes.saturating_add(size);
-                    imp.point(*d, ts, None);
-                    let view = imp.view_pid;
-                    imp.r.framework_oom_mark((view, *d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
-                    continue;
-                }
-                imp.push_segments(ts);
-                let free = u(e, "device_free");
-                let reserved = imp.reserved.get(d).copied().unwrap_or(0);
-                imp.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), *d, ts);
-                // The sample PyTorch took: free bytes. The total is not in the snapshot: a
-                // capture's, else free + reserved.
-                let total = imp.r.device_total(*d).unwrap_or(free.saturating_add(reserved));
-                imp.emit(Event::mem_info(free, total), *d, ts);
-                // An `oom` entry is PyTorch giving up (it raises OutOfMemoryError next), with
-                // its cache as the trace rebuilt it; the largest free block comes from the
-                // segments just handed over.
-                let allocated = imp.allocated.get(d).copied().unwrap_or(0).min(reserved);
-                let gave_up = Event::framework_oom(FrameworkId::PyTorch, size, reserved, allocated, UNKNOWN_BYTES);
-                imp.emit(gave_up, *d, ts);
-                imp.point(*d, ts, None);
-                let view = imp.view_pid;
-                imp.r.framework_oom_mark((view, *d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
-                let group_cost = imp.blocks_live + imp.always_live.len() as u64 + imp.live.len() as u64;
-                if oom_stacks_left > 0 && !imp.spend(group_cost) {
-                    imp.stacks_skipped += 1;
-                } else if oom_stacks_left > 0 {
-                    oom_stacks_left -= 1;
-                    if let Some(live) = imp.live_at_oom(*d, e.get("frames").as_ref(), path) {
-                        imp.r.snapshot_stacks.push(OomStacks { pid, device: *d, ts, size, live });
+                for b in blist {
+                    let active = b.get("state").and_then(|x| x.as_str()).is_some_and(|st| st.starts_with("active"));
+                    if active && !touched.contains(&u(&b, "address")) {
+                        self.always_live.push((d, u(&b, "size"), b.get("frames")));
                     }
                 }
             }
+        }
+        if oom_entries > MAX_OOM_STACKS {
+            self.r.notes.push(format!(
+                "{path}: {oom_entries} OOM entries; the allocations live at the first {MAX_OOM_STACKS} only are grouped by stack"
+            ));
+        }
+    }
+
+    /// Replays the trace in time order; returns the entries replayed.
+    fn replay_trace(&mut self, trace: &[TraceEntry], path: &str) -> u64 {
+        let mut oom_stacks_left = MAX_OOM_STACKS;
+        let mut entries = 0u64;
+        for (ts, d, e) in trace {
+            if entries % 1024 == 1023 && !self.r.within_budget() {
+                break;
+            }
+            entries += 1;
+            self.replay_entry((*ts).max(1), *d, e, path, &mut oom_stacks_left);
+        }
+        entries
+    }
+
+    fn replay_entry(&mut self, ts: u64, d: i16, e: &Value, path: &str, oom_stacks_left: &mut usize) {
+        let pid = self.pid;
+        let addr = u(e, "addr");
+        let size = u(e, "size");
+        let action = action(e).unwrap_or_else(|| "".into());
+        match &*action {
+            "segment_alloc" | "segment_map"
+                if size > 0 && !self.live.contains_key(&addr) && self.add_seg(addr, d, size) =>
+            {
+                self.dirty.remove(&addr);
+                self.emit(Event::alloc(Api::cuMemAlloc_v2, addr, size), d, ts);
+                self.r.framework_segment(pid, d, addr, size, &[], ts);
+                self.point(d, ts, None);
+            }
+            "segment_free" | "segment_unmap" if self.remove_seg(addr).is_some() => {
+                self.r.framework_segment(pid, d, addr, 0, &[], ts);
+                self.emit(Event::free(Api::cuMemFree_v2, addr), d, ts);
+                self.point(d, ts, None);
+            }
+            "alloc" => {
+                self.add_block(addr, size);
+                match e.get("frames") {
+                    Some(f) => self.block_frames.insert(addr, f),
+                    None => self.block_frames.remove(&addr),
+                };
+                self.point(d, ts, None);
+            }
+            "free_completed" => {
+                self.remove_block(addr);
+                self.block_frames.remove(&addr);
+                self.point(d, ts, None);
+            }
+            "oom" => self.oom_entry(ts, d, e, size, path, oom_stacks_left),
             _ => {}
         }
     }
 
-    // The final state: the snapshot's own segments and blocks. Its own last moment (its last
-    // trace entry) is where its cache timeline ends; the model's state goes on to the end of
-    // the replay.
-    let t_snap = if trace.is_empty() { imp.r.last_ts } else { t_end };
-    let t_end = t_end.max(imp.r.last_ts);
-    let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
-    let gone: Vec<(u64, i16)> =
-        imp.live.iter().filter(|(b, _)| !final_bases.contains(b)).map(|(b, s)| (*b, s.device)).collect();
-    for (b, d) in gone {
-        imp.remove_seg(b);
-        imp.r.framework_segment(pid, d, b, 0, &[], t_end);
-        imp.emit(Event::free(Api::cuMemFree_v2, b), d, t_end);
-    }
-    let mut totals = PytorchTotals { trace_entries: entries, ..PytorchTotals::default() };
-    // Per device: reserved, allocated and the largest free block of the final segments.
-    let mut at_end: BTreeMap<i16, (u64, u64, u64)> = BTreeMap::new();
-    for s in &segments {
-        let base = u(s, "address");
-        let size = u(s, "total_size");
-        let d = dev(s);
-        totals.segments += 1;
-        totals.reserved_bytes = totals.reserved_bytes.saturating_add(size);
-        if !imp.live.contains_key(&base) && size > 0 {
-            if !imp.add_seg(base, d, size) {
-                continue; // folded
+    /// An `oom` entry: PyTorch giving up (it raises OutOfMemoryError next), with its cache as
+    /// the trace rebuilt it.
+    fn oom_entry(&mut self, ts: u64, d: i16, e: &Value, size: u64, path: &str, oom_stacks_left: &mut usize) {
+        let cost = self.oom_cost();
+        if !self.spend(cost) {
+            // Counted, not analysed; its cache's timeline still marks it.
+            // Not `folded.ooms`: those are past --max-items; this note is its own.
+            self.ooms_folded += 1;
+            self.ooms_folded_bytes = self.ooms_folded_bytes.saturating_add(size);
+            self.point(d, ts, None);
+            let view = self.view_pid;
+            self.r.framework_oom_mark((view, d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
+            return;
+        }
+        self.push_segments(ts);
+        let free = u(e, "device_free");
+        let reserved = self.reserved.get(&d).copied().unwrap_or(0);
+        self.emit(Event::alloc(Api::cuMemAlloc_v2, 0, size).with_result(CUDA_ERROR_OUT_OF_MEMORY), d, ts);
+        // The sample PyTorch took: free bytes. The total is not in the snapshot: a
+        // capture's, else free + reserved.
+        let total = self.r.device_total(d).unwrap_or(free.saturating_add(reserved));
+        self.emit(Event::mem_info(free, total), d, ts);
+        // The largest free block comes from the segments just handed over.
+        let allocated = self.allocated.get(&d).copied().unwrap_or(0).min(reserved);
+        let gave_up = Event::framework_oom(FrameworkId::PyTorch, size, reserved, allocated, UNKNOWN_BYTES);
+        self.emit(gave_up, d, ts);
+        self.point(d, ts, None);
+        let view = self.view_pid;
+        self.r.framework_oom_mark((view, d, FrameworkId::PyTorch as u8, "snapshot"), ts, size);
+        let group_cost = self.blocks_live + self.always_live.len() as u64 + self.live.len() as u64;
+        if *oom_stacks_left > 0 && !self.spend(group_cost) {
+            self.stacks_skipped += 1;
+        } else if *oom_stacks_left > 0 {
+            *oom_stacks_left -= 1;
+            if let Some(live) = self.live_at_oom(d, e.get("frames").as_ref(), path) {
+                self.r.snapshot_stacks.push(OomStacks { pid: self.pid, device: d, ts, size, live });
             }
-            imp.emit(Event::alloc(Api::cuMemAlloc_v2, base, size), d, t_end);
         }
-        if !imp.live.contains_key(&base) {
-            continue;
+    }
+
+    /// Frees the live segments that are not among the snapshot's final ones.
+    fn free_gone_segments(&mut self, segments: &[Value], t_end: u64) {
+        let final_bases: BTreeSet<u64> = segments.iter().map(|s| u(s, "address")).collect();
+        let gone: Vec<(u64, i16)> =
+            self.live.iter().filter(|(b, _)| !final_bases.contains(b)).map(|(b, s)| (*b, s.device)).collect();
+        for (b, d) in gone {
+            self.remove_seg(b);
+            self.r.framework_segment(self.pid, d, b, 0, &[], t_end);
+            self.emit(Event::free(Api::cuMemFree_v2, b), d, t_end);
         }
-        let mut blocks = Vec::new();
-        let blist = match s.get("blocks") {
-            Some(b) => budget.items(&b, &mut imp.r.work),
-            None => Vec::new(),
-        };
-        for b in blist {
-            totals.blocks += 1;
-            let state = b.get("state").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
-            let allocated = state.starts_with("active");
-            let bs = u(&b, "size");
-            if allocated {
-                totals.allocated_bytes = totals.allocated_bytes.saturating_add(bs);
+    }
+
+    /// The snapshot's own final segments and blocks, counted in `totals`, and the cache at
+    /// the snapshot (after its last trace entry) per device.
+    fn final_segments(
+        &mut self,
+        segments: &[Value],
+        budget: &mut Budget,
+        totals: &mut PytorchTotals,
+        t_end: u64,
+        t_snap: u64,
+    ) {
+        let pid = self.pid;
+        // Per device: reserved, allocated and the largest free block of the final segments.
+        let mut at_end: BTreeMap<i16, (u64, u64, u64)> = BTreeMap::new();
+        for s in segments {
+            let base = u(s, "address");
+            let size = u(s, "total_size");
+            let d = dev(s);
+            totals.segments += 1;
+            totals.reserved_bytes = totals.reserved_bytes.saturating_add(size);
+            if !self.live.contains_key(&base) && size > 0 {
+                if !self.add_seg(base, d, size) {
+                    continue; // folded
+                }
+                self.emit(Event::alloc(Api::cuMemAlloc_v2, base, size), d, t_end);
             }
-            blocks.push(Block { addr: u(&b, "address"), size: bs, allocated });
+            if !self.live.contains_key(&base) {
+                continue;
+            }
+            let blocks = final_blocks(s, budget, &mut self.r.work, totals);
+            let e = at_end.entry(d).or_default();
+            e.0 = e.0.saturating_add(size);
+            let used = blocks.iter().filter(|b| b.allocated).fold(0u64, |acc, b| acc.saturating_add(b.size));
+            e.1 = e.1.saturating_add(used);
+            if let Some(l) = largest_free(base, size, &blocks) {
+                e.2 = e.2.max(l);
+            }
+            self.r.framework_segment(pid, d, base, size, &blocks, t_end);
         }
-        let e = at_end.entry(d).or_default();
-        e.0 = e.0.saturating_add(size);
-        let used = blocks.iter().filter(|b| b.allocated).fold(0u64, |acc, b| acc.saturating_add(b.size));
-        e.1 = e.1.saturating_add(used);
-        if let Some(l) = largest_free(base, size, &blocks) {
-            e.2 = e.2.max(l);
+        // The cache at the snapshot, its own numbers, with the largest free block its
+        // blocks give.
+        let (view, code) = (self.view_pid, FrameworkId::PyTorch as u8);
+        for (d, (reserved, allocated, largest)) in at_end {
+            let allocated = allocated.min(reserved);
+            self.r.framework_point((view, d, code, "snapshot"), t_snap, reserved, allocated, Some(largest));
         }
-        imp.r.framework_segment(pid, d, base, size, &blocks, t_end);
     }
-    // The cache at the snapshot (after its last trace entry), its own numbers, with the
-    // largest free block its blocks give.
-    let (view, code) = (imp.view_pid, FrameworkId::PyTorch as u8);
-    for (d, (reserved, allocated, largest)) in at_end {
-        let allocated = allocated.min(reserved);
-        imp.r.framework_point((view, d, code, "snapshot"), t_snap, reserved, allocated, Some(largest));
+
+    /// Notes for the OOM entries past the budget of segment visits.
+    fn folded_notes(&mut self, path: &str) {
+        if self.ooms_folded > 0 {
+            self.r.notes.push(format!(
+                "{path}: {} OOM entries counted, not analysed ({} requested): each makes the model look at every \
+                 live segment ({} at the end), and the {} segment visits allowed ({VISITS_PER_BYTE} per byte of the \
+                 file) were spent",
+                self.ooms_folded,
+                vramhook_model::fmt_bytes(self.ooms_folded_bytes),
+                self.live.len(),
+                self.visits_limit
+            ));
+        }
+        if self.stacks_skipped > 0 {
+            self.r.notes.push(format!(
+                "{path}: the allocations live at {} OOM entries are not grouped by stack (past the budget of segment visits)",
+                self.stacks_skipped
+            ));
+        }
     }
-    if imp.ooms_folded > 0 {
-        imp.r.notes.push(format!(
-            "{path}: {} OOM entries counted, not analysed ({} requested): each makes the model look at every \
-             live segment ({} at the end), and the {} segment visits allowed ({VISITS_PER_BYTE} per byte of the \
-             file) were spent",
-            imp.ooms_folded,
-            vramhook_model::fmt_bytes(imp.ooms_folded_bytes),
-            imp.live.len(),
-            imp.visits_limit
-        ));
+}
+
+/// The blocks of one final segment, counted in `totals`.
+fn final_blocks(s: &Value, budget: &mut Budget, work: &mut crate::Work, totals: &mut PytorchTotals) -> Vec<Block> {
+    let mut blocks = Vec::new();
+    let blist = match s.get("blocks") {
+        Some(b) => budget.items(&b, work),
+        None => Vec::new(),
+    };
+    for b in blist {
+        totals.blocks += 1;
+        let state = b.get("state").and_then(|x| x.as_str()).unwrap_or_else(|| "".into());
+        let allocated = state.starts_with("active");
+        let bs = u(&b, "size");
+        if allocated {
+            totals.allocated_bytes = totals.allocated_bytes.saturating_add(bs);
+        }
+        blocks.push(Block { addr: u(&b, "address"), size: bs, allocated });
     }
-    if imp.stacks_skipped > 0 {
-        imp.r.notes.push(format!(
-            "{path}: the allocations live at {} OOM entries are not grouped by stack (past the budget of segment visits)",
-            imp.stacks_skipped
-        ));
-    }
-    imp.r.snapshot_segments += imp.live.len() as u64;
-    drop(imp);
-    if let Some(note) = budget.note(path, bytes.len()) {
-        r.notes.push(note);
-    }
-    let snap = r.model.snapshot();
-    totals.reserved_unallocated_bytes = snap.processes.iter().rev().find(|p| p.pid == pid).map_or(0, |p| p.idle_bytes);
-    r.sample(r.last_ts);
-    r.inputs.push(InputReport {
-        wall_start_ns: wall_start,
-        bytes_read: bytes.len() as u64,
-        events: entries,
-        pytorch: Some(PytorchTotals { join, ..totals }),
-        ..InputReport::new(path, InputKind::PytorchSnapshot, InputStatus::Complete)
-    });
-    drop(parsed);
-    Ok(())
+    blocks
 }
 
 /// The largest stretch of a segment not covered by an allocated block (`None` when the

@@ -61,6 +61,26 @@ fn rows<T>(items: &[T], numeric: &[bool], cells: impl Fn(&T) -> Vec<String>) -> 
 
 /// The page. Data is embedded as JSON (with `<` escaped so no input can close the script).
 pub fn render(r: &Report) -> String {
+    let json = plot_json(r);
+    let mut h = String::new();
+    head_html(&mut h, r);
+    // Why first: the verdicts, then what limits them, then the plots that show how it came to that.
+    ooms_html(&mut h, r);
+    logs_html(&mut h, r);
+    notes_html(&mut h, r);
+    timelines_html(&mut h, r);
+    fits_html(&mut h, r);
+    fragmentation_html(&mut h, r);
+    tables_html(&mut h, r);
+    leaks_html(&mut h, r);
+    anomalies_html(&mut h, r);
+    h.push_str(&format!("<script type=\"application/json\" id=\"report-data\">{json}</script>\n"));
+    h.push_str(&format!("<script>{JS}</script>\n</body></html>\n"));
+    h
+}
+
+/// The data the plots draw, as JSON with `<` escaped.
+fn plot_json(r: &Report) -> String {
     let data = PlotData {
         t0: r.time.from_ns.max(r.time.first_ts_ns),
         t1: r.time.to_ns.max(r.time.first_ts_ns),
@@ -72,8 +92,11 @@ pub fn render(r: &Report) -> String {
         captured: r.inputs.iter().any(|i| i.kind != InputKind::Log),
     };
     // Paths folded as everywhere on the page (the plots' legends name the commands).
-    let json = super::tidy_paths(&serde_json::to_string(&data).unwrap_or_else(|_| "{}".into())).replace('<', "\\u003c");
-    let mut h = String::new();
+    super::tidy_paths(&serde_json::to_string(&data).unwrap_or_else(|_| "{}".into())).replace('<', "\\u003c")
+}
+
+/// The page head, the title and the line of inputs and totals.
+fn head_html(h: &mut String, r: &Report) {
     h.push_str("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8><title>vramhook post-mortem</title>\n");
     h.push_str("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\n");
     h.push_str(&format!("<style>{CSS}</style></head><body>\n"));
@@ -100,9 +123,9 @@ pub fn render(r: &Report) -> String {
         if r.logs.is_empty() { String::new() } else { format!(" · {} from logs", r.log_incidents.len()) },
         super::count(r.leaks.len() as u64, "leak", "leaks")
     ));
-    // Why first: the verdicts, then what limits them, then the plots that show how it came to that.
-    ooms_html(&mut h, r);
-    logs_html(&mut h, r);
+}
+
+fn notes_html(h: &mut String, r: &Report) {
     if !r.notes.is_empty() {
         h.push_str("<h2>Notes</h2><ul>");
         for n in &r.notes {
@@ -110,6 +133,10 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</ul>\n");
     }
+}
+
+/// The live timelines, and the framework caches beside them where a lens or snapshot spoke.
+fn timelines_html(h: &mut String, r: &Report) {
     h.push_str("<h2>Timelines</h2><div id=plot-live></div>\n");
     // The framework's cache next to the driver's view of the same bytes; no plot (and no
     // empty axis) where no lens or snapshot spoke.
@@ -126,7 +153,10 @@ pub fn render(r: &Report) -> String {
         h.push_str("</ul>\n");
     }
     h.push_str("<div id=plot-free></div>\n");
-    fits_html(&mut h, r);
+}
+
+/// The address layout and fragmentation plots.
+fn fragmentation_html(h: &mut String, r: &Report) {
     h.push_str("<h2>Address layout</h2><div id=plot-layout></div>\n");
     h.push_str("<h2>Fragmentation</h2>");
     if r.fragmentation.iter().any(|a| a.kind == vramhook_model::ArenaKind::FrameworkSegment)
@@ -140,6 +170,10 @@ pub fn render(r: &Report) -> String {
         );
     }
     h.push_str("<div id=plot-frag></div><div id=plot-span></div>\n");
+}
+
+/// The processes, devices and allocations-live tables.
+fn tables_html(h: &mut String, r: &Report) {
     h.push_str("<h2>Processes</h2><table><tr><th>pid<th>command<th>device<th>peak<th>final live<th>allocations<th>frees<th>failed calls<th>dropped events<th>exit</tr>\n");
     h.push_str(&rows(&r.processes, &[true, false, true, true, true, true, true, true, true, false], |p| {
         vec![
@@ -178,6 +212,9 @@ pub fn render(r: &Report) -> String {
             crate::render::text::hist_line(&p.age_histogram, crate::render::text::dur),
         ]
     }));
+}
+
+fn leaks_html(h: &mut String, r: &Report) {
     h.push_str("</table>\n<h2>Leaks</h2>\n");
     if r.leaks.is_empty() {
         h.push_str(&format!("<p>{}</p>\n", esc(&crate::render::text::no_leak_line(r))));
@@ -194,6 +231,9 @@ pub fn render(r: &Report) -> String {
         }));
         h.push_str("</table>\n");
     }
+}
+
+fn anomalies_html(h: &mut String, r: &Report) {
     if !r.anomalies.is_empty() {
         h.push_str("<h2>Anomalies</h2><ul>");
         for (k, v) in &r.anomalies {
@@ -201,9 +241,6 @@ pub fn render(r: &Report) -> String {
         }
         h.push_str("</ul>\n");
     }
-    h.push_str(&format!("<script type=\"application/json\" id=\"report-data\">{json}</script>\n"));
-    h.push_str(&format!("<script>{JS}</script>\n</body></html>\n"));
-    h
 }
 
 /// Fit timelines plotted at most (those that went below 1 first); the JSON has them all.

@@ -150,6 +150,24 @@ pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "vramhook analyze — post-mortem");
     let _ = writeln!(o, "==============================");
+    inputs(&mut o, r);
+    notes(&mut o, r);
+    devices(&mut o, r);
+    processes(&mut o, r);
+    top_holders(&mut o, r);
+    fit_warnings(&mut o, r);
+    ooms(&mut o, r);
+    crate::logs::render_text(&mut o, r);
+    leaks(&mut o, r);
+    fragmentation(&mut o, r);
+    framework_caches(&mut o, r);
+    histograms(&mut o, r);
+    layout(&mut o, r);
+    anomalies(&mut o, r);
+    o
+}
+
+fn inputs(o: &mut String, r: &Report) {
     for i in &r.inputs {
         // A cut is said once, by its note ("truncated at byte N; ..."); the status says it is one.
         let _ = write!(o, "input  {} ({}): {}", i.path, i.kind, i.status);
@@ -191,14 +209,18 @@ pub fn render(r: &Report) -> String {
         r.events,
         rel(r, r.time.last_ts_ns).trim_start_matches('+')
     );
+}
 
+fn notes(o: &mut String, r: &Report) {
     if !r.notes.is_empty() {
         let _ = writeln!(o, "\nNOTES");
         for n in &r.notes {
             let _ = writeln!(o, "  ! {n}");
         }
     }
+}
 
+fn devices(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nDEVICES");
     if r.devices.is_empty() {
         let _ = writeln!(o, "  (no device seen)");
@@ -214,7 +236,9 @@ pub fn render(r: &Report) -> String {
             fmt_bytes(d.peak_live_bytes)
         );
     }
+}
 
+fn processes(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nPROCESSES");
     let _ = writeln!(
         o,
@@ -253,7 +277,9 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
+fn top_holders(o: &mut String, r: &Report) {
     if !r.top_holders.is_empty() {
         let _ = writeln!(o, "\nTOP HOLDERS (by peak)");
         for (i, h) in r.top_holders.iter().enumerate() {
@@ -268,84 +294,28 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
+fn fit_warnings(o: &mut String, r: &Report) {
     if !r.fit_warnings.is_empty() {
         let _ = writeln!(o, "\nNEXT LARGE REQUEST (fit below 1)");
         for w in &r.fit_warnings {
             let _ = writeln!(o, "  {}", fit_line(r, w));
         }
     }
+}
 
+fn ooms(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nOOM INCIDENTS ({})", r.ooms.len());
     if r.ooms.is_empty() {
         let _ = writeln!(o, "  none");
     }
     for (n, i) in r.ooms.iter().enumerate() {
-        let _ = writeln!(
-            o,
-            "  #{} at {} — pid {} ({}) on device {}: {} requested {}, device free {} of {}",
-            n + 1,
-            rel(r, i.ts_ns),
-            i.pid,
-            short(&i.command, 40),
-            i.device,
-            if i.caller.is_empty() { i.api.clone() } else { format!("{} via {}", i.api, i.caller) },
-            fmt_bytes(i.requested_bytes),
-            opt_bytes(i.device_free_bytes),
-            opt_bytes(i.device_total_bytes)
-        );
-        if let Some(line) = snapshot_origin(r, i) {
-            let _ = writeln!(o, "     {line}");
-        }
-        let _ = writeln!(o, "     verdict: {}", i.verdict_name);
-        if !i.fix.is_empty() {
-            let _ = writeln!(o, "     fix: {}", i.fix);
-        }
-        for (label, value) in super::oom_numbers(i) {
-            let _ = writeln!(o, "       {label:<18} {value}");
-        }
-        for (k, line) in i.explanation.lines().enumerate() {
-            let _ = writeln!(o, "     {}{}", if k == 0 { "why: " } else { "" }, super::tidy_paths(line));
-        }
-        let _ = writeln!(
-            o,
-            "     outcome: {} after {}, {}; {} freed in between; idle: own {}, other processes {}",
-            i.outcome.name(),
-            super::count(i.failures, "failure", "failures"),
-            super::count(i.retries, "retry", "retries"),
-            fmt_bytes(i.freed_bytes_between),
-            fmt_bytes(i.own_idle_bytes),
-            fmt_bytes(i.other_idle_bytes)
-        );
-        for line in holders_lines(i) {
-            let _ = writeln!(o, "     {line}");
-        }
-        for line in live_at_oom_lines(r, i) {
-            let _ = writeln!(o, "     {line}");
-        }
-        if !i.lead_up.is_empty() {
-            let _ = writeln!(o, "     lead-up (last {} events of the process):", i.lead_up.len());
-            for e in &i.lead_up {
-                let _ = writeln!(
-                    o,
-                    "       {} tid {:<6} {:<12} {:<22} {}{}",
-                    rel(r, e.ts_ns),
-                    e.tid,
-                    e.kind,
-                    e.api,
-                    super::event_words(e),
-                    if e.result != 0 {
-                        format!("  -> {}", vramhook_protocol::record::result_name(e.result))
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-        }
+        oom_incident(o, r, n, i);
     }
+}
 
-    crate::logs::render_text(&mut o, r);
-
+fn leaks(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nLEAKS ({})", r.leaks.len());
     if r.leaks.is_empty() {
         let _ = writeln!(o, "  {}", no_leak_line(r));
@@ -363,7 +333,9 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
 
+fn fragmentation(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nFRAGMENTATION ({} arenas)", r.fragmentation.len());
     if r.fragmentation.is_empty() {
         let _ = writeln!(
@@ -388,7 +360,9 @@ pub fn render(r: &Report) -> String {
         let rest: usize = groups[20..].iter().map(|g| g.len()).sum();
         let _ = writeln!(o, "  … {} more in --json", super::count(rest as u64, "arena", "arenas"));
     }
+}
 
+fn framework_caches(o: &mut String, r: &Report) {
     if !r.timelines.frameworks.is_empty() {
         let _ = writeln!(o, "\nFRAMEWORK CACHES ({}; timelines in --json and --html)", r.timelines.frameworks.len());
         for f in r.timelines.frameworks.iter().take(20) {
@@ -398,13 +372,17 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "  … {} more in --json", r.timelines.frameworks.len() - 20);
         }
     }
+}
 
+fn histograms(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nHISTOGRAMS (allocations live at exit or end)");
     for p in &r.processes {
         let _ = writeln!(o, "  pid {} sizes: {}", p.pid, hist_line(&p.size_histogram, fmt_bytes));
         let _ = writeln!(o, "  pid {} ages:  {}", p.pid, hist_line(&p.age_histogram, dur));
     }
+}
 
+fn layout(o: &mut String, r: &Report) {
     if let Some(l) = &r.layout {
         let _ = writeln!(
             o,
@@ -416,7 +394,9 @@ pub fn render(r: &Report) -> String {
             l.arenas.len()
         );
     }
+}
 
+fn anomalies(o: &mut String, r: &Report) {
     let _ = writeln!(o, "\nANOMALIES");
     if r.anomalies.is_empty() {
         let _ = writeln!(o, "  none");
@@ -426,7 +406,72 @@ pub fn render(r: &Report) -> String {
     }
     let lost: u64 = r.processes.iter().map(|p| p.dropped_events).sum();
     let _ = writeln!(o, "  dropped events: {lost}");
-    o
+}
+
+/// One OOM incident: what was asked, the verdict and its numbers, the outcome, who held the
+/// memory and the lead-up.
+fn oom_incident(o: &mut String, r: &Report, n: usize, i: &OomReport) {
+    let _ = writeln!(
+        o,
+        "  #{} at {} — pid {} ({}) on device {}: {} requested {}, device free {} of {}",
+        n + 1,
+        rel(r, i.ts_ns),
+        i.pid,
+        short(&i.command, 40),
+        i.device,
+        if i.caller.is_empty() { i.api.clone() } else { format!("{} via {}", i.api, i.caller) },
+        fmt_bytes(i.requested_bytes),
+        opt_bytes(i.device_free_bytes),
+        opt_bytes(i.device_total_bytes)
+    );
+    if let Some(line) = snapshot_origin(r, i) {
+        let _ = writeln!(o, "     {line}");
+    }
+    let _ = writeln!(o, "     verdict: {}", i.verdict_name);
+    if !i.fix.is_empty() {
+        let _ = writeln!(o, "     fix: {}", i.fix);
+    }
+    for (label, value) in super::oom_numbers(i) {
+        let _ = writeln!(o, "       {label:<18} {value}");
+    }
+    for (k, line) in i.explanation.lines().enumerate() {
+        let _ = writeln!(o, "     {}{}", if k == 0 { "why: " } else { "" }, super::tidy_paths(line));
+    }
+    let _ = writeln!(
+        o,
+        "     outcome: {} after {}, {}; {} freed in between; idle: own {}, other processes {}",
+        i.outcome.name(),
+        super::count(i.failures, "failure", "failures"),
+        super::count(i.retries, "retry", "retries"),
+        fmt_bytes(i.freed_bytes_between),
+        fmt_bytes(i.own_idle_bytes),
+        fmt_bytes(i.other_idle_bytes)
+    );
+    for line in holders_lines(i) {
+        let _ = writeln!(o, "     {line}");
+    }
+    for line in live_at_oom_lines(r, i) {
+        let _ = writeln!(o, "     {line}");
+    }
+    if !i.lead_up.is_empty() {
+        let _ = writeln!(o, "     lead-up (last {} events of the process):", i.lead_up.len());
+        for e in &i.lead_up {
+            let _ = writeln!(
+                o,
+                "       {} tid {:<6} {:<12} {:<22} {}{}",
+                rel(r, e.ts_ns),
+                e.tid,
+                e.kind,
+                e.api,
+                super::event_words(e),
+                if e.result != 0 {
+                    format!("  -> {}", vramhook_protocol::record::result_name(e.result))
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
 }
 
 /// One framework cache in a line: its peak and last reserved and allocated bytes, its last

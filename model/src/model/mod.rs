@@ -604,43 +604,12 @@ impl Model {
             self.process_start(ev.pid, ev.start_time(), ev.ppid(), ev.ts_ns);
             return;
         }
-        let slot = match self.pid_cache {
-            Some((p, s)) if p == ev.pid => s,
-            _ => {
-                let s = match self.by_pid.get(&ev.pid) {
-                    Some(&s) => s,
-                    None => self.new_process(ev.pid, 0),
-                };
-                self.pid_cache = Some((ev.pid, s));
-                s
-            }
-        };
-        let p = &mut self.procs[slot];
-        if !p.alive {
+        let slot = self.slot_of(ev.pid);
+        if !self.procs[slot].alive {
             self.anomaly(Some(slot), Anomaly::EventAfterExit);
             return;
         }
-        // Time: an event is applied at its process's latest time if it is older (threads
-        // reach the ring concurrently, so small steps back across threads are normal); a
-        // step back within one thread is an anomaly.
-        let (ts, incident) = {
-            let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
-            if p.cur_tid.0 != ev.tid {
-                let (tid, last) = p.cur_tid;
-                if last != 0 || tid != 0 {
-                    p.thread_ts.insert(tid, last);
-                }
-                p.cur_tid = (ev.tid, p.thread_ts.get(&ev.tid).copied().unwrap_or(0));
-            }
-            let back = ev.ts_ns < p.cur_tid.1;
-            p.cur_tid.1 = p.cur_tid.1.max(ev.ts_ns);
-            p.last_ts = ts;
-            let incident = p.awaiting_sample.is_some() || p.open_incident.is_some();
-            if back {
-                self.anomaly(Some(slot), Anomaly::TimeBackwards);
-            }
-            (ts, incident)
-        };
+        let (ts, incident) = self.process_time(slot, ev);
         if ts > self.now {
             self.now = ts;
         }
@@ -653,6 +622,57 @@ impl Model {
         {
             self.note_demand(slot, ev, kind, ts);
         }
+        if !self.dispatch(slot, ev, kind, api, ts) {
+            return;
+        }
+        self.after_event(slot, ev);
+    }
+
+    /// The slot of `pid`'s process (made on its first event), through a one-entry cache.
+    #[inline]
+    fn slot_of(&mut self, pid: u32) -> usize {
+        match self.pid_cache {
+            Some((p, s)) if p == pid => s,
+            _ => {
+                let s = match self.by_pid.get(&pid) {
+                    Some(&s) => s,
+                    None => self.new_process(pid, 0),
+                };
+                self.pid_cache = Some((pid, s));
+                s
+            }
+        }
+    }
+
+    /// Time: an event is applied at its process's latest time if it is older (threads
+    /// reach the ring concurrently, so small steps back across threads are normal); a
+    /// step back within one thread is an anomaly. Returns the time applied and whether
+    /// an incident is open or awaiting its sample.
+    #[inline]
+    fn process_time(&mut self, slot: usize, ev: &Event) -> (u64, bool) {
+        let p = &mut self.procs[slot];
+        let ts = if ev.ts_ns < p.last_ts { p.last_ts } else { ev.ts_ns };
+        if p.cur_tid.0 != ev.tid {
+            let (tid, last) = p.cur_tid;
+            if last != 0 || tid != 0 {
+                p.thread_ts.insert(tid, last);
+            }
+            p.cur_tid = (ev.tid, p.thread_ts.get(&ev.tid).copied().unwrap_or(0));
+        }
+        let back = ev.ts_ns < p.cur_tid.1;
+        p.cur_tid.1 = p.cur_tid.1.max(ev.ts_ns);
+        p.last_ts = ts;
+        let incident = p.awaiting_sample.is_some() || p.open_incident.is_some();
+        if back {
+            self.anomaly(Some(slot), Anomaly::TimeBackwards);
+        }
+        (ts, incident)
+    }
+
+    /// The event's own effect: a failure counted (an OOM opens an incident), or the
+    /// state change its kind makes. False where the process exited (nothing follows).
+    #[inline]
+    fn dispatch(&mut self, slot: usize, ev: &Event, kind: EventKind, api: Api, ts: u64) -> bool {
         if ev.failed() {
             if kind != EventKind::MemInfo && kind != EventKind::PoolSample {
                 self.procs[slot].failed_calls += 1;
@@ -680,7 +700,7 @@ impl Model {
                 EventKind::ProcessExit => {
                     self.forget_demand(slot);
                     self.close_process(slot, ts);
-                    return;
+                    return false;
                 }
                 EventKind::Dropped => {
                     let p = &mut self.procs[slot];
@@ -694,6 +714,13 @@ impl Model {
                 EventKind::ProcessStart | EventKind::HookMiss | EventKind::GpuProcess => {}
             }
         }
+        true
+    }
+
+    /// After the event: the open incident's bytes freed since it opened, and the event
+    /// kept in the process's lead-up ring.
+    #[inline]
+    fn after_event(&mut self, slot: usize, ev: &Event) {
         let p = &mut self.procs[slot];
         if let Some(idx) = p.open_incident {
             if let Some(inc) = self.incidents.get_mut(idx) {

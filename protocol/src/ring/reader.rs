@@ -97,6 +97,18 @@ struct Candidate {
     raw: RawRecord,
 }
 
+/// What bounds one poll's scan of each lane.
+struct LaneScan {
+    shift: u32,
+    /// Events stamped later wait for a later poll.
+    watermark: u64,
+    /// Events taken per lane at most.
+    per_lane: usize,
+    /// Slots looked at per lane at most.
+    max_scan: u64,
+    writer_gone: bool,
+}
+
 /// A validated view of a ring file, owned by the one reader that holds its lock.
 pub struct RingReader {
     base: *mut u8,
@@ -460,6 +472,7 @@ impl RingReader {
         // Slots looked at per lane: bounded too, not only those delivered, so a ring whose
         // cursors claim a full lap with nothing published costs little per poll.
         let max_scan = (per_lane as u64).saturating_mul(4).max(1024);
+        let scan = LaneScan { shift, watermark, per_lane, max_scan, writer_gone };
         let mut candidates = std::mem::take(&mut self.candidates);
         candidates.clear();
         // Events of a lane that was cut short (its share taken, or its scan bounded) and
@@ -479,72 +492,9 @@ impl RingReader {
         }
         let mut scanned = [0u64; MAX_LANES as usize];
         for lane in 0..self.lanes {
-            let write_pos = self.write_pos(lane);
-            let pos = self.pos[lane as usize];
-            if write_pos < pos {
-                stats.malformed += 1;
-            }
-            // A hostile writer may claim anything; never look further than one lap ahead.
-            let end = write_pos.min(pos.saturating_add(self.capacity)).min(pos.saturating_add(max_scan));
-            let uncommitted = &self.uncommitted[lane as usize];
-            let mut next_uncommitted = uncommitted.partition_point(|(p, _)| *p < pos);
-            let mut taken = 0usize;
-            let mut last_ts = None;
-            // Past a slot that must wait (stamped after the watermark, or not yet
-            // published) the scan goes on and takes what it may.
-            let mut scan = pos;
-            while scan < end && taken < per_lane {
-                if uncommitted.get(next_uncommitted).is_some_and(|(p, _)| *p == scan) {
-                    next_uncommitted += 1; // delivered by an earlier poll
-                    scan += 1;
-                    continue;
-                }
-                let lap = scan >> shift;
-                let stamp_ref = self.stamp(lane, scan);
-                let stamp = stamp_ref.load(Ordering::Acquire);
-                let free_next = lap.wrapping_mul(2).wrapping_add(2);
-                if stamp == lap.wrapping_mul(2).wrapping_add(1) {
-                    let mut bytes = [0u8; RECORD_SIZE];
-                    // SAFETY: the slot is published and ours until it is restamped.
-                    unsafe { std::ptr::copy_nonoverlapping(self.slot(lane, scan), bytes.as_mut_ptr(), RECORD_SIZE) };
-                    let raw = RawRecord::read_from_bytes(&bytes).unwrap_or_else(|_| unreachable_record());
-                    let ts = raw.ts_ns.get();
-                    let seq = self.seq_of(lane, scan);
-                    if ts > watermark {
-                        // Stamped after this poll began: a later poll takes it.
-                    } else if self.recorded.contains(seq) {
-                        // Already in an earlier reader's record: consumed, not delivered.
-                        stamp_ref.store(free_next, Ordering::Release);
-                        stats.duplicates += 1;
-                    } else {
-                        candidates.push(Candidate { ts, lane, pos: scan, raw });
-                        taken += 1;
-                        last_ts = Some(ts);
-                    }
-                } else if stamp >= free_next && stamp - free_next < 4 {
-                    // Already consumed: by an earlier poll, or by an earlier reader that died
-                    // before saving its cursor (the writer may already have reused the slot
-                    // for the next lap).
-                } else if writer_gone {
-                    if stamp == lap.wrapping_mul(2) {
-                        stats.lost_in_flight += 1;
-                    } else {
-                        stats.malformed += 1;
-                    }
-                    stamp_ref.store(free_next, Ordering::Release);
-                } else if stamp != lap.wrapping_mul(2) {
-                    stats.malformed += 1;
-                }
-                // (Reserved but not yet published by a live writer: come back later.)
-                scan += 1;
-            }
-            scanned[lane as usize] = scan;
-            let cut_short = scan < write_pos.min(pos.saturating_add(self.capacity));
-            if cut_short && self.lanes > 1 {
-                if let Some(ts) = last_ts {
-                    hold_after = hold_after.min(ts);
-                }
-            }
+            let (end, hold) = self.scan_lane(lane, &scan, &mut candidates, &mut stats);
+            scanned[lane as usize] = end;
+            hold_after = hold_after.min(hold);
         }
         // Time order across lanes; within a lane, order of reservation (stable sort).
         if self.lanes > 1 {
@@ -553,7 +503,108 @@ impl RingReader {
         let deliver = candidates.partition_point(|c| c.ts <= hold_after);
         stats.held = (candidates.len() - deliver) as u64;
         let generation = self.generation;
-        for c in &candidates[..deliver] {
+        self.deliver(&candidates[..deliver], now, &mut stats, &mut sink);
+        // Keep the buffer, but not the peak of a burst (a reader may hold many rings).
+        if candidates.capacity() > 4096 {
+            candidates.shrink_to(4096);
+        }
+        self.candidates = candidates;
+        for lane in 0..self.lanes {
+            self.advance(lane, scanned[lane as usize], shift);
+        }
+        if self.auto_commit {
+            self.commit(generation);
+        } else {
+            for lane in 0..self.lanes {
+                self.store_cursor(lane);
+            }
+        }
+        self.report_drops(now, &mut stats, &mut sink);
+        stats
+    }
+
+    /// Scans one lane from its cursor, adding the events this poll may deliver to
+    /// `candidates`. Returns where the scan stopped, and the time no later event may pass
+    /// because of this lane (`u64::MAX`: none).
+    fn scan_lane(&self, lane: u32, s: &LaneScan, candidates: &mut Vec<Candidate>, stats: &mut PollStats) -> (u64, u64) {
+        let write_pos = self.write_pos(lane);
+        let pos = self.pos[lane as usize];
+        if write_pos < pos {
+            stats.malformed += 1;
+        }
+        // A hostile writer may claim anything; never look further than one lap ahead.
+        let end = write_pos.min(pos.saturating_add(self.capacity)).min(pos.saturating_add(s.max_scan));
+        let uncommitted = &self.uncommitted[lane as usize];
+        let mut next_uncommitted = uncommitted.partition_point(|(p, _)| *p < pos);
+        let mut taken = 0usize;
+        let mut last_ts = None;
+        // Past a slot that must wait (stamped after the watermark, or not yet
+        // published) the scan goes on and takes what it may.
+        let mut scan = pos;
+        while scan < end && taken < s.per_lane {
+            if uncommitted.get(next_uncommitted).is_some_and(|(p, _)| *p == scan) {
+                next_uncommitted += 1; // delivered by an earlier poll
+                scan += 1;
+                continue;
+            }
+            let lap = scan >> s.shift;
+            let stamp_ref = self.stamp(lane, scan);
+            let stamp = stamp_ref.load(Ordering::Acquire);
+            let free_next = lap.wrapping_mul(2).wrapping_add(2);
+            if stamp == lap.wrapping_mul(2).wrapping_add(1) {
+                let mut bytes = [0u8; RECORD_SIZE];
+                // SAFETY: the slot is published and ours until it is restamped.
+                unsafe { std::ptr::copy_nonoverlapping(self.slot(lane, scan), bytes.as_mut_ptr(), RECORD_SIZE) };
+                let raw = RawRecord::read_from_bytes(&bytes).unwrap_or_else(|_| unreachable_record());
+                let ts = raw.ts_ns.get();
+                let seq = self.seq_of(lane, scan);
+                if ts > s.watermark {
+                    // Stamped after this poll began: a later poll takes it.
+                } else if self.recorded.contains(seq) {
+                    // Already in an earlier reader's record: consumed, not delivered.
+                    stamp_ref.store(free_next, Ordering::Release);
+                    stats.duplicates += 1;
+                } else {
+                    candidates.push(Candidate { ts, lane, pos: scan, raw });
+                    taken += 1;
+                    last_ts = Some(ts);
+                }
+            } else if stamp >= free_next && stamp - free_next < 4 {
+                // Already consumed: by an earlier poll, or by an earlier reader that died
+                // before saving its cursor (the writer may already have reused the slot
+                // for the next lap).
+            } else if s.writer_gone {
+                if stamp == lap.wrapping_mul(2) {
+                    stats.lost_in_flight += 1;
+                } else {
+                    stats.malformed += 1;
+                }
+                stamp_ref.store(free_next, Ordering::Release);
+            } else if stamp != lap.wrapping_mul(2) {
+                stats.malformed += 1;
+            }
+            // (Reserved but not yet published by a live writer: come back later.)
+            scan += 1;
+        }
+        let cut_short = scan < write_pos.min(pos.saturating_add(self.capacity));
+        let hold = match last_ts {
+            Some(ts) if cut_short && self.lanes > 1 => ts,
+            _ => u64::MAX,
+        };
+        (scan, hold)
+    }
+
+    /// Hands `ready` to `sink` in order, with `seq` set and `ts_ns` on the monotonic clock,
+    /// each noted as delivered (uncommitted) in its lane.
+    fn deliver(
+        &mut self,
+        ready: &[Candidate],
+        now: Option<(u64, u64)>,
+        stats: &mut PollStats,
+        sink: &mut impl FnMut(Event),
+    ) {
+        let generation = self.generation;
+        for c in ready {
             let mut raw = c.raw;
             raw.seq = U64::new(self.seq_of(c.lane, c.pos));
             if let (Some(clock), Some((tsc_now, mono_now))) = (&self.clock, now) {
@@ -571,21 +622,11 @@ impl RingReader {
             stats.delivered += 1;
             sink(Event::from_raw(&raw));
         }
-        // Keep the buffer, but not the peak of a burst (a reader may hold many rings).
-        if candidates.capacity() > 4096 {
-            candidates.shrink_to(4096);
-        }
-        self.candidates = candidates;
-        for lane in 0..self.lanes {
-            self.advance(lane, scanned[lane as usize], shift);
-        }
-        if self.auto_commit {
-            self.commit(generation);
-        } else {
-            for lane in 0..self.lanes {
-                self.store_cursor(lane);
-            }
-        }
+    }
+
+    /// A `Dropped` event when the writer's drop counter has grown since the last report,
+    /// or slots of a dead writer were lost in flight.
+    fn report_drops(&mut self, now: Option<(u64, u64)>, stats: &mut PollStats, sink: &mut impl FnMut(Event)) {
         let header = self.header();
         let dropped = header.dropped.load(Ordering::Acquire);
         let reported = header.dropped_reported.load(Ordering::Acquire);
@@ -605,7 +646,6 @@ impl RingReader {
                 ..Event::default()
             });
         }
-        stats
     }
 
     /// Moves `lane`'s consumed prefix over the slots consumed (delivered, or restamped
