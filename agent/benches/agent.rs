@@ -20,12 +20,12 @@ use vramhook_agent::rings::{RingFilter, RingSource, SourceItem};
 use vramhook_agent::AgentConfig;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::RingWriter;
+use vramhook_ring::RingWriter;
 
 /// A ring file for `pid`, mapped; the mapping is leaked on purpose (lives to exit).
 fn make_ring(dir: &Path, pid: u32, capacity: u64) -> RingWriter {
     let mut meta = vec![0u8; 64];
-    let n = vramhook_protocol::ring::encode_meta(b"/bin/bench", b"bench\0", &mut meta);
+    let n = vramhook_ring::encode_meta(b"/bin/bench", b"bench\0", &mut meta);
     meta.truncate(n);
     vramhook_testkit::ring_file(dir, pid, capacity, &meta).0
 }

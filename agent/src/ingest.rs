@@ -56,7 +56,7 @@ impl IngestConfig {
             include_run_rings: false,
             forget_exited_after: Duration::from_secs(600),
             incidents_kept: 1000,
-            max_ring_bytes: vramhook_protocol::ring::DEFAULT_MAX_RING_BYTES,
+            max_ring_bytes: vramhook_ring::DEFAULT_MAX_RING_BYTES,
             ebpf: None,
             nvml_interval: Duration::from_secs(5),
         }
@@ -205,7 +205,7 @@ impl Ingest {
         source.defer_removals = links.capture.is_some();
         // Parent 1777 (sticky), ours 0700; `crate::run` has already refused a bad directory.
         // SAFETY: geteuid has no preconditions.
-        let _ = vramhook_protocol::ringdir::make_ring_dir(&cfg.ring_dir, unsafe { libc::geteuid() });
+        let _ = vramhook_ring::dir::make_ring_dir(&cfg.ring_dir, unsafe { libc::geteuid() });
         let watcher = Watcher::new(&cfg.ring_dir);
         if watcher.is_none() {
             eprintln!(

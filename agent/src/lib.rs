@@ -39,7 +39,7 @@ pub enum AgentError {
     #[error(transparent)]
     Ebpf(#[from] ebpf::ProbeError),
     #[error("refusing ring directory {dir}")]
-    RingDir { dir: PathBuf, source: vramhook_protocol::ringdir::RingDirError },
+    RingDir { dir: PathBuf, source: vramhook_ring::dir::RingDirError },
 }
 
 /// Test hook: `VRAMHOOK_AGENT_PAUSE_AT=<step>` makes the first thread that reaches the named
@@ -78,7 +78,7 @@ const GC_INTERVAL: Duration = Duration::from_secs(30);
 /// Applies the gc rules to the ring directory once and publishes the recorded removals.
 fn collect_garbage(dir: &std::os::fd::OwnedFd, stats: &stats::AgentStats) {
     use std::os::fd::AsRawFd;
-    use vramhook_protocol::ringdir;
+    use vramhook_ring::dir as ringdir;
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |e| {
@@ -199,11 +199,11 @@ fn open_ring_dir(cfg: &AgentConfig) -> Result<std::os::fd::OwnedFd, AgentError> 
     // /dev/shm/vramhook, under that user's rules; its own it makes or repairs.
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    let owner = vramhook_protocol::ringdir::expected_owner(&cfg.ingest.ring_dir, euid);
+    let owner = vramhook_ring::dir::expected_owner(&cfg.ingest.ring_dir, euid);
     if owner == euid {
-        vramhook_protocol::ringdir::make_ring_dir(&cfg.ingest.ring_dir, euid)
+        vramhook_ring::dir::make_ring_dir(&cfg.ingest.ring_dir, euid)
     } else {
-        vramhook_protocol::ringdir::open_ring_dir(&cfg.ingest.ring_dir, owner)
+        vramhook_ring::dir::open_ring_dir(&cfg.ingest.ring_dir, owner)
     }
     .map_err(|source| AgentError::RingDir { dir: cfg.ingest.ring_dir.clone(), source })
 }
@@ -268,7 +268,7 @@ fn start_gc(
     // refuses is counted as refused before gc may remove it).
     {
         use std::os::fd::AsRawFd;
-        let (rings, bytes) = vramhook_protocol::ringdir::read_gc_record(ring_dir_fd.as_raw_fd());
+        let (rings, bytes) = vramhook_ring::dir::read_gc_record(ring_dir_fd.as_raw_fd());
         stats.rings_gc_removed.store(rings, Ordering::Relaxed);
         stats.rings_gc_removed_bytes.store(bytes, Ordering::Relaxed);
     }

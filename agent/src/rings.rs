@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{MappedRing, RingError, DEFAULT_MAX_RING_BYTES};
 use vramhook_protocol::seqset::SeqSet;
+use vramhook_ring::{MappedRing, RingError, DEFAULT_MAX_RING_BYTES};
 
 use crate::stats::RecordedByRun;
 
@@ -252,7 +252,7 @@ impl RingSource {
             generation: 0,
             open_names: Default::default(),
             names: BTreeMap::new(),
-            own_pid_ns: vramhook_protocol::ringdir::own_pid_ns(),
+            own_pid_ns: vramhook_ring::dir::own_pid_ns(),
             run_rings: BTreeMap::new(),
             locks_read: None,
         }
@@ -992,8 +992,8 @@ impl RingRemoval {
 /// `ringdir::expected_owner` for whose directory a root agent drains.
 fn open_dir_fd(path: &Path) -> std::io::Result<OwnedFd> {
     // SAFETY: geteuid has no preconditions.
-    let owner = vramhook_protocol::ringdir::expected_owner(path, unsafe { libc::geteuid() });
-    vramhook_protocol::ringdir::open_ring_dir(path, owner).map_err(std::io::Error::other)
+    let owner = vramhook_ring::dir::expected_owner(path, unsafe { libc::geteuid() });
+    vramhook_ring::dir::open_ring_dir(path, owner).map_err(std::io::Error::other)
 }
 
 /// The names in a directory, read through its descriptor (a duplicate, rewound).
@@ -1074,7 +1074,7 @@ enum Peek {
 /// file) without locking the file. Only used to leave `vramhook run` sessions' rings alone
 /// and list them: everything a drained ring says is validated by `MappedRing::from_file`.
 fn peek_header(f: &std::fs::File) -> Peek {
-    use vramhook_protocol::ring::{RingHeader, HEADER_SIZE, META_OFFSET};
+    use vramhook_ring::{RingHeader, HEADER_SIZE, META_OFFSET};
     let mut h = vec![0u8; HEADER_SIZE];
     if f.read_exact_at(&mut h, 0).is_err() {
         return Peek::Plain; // too small: let `open` refuse it
@@ -1087,7 +1087,7 @@ fn peek_header(f: &std::fs::File) -> Peek {
     if u64_at(std::mem::offset_of!(RingHeader, run_id)) == 0 {
         return Peek::Plain;
     }
-    let (exe, cmdline) = vramhook_protocol::ring::parse_meta(h.get(META_OFFSET..).unwrap_or_default());
+    let (exe, cmdline) = vramhook_ring::parse_meta(h.get(META_OFFSET..).unwrap_or_default());
     Peek::Run {
         pid: u32_at(std::mem::offset_of!(RingHeader, pid)),
         start_time: u64_at(std::mem::offset_of!(RingHeader, start_time)),
@@ -1153,7 +1153,7 @@ pub fn parse_ring_name(name: &str) -> Option<RingKey> {
 /// pid and its /proc entry), if there is one.
 fn proc_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    vramhook_protocol::ringdir::parse_stat_start(&stat).map(|(_, start)| start)
+    vramhook_ring::dir::parse_stat_start(&stat).map(|(_, start)| start)
 }
 
 /// Field 4 of /proc/PID/stat: the parent's pid, as this reader sees it.
@@ -1190,7 +1190,7 @@ pub fn pid_in_this_namespace(ns: u64, ns_pid: u32, start_time: u64) -> Option<u3
 
 /// Whether `pid` is still the process that started at `start_time` and has not exited
 /// (one implementation for the interposer's gc, `vramhook gc` and the agent).
-pub use vramhook_protocol::ringdir::process_alive;
+pub use vramhook_ring::dir::process_alive;
 
 /// The default ring directory for this user: `/dev/shm/vramhook/<euid>`.
 pub fn default_ring_dir() -> PathBuf {
@@ -1238,7 +1238,7 @@ mod tests {
 
     /// A ring made with the protocol's writer, holding `events`, for a process that is gone.
     fn write_ring(dir: &Path, pid: u32, start: u64, events: &[Event]) {
-        use vramhook_protocol::ring::RingInit;
+        use vramhook_ring::RingInit;
         // SAFETY: geteuid has no preconditions.
         let init =
             RingInit { capacity: 16, pid, start_time: start, uid: unsafe { libc::geteuid() }, ..RingInit::default() };
@@ -1304,7 +1304,7 @@ mod tests {
     #[test]
     fn a_run_sessions_ring_is_listed_not_drained() {
         use std::os::fd::AsRawFd;
-        use vramhook_protocol::ring::RingInit;
+        use vramhook_ring::RingInit;
         let dir = tempfile::tempdir().expect("tempdir");
         let (pid, start) = (std::process::id(), own_start_time());
         // SAFETY: geteuid has no preconditions.

@@ -209,7 +209,7 @@ static TOO_LARGE: std::sync::Mutex<std::collections::BTreeMap<u32, RingsTooLarge
 /// The `--max-ring-mib` that takes a ring file of `len` bytes (its slots, rounded up to a
 /// MiB; the header page is allowed for by the setting).
 pub fn max_ring_mib_for(len: u64) -> u64 {
-    len.saturating_sub(vramhook_protocol::ring::HEADER_SIZE as u64).div_ceil(1 << 20)
+    len.saturating_sub(vramhook_ring::HEADER_SIZE as u64).div_ceil(1 << 20)
 }
 
 /// Counts a ring of `uid`, `len` bytes, refused for being over `limit` bytes.

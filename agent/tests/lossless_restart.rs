@@ -12,7 +12,7 @@ use vramhook_agent::rings::{RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::AgentStats;
 use vramhook_model::{Model, ModelConfig};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::{RingInit, RingWriter};
+use vramhook_ring::{RingInit, RingWriter};
 use vramhook_testkit::{make_ring_file, start_time};
 
 const CAPACITY: u64 = 1024;

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vramhook_protocol::ringdir::{self, DirRole, Errno, GcPolicy, RingDirError};
+use vramhook_ring::dir::{self as ringdir, DirRole, Errno, GcPolicy, RingDirError};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct GcArgs {

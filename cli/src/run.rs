@@ -587,7 +587,7 @@ pub fn trace_sampled(run: TracedRun<'_>, nvml: Duration) -> Result<RunOutcome> {
 /// The ring directory as the rules say (parent 1777 sticky, ours 0700), or a clear
 /// refusal; then what the gc rules remove (rings of gone processes), before we add ours.
 fn prepare_ring_dir(ring_dir: &Path) -> Result<OwnedFd> {
-    use vramhook_protocol::ringdir;
+    use vramhook_ring::dir as ringdir;
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let dir = ringdir::make_ring_dir(ring_dir, uid)
@@ -778,7 +778,7 @@ impl RunDrain<'_> {
 /// Applies the gc rules to the ring directory (rings of processes that are gone).
 fn collect_garbage(dir: &std::os::fd::OwnedFd) {
     use std::os::fd::AsRawFd;
-    use vramhook_protocol::ringdir;
+    use vramhook_ring::dir as ringdir;
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     ringdir::gc_dir(dir.as_raw_fd(), uid, &ringdir::GcPolicy::from_env(), ringdir::now_secs(), false, &mut |_| {});

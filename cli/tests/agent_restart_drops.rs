@@ -16,7 +16,7 @@ use vramhook_agent::capture::QUEUE_BYTES_ENV;
 use vramhook_agent::{PAUSE_AT_ENV, PAUSE_FILE_ENV};
 use vramhook_protocol::capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ring::RingWriter;
+use vramhook_ring::RingWriter;
 use vramhook_testkit::{shm_dir as ring_dir, vramhook_bin};
 
 /// Every pause point of the agent (see [`PAUSE_AT_ENV`]).
@@ -349,7 +349,7 @@ fn a_drop_marker_after_its_process_end_is_counted() {
 /// and that an earlier reader reported `reported` of them (that reader died before its
 /// capture recorded the marker).
 fn gone_ring(dir: &Path, pid: u32, start_time: u64, events: u64, dropped: u64, reported: u64) -> (*mut u8, usize) {
-    let init = vramhook_protocol::ring::RingInit {
+    let init = vramhook_ring::RingInit {
         capacity: 1024,
         pid,
         ppid: 1,
@@ -374,7 +374,7 @@ fn gone_ring(dir: &Path, pid: u32, start_time: u64, events: u64, dropped: u64, r
     }
     ring.count_dropped(dropped);
     // SAFETY: the mapping starts with the ring header; its counters are atomics.
-    let header = unsafe { &*(base as *const vramhook_protocol::ring::RingHeader) };
+    let header = unsafe { &*(base as *const vramhook_ring::RingHeader) };
     header.dropped_reported.store(reported, std::sync::atomic::Ordering::Release);
     (base, len)
 }

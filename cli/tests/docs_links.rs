@@ -12,8 +12,19 @@ use std::path::{Path, PathBuf};
 use vramhook_testkit::repo_root;
 
 /// The workspace's crates (and the fuzz crate), each with a README that lists its modules.
-const CRATES: &[&str] =
-    &["protocol", "model", "interposer", "agent", "analyzer", "cli", "ebpf", "tests/kit", "tests/safety"];
+/// The workspace's crates: the `members` of the root `Cargo.toml` (a new crate is checked
+/// without anyone adding it here).
+fn crates() -> Vec<String> {
+    let manifest = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
+    let members = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members = ["))
+        .expect("a one-line `members = [...]` in Cargo.toml");
+    let members: Vec<String> =
+        members.trim_end_matches(']').split(',').map(|m| m.trim().trim_matches('"').to_string()).collect();
+    assert!(members.len() >= 10 && members.iter().any(|m| m == "ring"), "members: {members:?}");
+    members
+}
 
 /// Folders never searched for documents: build outputs, tools, other repositories.
 fn skipped(name: &str) -> bool {
@@ -232,7 +243,7 @@ fn modules(src: &Path, rel: &Path, out: &mut Vec<(PathBuf, bool)>) {
 fn every_module_is_named_in_its_crates_readme() {
     let root = repo_root();
     let mut missing = Vec::new();
-    for krate in CRATES {
+    for krate in &crates() {
         let readme_path = root.join(krate).join("README.md");
         let Ok(readme) = std::fs::read_to_string(&readme_path) else {
             missing.push(format!("{krate}/README.md: missing (it must list the crate's modules)"));

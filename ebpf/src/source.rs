@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::record::{Api, Event, EventKind};
-use vramhook_protocol::ringdir::process_alive;
+use vramhook_ring::dir::process_alive;
 
 /// Which processes to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 /// `VRAMHOOK_QUIET=1`: never print the one-line warning when the ring cannot be made.
 pub static QUIET: AtomicBool = AtomicBool::new(false);
 /// `VRAMHOOK_RING_SLOTS`: ring capacity in 64-byte slots (power of two).
-pub static RING_SLOTS: AtomicU64 = AtomicU64::new(vramhook_protocol::ring::DEFAULT_CAPACITY);
+pub static RING_SLOTS: AtomicU64 = AtomicU64::new(vramhook_ring::DEFAULT_CAPACITY);
 /// `VRAMHOOK_RING_LANES`: lanes per ring (0 = one per CPU, up to 16).
 pub static RING_LANES: AtomicU64 = AtomicU64::new(0);
 /// `VRAMHOOK_RUN_ID`: set by `vramhook run` so that it drains exactly its descendants.
@@ -68,9 +68,9 @@ pub fn bench_skips(part: u64) -> bool {
 
 /// `VRAMHOOK_KEEP_PERCENT`: undrained rings of gone processes may take this share of the
 /// ring directory's file system before the oldest are removed.
-pub static KEEP_PERCENT: AtomicU64 = AtomicU64::new(vramhook_protocol::ringdir::DEFAULT_KEEP_PERCENT);
+pub static KEEP_PERCENT: AtomicU64 = AtomicU64::new(vramhook_ring::dir::DEFAULT_KEEP_PERCENT);
 /// `VRAMHOOK_KEEP_HOURS`: undrained rings of gone processes older than this are removed.
-pub static KEEP_HOURS: AtomicU64 = AtomicU64::new(vramhook_protocol::ringdir::DEFAULT_KEEP_HOURS);
+pub static KEEP_HOURS: AtomicU64 = AtomicU64::new(vramhook_ring::dir::DEFAULT_KEEP_HOURS);
 /// `VRAMHOOK_DIR` was set to a path of `DIR_CAPACITY` bytes or more: refused (the process
 /// runs untraced with one line), never silently replaced by the default directory.
 pub static DIR_TOO_LONG: AtomicBool = AtomicBool::new(false);
@@ -121,12 +121,12 @@ pub fn load_from_env() {
         DEBUG.store(truthy(v), Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_RING_SLOTS").and_then(parse_u64) {
-        use vramhook_protocol::ring::{MAX_CAPACITY, MIN_CAPACITY};
+        use vramhook_ring::{MAX_CAPACITY, MIN_CAPACITY};
         let n = n.clamp(MIN_CAPACITY, MAX_CAPACITY).next_power_of_two().min(MAX_CAPACITY);
         RING_SLOTS.store(n, Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_RING_LANES").and_then(parse_u64) {
-        RING_LANES.store(n.min(u64::from(vramhook_protocol::ring::MAX_LANES)), Ordering::Relaxed);
+        RING_LANES.store(n.min(u64::from(vramhook_ring::MAX_LANES)), Ordering::Relaxed);
     }
     if let Some(n) = env(c"VRAMHOOK_RUN_ID").and_then(parse_u64) {
         RUN_ID.store(n, Ordering::Relaxed);
@@ -140,12 +140,12 @@ pub fn load_from_env() {
     #[cfg(feature = "bench-parts")]
     if let Some(n) = env(c"VRAMHOOK_BENCH_SKIP").and_then(parse_u64) {
         BENCH_SKIP.store(n, Ordering::Relaxed);
-        vramhook_protocol::ring::bench::PAGE_AHEAD.store(n & PAGE_AHEAD != 0, Ordering::Relaxed);
+        vramhook_ring::bench::PAGE_AHEAD.store(n & PAGE_AHEAD != 0, Ordering::Relaxed);
     }
-    if let Some(n) = env(c"VRAMHOOK_KEEP_PERCENT").and_then(vramhook_protocol::ringdir::parse_setting) {
+    if let Some(n) = env(c"VRAMHOOK_KEEP_PERCENT").and_then(vramhook_ring::dir::parse_setting) {
         KEEP_PERCENT.store(n.min(100), Ordering::Relaxed);
     }
-    if let Some(n) = env(c"VRAMHOOK_KEEP_HOURS").and_then(vramhook_protocol::ringdir::parse_setting) {
+    if let Some(n) = env(c"VRAMHOOK_KEEP_HOURS").and_then(vramhook_ring::dir::parse_setting) {
         KEEP_HOURS.store(n, Ordering::Relaxed);
     }
     if let Some(dir) = env(c"VRAMHOOK_DIR") {

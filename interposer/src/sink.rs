@@ -7,11 +7,11 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use vramhook_protocol::clock::{self, ClockSource};
 use vramhook_protocol::record::{Event, RawRecord};
-use vramhook_protocol::ring::{
+use vramhook_ring::dir as ringdir;
+use vramhook_ring::{
     encode_meta, lanes_for_cpus, ring_file_size_lanes, OwnedLane, ReservedSlot, RingInit, RingWriter, MAX_LANES,
     META_CAPACITY, MIN_CAPACITY,
 };
-use vramhook_protocol::ringdir;
 
 const UNINIT: u8 = 0;
 const CREATING: u8 = 1;
@@ -183,7 +183,7 @@ mod thread {
         static STATE: UnsafeCell<ThreadState> = const {
             UnsafeCell::new(ThreadState {
                 in_hook: false, device_known: false, lane_mode: 0, lane: 0, device: 0, _pad: 0,
-                epoch: 0, generation: 0, tid: 0, allocs: 0, owned: vramhook_protocol::ring::OwnedLane::UNSET,
+                epoch: 0, generation: 0, tid: 0, allocs: 0, owned: vramhook_ring::OwnedLane::UNSET,
             })
         };
     }
@@ -290,7 +290,7 @@ impl Hook {
 
     /// Before a driver call that releases what another thread could be handed next (a
     /// free, an unmap, a destroy): takes the release's stamp now and marks this thread's
-    /// lane as inside the call (`vramhook_protocol::ring`'s release marker), so that the
+    /// lane as inside the call (`vramhook_ring`'s release marker), so that the
     /// release is stamped before the driver can give its address to anyone, and no reader
     /// delivers what comes after it first. A thread without a lane of its own (it shares
     /// lane 0) stamps after the call, as for any other event.
@@ -708,7 +708,7 @@ fn warn(reason: &[u8], dir: &[u8]) {
 /// the ring is made (at the first CUDA call, never before), with the setting that reads it.
 /// Not under `vramhook run`, whose reader takes rings as large as it asked for.
 fn say_if_an_agent_refuses(len: u64) {
-    use vramhook_protocol::ring::{DEFAULT_MAX_RING_BYTES, HEADER_SIZE};
+    use vramhook_ring::{DEFAULT_MAX_RING_BYTES, HEADER_SIZE};
     if len <= DEFAULT_MAX_RING_BYTES
         || config::RUN_ID.load(Ordering::Relaxed) != 0
         || config::QUIET.load(Ordering::Relaxed)

@@ -10,8 +10,6 @@
 //! - [`clock`]: the TSC and the monotonic and wall clocks, and conversion between them;
 //! - [`host`]: the host name and a capture header stamped now;
 //! - [`mapped`]: a capture file read through a memory map (SIGBUS-safe);
-//! - [`ring`]: the per-process shared-memory ring (layout, writer, reader);
-//! - [`ringdir`]: the ring directory (names, ownership rules, flock, gc).
 
 // First: its `code_enum!` macro also makes the capture's frame types.
 #[macro_use]
@@ -22,8 +20,6 @@ pub mod clock;
 pub mod host;
 pub mod kinds;
 pub mod mapped;
-pub mod ring;
-pub mod ringdir;
 pub mod seqset;
 
 pub use capture::{CaptureHeader, CaptureReader, CaptureWriter, Frame, ProcessEnd, ProcessInfo};

@@ -211,23 +211,24 @@ fn register(start: usize, len: usize, writable: bool) -> Option<usize> {
     None
 }
 
-/// Protects `len` bytes mapped at `start` against the file's truncation: a `SIGBUS` inside
+/// Protects `len` bytes mapped at `start` against the file's truncation (captures here, and
+/// `vramhook-ring`'s ring files): a `SIGBUS` inside
 /// them replaces the rest of the map with zero pages (writable when `writable`) instead of
 /// killing the process. Returns the guard's slot (for [`unguard`] and [`region_cut`]), or
 /// `None` when every slot is taken. Must be undone with [`unguard`] before the map goes.
-pub(crate) fn guard(start: usize, len: usize, writable: bool) -> Option<usize> {
+pub fn guard(start: usize, len: usize, writable: bool) -> Option<usize> {
     install_handler();
     register(start, len, writable)
 }
 
 /// Ends a guard (before its map is unmapped).
-pub(crate) fn unguard(slot: usize) {
+pub fn unguard(slot: usize) {
     REGION_TABLE[slot].len.store(0, Ordering::SeqCst);
     REGION_TABLE[slot].start.store(0, Ordering::SeqCst);
 }
 
 /// Offset from which a guarded map reads zeros after its file was cut, if it was.
-pub(crate) fn region_cut(slot: usize) -> Option<u64> {
+pub fn region_cut(slot: usize) -> Option<u64> {
     let cut = REGION_TABLE[slot].cut.load(Ordering::Relaxed);
     (cut != usize::MAX).then_some(cut as u64)
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench_ring_stats.py RING_DIR: one JSON line of what the hooked benchmark left in its
-ring (read from the ring header, see protocol/src/ring/mod.rs): lanes, events written
+ring (read from the ring header, see ring/src/lib.rs): lanes, events written
 (the lanes' write cursors summed) and events dropped. A hooked run that dropped events
 measured the cheaper drop path, not the recording one."""
 import json

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use vramhook_protocol::ring::{ring_file_size_lanes, RingInit, RingWriter};
+use vramhook_ring::{ring_file_size_lanes, RingInit, RingWriter};
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use vramhook_protocol::record::{Api, Event};
-use vramhook_protocol::ring::{RingHeader, RingInit, RingWriter};
+use vramhook_ring::{RingHeader, RingInit, RingWriter};
 use vramhook_testkit::{http_get, make_ring_file, spawn_agent, StderrLog};
 
 /// A ring file mapped read-write by the test, written through the protocol's writer.

@@ -19,7 +19,7 @@
 //! Everything the interposer calls here works on raw file descriptors and stack buffers:
 //! no allocation, no panic.
 
-use crate::ring::{ring_file_size_lanes, RingHeader, HEADER_SIZE, LANE_CURSORS_OFFSET, LANE_READ_OFFSET, MAX_LANES};
+use crate::{ring_file_size_lanes, RingHeader, HEADER_SIZE, LANE_CURSORS_OFFSET, LANE_READ_OFFSET, MAX_LANES};
 use core::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -496,14 +496,15 @@ pub fn process_alive(pid: u32, start_time: u64) -> bool {
 pub fn fit_ring(capacity: u64, lanes: u32, limit: u64) -> Option<(u64, u32)> {
     let (mut capacity, mut lanes) = (capacity.max(1), lanes.clamp(1, MAX_LANES));
     let size = |c: u64, l: u32| {
-        (HEADER_SIZE as u64)
-            .saturating_add(u64::from(l).saturating_mul(c).saturating_mul(crate::record::RECORD_SIZE as u64))
+        (HEADER_SIZE as u64).saturating_add(
+            u64::from(l).saturating_mul(c).saturating_mul(vramhook_protocol::record::RECORD_SIZE as u64),
+        )
     };
     while size(capacity, lanes) > limit {
         if capacity.saturating_mul(u64::from(lanes)) <= MIN_RING_SLOTS {
             return None;
         }
-        if capacity > crate::ring::MIN_CAPACITY {
+        if capacity > crate::MIN_CAPACITY {
             capacity /= 2;
         } else if lanes > 1 {
             lanes /= 2;
@@ -662,7 +663,7 @@ fn ring_state_full(fd: RawFd) -> RingState {
     let exited = published
         && n >= STATE_OFFSET + 4
         && u32::from_le_bytes([buf[STATE_OFFSET], buf[STATE_OFFSET + 1], buf[STATE_OFFSET + 2], buf[STATE_OFFSET + 3]])
-            == crate::ring::STATE_EXITED;
+            == crate::STATE_EXITED;
     RingState { drain: drain_state(&buf[..n]), gone_since, pid_ns, exited }
 }
 
@@ -1245,7 +1246,7 @@ pub fn read_gc_record(dir: RawFd) -> (u64, u64) {
 
 /// Wall-clock seconds now.
 pub fn now_secs() -> u64 {
-    crate::clock::wall_ns() / 1_000_000_000
+    vramhook_protocol::clock::wall_ns() / 1_000_000_000
 }
 
 #[cfg(test)]

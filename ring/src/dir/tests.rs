@@ -1,5 +1,5 @@
 use super::*;
-use crate::ring::{RingInit, RingWriter};
+use crate::{RingInit, RingWriter};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
@@ -54,7 +54,7 @@ fn make_ring(path: &Path, lanes: u32, written: u64, read: u64) {
     };
     // SAFETY: a zeroed, aligned buffer of the ring's size.
     let w = unsafe { RingWriter::init_lanes(base, &init, lanes, &[]) };
-    let rec = crate::record::RawRecord::default();
+    let rec = vramhook_protocol::record::RawRecord::default();
     for _ in 0..written {
         assert!(w.push(&rec));
     }
@@ -399,7 +399,7 @@ fn a_ring_from_another_pid_namespace_is_kept_until_marked_exited() {
     assert_eq!(sum.removed, 0);
     assert_eq!(kept, vec![GcReason::OtherPidNamespace]);
     assert!(p.exists());
-    f.write_all_at(&crate::ring::STATE_EXITED.to_le_bytes(), 400).expect("state");
+    f.write_all_at(&crate::STATE_EXITED.to_le_bytes(), 400).expect("state");
     let sum = gc_dir(dir.as_raw_fd(), uid(), &GcPolicy::default(), now_secs(), false, &mut |_| {});
     assert_eq!(sum.removed, 1, "marked exited: gone, drained, removed");
 }

@@ -1,9 +1,9 @@
 //! The reader side of the ring: one reader at a time, trusting nothing in the file.
 
 use super::*;
-use crate::clock::{ClockSource, TscClock};
-use crate::record::{Event, EventKind, RawRecord};
 use std::sync::atomic::Ordering;
+use vramhook_protocol::clock::{ClockSource, TscClock};
+use vramhook_protocol::record::{Event, EventKind, RawRecord};
 use zerocopy::little_endian::U64;
 use zerocopy::FromBytes;
 
@@ -127,7 +127,7 @@ pub struct RingReader {
     /// Commit at the end of every poll (the default): delivered is consumed.
     pub auto_commit: bool,
     /// Events an earlier reader handed on that may still be published in the ring.
-    recorded: crate::seqset::SeqSet,
+    recorded: vramhook_protocol::seqset::SeqSet,
     clock: Option<TscClock>,
     tsc_source: bool,
     candidates: Vec<Candidate>,
@@ -205,7 +205,7 @@ impl RingReader {
             uncommitted: vec![Vec::new(); lanes as usize],
             generation: 0,
             auto_commit: true,
-            recorded: crate::seqset::SeqSet::new(),
+            recorded: vramhook_protocol::seqset::SeqSet::new(),
             clock,
             tsc_source,
             candidates: Vec::new(),
@@ -339,7 +339,7 @@ impl RingReader {
     /// Sequence numbers of the events delivered but not committed, and of those an earlier
     /// reader recorded that this one has not met yet: what a restarted reader must not
     /// deliver again if what this one delivered is in its record.
-    pub fn unconfirmed_seqs(&self) -> crate::seqset::SeqSet {
+    pub fn unconfirmed_seqs(&self) -> vramhook_protocol::seqset::SeqSet {
         let mut set = self.recorded.clone();
         for (lane, entries) in self.uncommitted.iter().enumerate() {
             for (pos, _) in entries {
@@ -352,7 +352,7 @@ impl RingReader {
     /// Tells the reader which events an earlier reader already handed on (their `seq`s):
     /// found still published in the ring (that reader died before committing them), they
     /// are consumed without being delivered again, and counted as duplicates.
-    pub fn skip_recorded(&mut self, seqs: crate::seqset::SeqSet) {
+    pub fn skip_recorded(&mut self, seqs: vramhook_protocol::seqset::SeqSet) {
         self.recorded = seqs;
     }
 
@@ -435,8 +435,10 @@ impl RingReader {
             }
             // TSC ticks at an unknown rate: at 4 GHz or less, this many ticks are at least
             // the limit.
-            _ if self.tsc_source => crate::clock::read_tsc().saturating_sub(since) <= RELEASE_HOLD_MAX_NS * 4,
-            _ => crate::clock::monotonic_ns().saturating_sub(since) <= RELEASE_HOLD_MAX_NS,
+            _ if self.tsc_source => {
+                vramhook_protocol::clock::read_tsc().saturating_sub(since) <= RELEASE_HOLD_MAX_NS * 4
+            }
+            _ => vramhook_protocol::clock::monotonic_ns().saturating_sub(since) <= RELEASE_HOLD_MAX_NS,
         };
         fresh.then_some(since)
     }
@@ -444,9 +446,9 @@ impl RingReader {
     /// The current time in the ring's clock (TSC ticks or monotonic ns).
     fn clock_now(&self) -> u64 {
         if self.tsc_source {
-            crate::clock::read_tsc_ordered()
+            vramhook_protocol::clock::read_tsc_ordered()
         } else {
-            crate::clock::monotonic_ns()
+            vramhook_protocol::clock::monotonic_ns()
         }
     }
 
@@ -636,10 +638,10 @@ impl RingReader {
             stats.dropped = lost_total;
             sink(Event {
                 seq: self.position(),
-                ts_ns: now.map(|(_, mono)| mono).unwrap_or_else(crate::clock::monotonic_ns),
+                ts_ns: now.map(|(_, mono)| mono).unwrap_or_else(vramhook_protocol::clock::monotonic_ns),
                 pid: self.info.pid,
                 kind: EventKind::Dropped.code(),
-                api: crate::record::Api::Interposer.code(),
+                api: vramhook_protocol::record::Api::Interposer.code(),
                 device: -1,
                 size: lost_total,
                 aux: stats.lost_in_flight,

@@ -1,7 +1,7 @@
 //! A ring file opened, locked and mapped by a reader (the OS side of reading a ring).
 
 use super::*;
-use crate::clock::TscClock;
+use vramhook_protocol::clock::TscClock;
 
 /// Largest ring file a reader maps by default: 64 MiB of slots (1 Mi events) plus the
 /// header page (the interposer's default ring is 4 MiB of slots). Anything bigger is
@@ -71,8 +71,8 @@ impl MappedRing {
         if len < HEADER_SIZE {
             return Err(RingError::TooSmall(len));
         }
-        let map = crate::mapped::map_shared_rw(&file, len)?.cast::<libc::c_void>();
-        let Some(guard) = crate::mapped::guard(map as usize, len, true) else {
+        let map = vramhook_protocol::mapped::map_shared_rw(&file, len)?.cast::<libc::c_void>();
+        let Some(guard) = vramhook_protocol::mapped::guard(map as usize, len, true) else {
             // SAFETY: unmapping what we mapped above.
             unsafe { libc::munmap(map, len) };
             return Err(RingError::Unguarded);
@@ -80,11 +80,11 @@ impl MappedRing {
         // SAFETY: the mapping lives as long as MappedRing; a truncation under it reads
         // as zeros (guarded above).
         let reader = unsafe { RingReader::new(map as *mut u8, len, tsc) };
-        let cut = crate::mapped::region_cut(guard);
+        let cut = vramhook_protocol::mapped::region_cut(guard);
         match (reader, cut) {
             (Ok(reader), None) => Ok(Some(MappedRing { reader, file, map, len, guard })),
             (result, cut) => {
-                crate::mapped::unguard(guard);
+                vramhook_protocol::mapped::unguard(guard);
                 // SAFETY: unmapping what we mapped above; nothing borrows it any more.
                 unsafe { libc::munmap(map, len) };
                 match (result, cut) {
@@ -103,7 +103,7 @@ impl MappedRing {
     /// Where the file was cut, if it shrank while mapped (the map reads zeros from there
     /// on). A ring that shrank is finished: its reader must close it.
     pub fn shrank(&self) -> Option<u64> {
-        crate::mapped::region_cut(self.guard)
+        vramhook_protocol::mapped::region_cut(self.guard)
     }
 
     /// Bytes mapped (the file's size when it was opened).
@@ -114,7 +114,7 @@ impl MappedRing {
 
 impl Drop for MappedRing {
     fn drop(&mut self) {
-        crate::mapped::unguard(self.guard);
+        vramhook_protocol::mapped::unguard(self.guard);
         // SAFETY: unmapping our own mapping; the reader inside is dropped with it.
         unsafe { libc::munmap(self.map, self.len) };
     }

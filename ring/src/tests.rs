@@ -1,6 +1,6 @@
 use super::*;
-use crate::record::{Api, Event, EventKind, RawRecord};
 use std::sync::atomic::Ordering;
+use vramhook_protocol::record::{Api, Event, EventKind, RawRecord};
 
 struct TestRing {
     mem: Vec<u64>,
@@ -54,7 +54,7 @@ fn setup_lanes(capacity: u64, lanes: u32, clock_source: u32) -> (TestRing, RingW
 
 fn stamped(kind: EventKind, tid: u32, addr: u64) -> RawRecord {
     Event {
-        ts_ns: crate::clock::monotonic_ns(),
+        ts_ns: vramhook_protocol::clock::monotonic_ns(),
         kind: kind.code(),
         api: Api::cuMemAlloc_v2.code(),
         pid: 7,
@@ -418,7 +418,7 @@ fn uncommitted_events_stay_in_the_ring_and_a_restarted_reader_skips_what_was_rec
         assert!(writer.push(&ev(i)));
     }
     assert!(!writer.push(&ev(16)), "uncommitted slots are not reused");
-    let recorded = crate::seqset::SeqSet::from_ranges(first.iter().map(|e| (e.seq, e.seq + 1)));
+    let recorded = vramhook_protocol::seqset::SeqSet::from_ranges(first.iter().map(|e| (e.seq, e.seq + 1)));
     assert_eq!(reader.unconfirmed_seqs(), recorded);
 
     // The reader dies before committing: the next one finds all 16 still there.
@@ -500,16 +500,18 @@ proptest::proptest! {
 
 /// The time now in a ring of `clock_source`'s clock.
 fn clock_now(clock_source: u32) -> u64 {
-    if clock_source == crate::clock::ClockSource::Tsc as u32 {
-        crate::clock::read_tsc()
+    if clock_source == vramhook_protocol::clock::ClockSource::Tsc as u32 {
+        vramhook_protocol::clock::read_tsc()
     } else {
-        crate::clock::monotonic_ns()
+        vramhook_protocol::clock::monotonic_ns()
     }
 }
 
 #[test]
 fn a_release_in_flight_holds_back_what_other_lanes_stamped_after_it() {
-    for clock_source in [crate::clock::ClockSource::Monotonic as u32, crate::clock::ClockSource::Tsc as u32] {
+    for clock_source in
+        [vramhook_protocol::clock::ClockSource::Monotonic as u32, vramhook_protocol::clock::ClockSource::Tsc as u32]
+    {
         let (_ring, writer, mut reader) = setup_lanes(64, 4, clock_source);
         let mut freer = writer.own_lane(1);
         let t = clock_now(clock_source) - 1_000_000;
@@ -537,7 +539,9 @@ fn a_release_in_flight_holds_back_what_other_lanes_stamped_after_it() {
 
 #[test]
 fn a_release_marker_too_old_or_of_a_gone_writer_holds_nothing() {
-    for clock_source in [crate::clock::ClockSource::Monotonic as u32, crate::clock::ClockSource::Tsc as u32] {
+    for clock_source in
+        [vramhook_protocol::clock::ClockSource::Monotonic as u32, vramhook_protocol::clock::ClockSource::Tsc as u32]
+    {
         let (_ring, writer, mut reader) = setup_lanes(64, 2, clock_source);
         let stuck = writer.own_lane(1);
         let now = clock_now(clock_source);

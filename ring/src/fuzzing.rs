@@ -32,11 +32,11 @@ pub fn ring_reader(data: &[u8]) {
     let Ok(mut reader) = (unsafe { RingReader::new(base, len, None) }) else { return };
     let _ = reader.check_claims(u64::MAX);
     reader.auto_commit = false;
-    let mut seqs = crate::seqset::SeqSet::new();
+    let mut seqs = vramhook_protocol::seqset::SeqSet::new();
     for (round, max) in [1usize, 7, 64, usize::MAX].into_iter().enumerate() {
         reader.set_generation(round as u64 + 1);
         reader.poll(max, round == 3, |e| {
-            if e.kind != crate::record::EventKind::Dropped.code() {
+            if e.kind != vramhook_protocol::record::EventKind::Dropped.code() {
                 seqs.insert(e.seq);
             }
         });

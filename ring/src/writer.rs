@@ -1,8 +1,8 @@
 //! The writer side of the ring: runs inside traced processes.
 
 use super::*;
-use crate::record::RawRecord;
 use std::sync::atomic::{AtomicU64, Ordering};
+use vramhook_protocol::record::RawRecord;
 
 /// Writer side, used inside traced processes: no allocation, no panic, no waiting.
 pub struct RingWriter {
@@ -453,8 +453,8 @@ unsafe fn fill_and_publish(slot: *mut u8, stamp: u64, record: &RawRecord) {
 #[cfg(test)]
 mod tests {
     use super::super::{ring_file_size_lanes, RingInit, RingReader, RingWriter};
-    use crate::record::{Api, Event, EventKind, RawRecord};
     use std::sync::atomic::{AtomicU64, Ordering};
+    use vramhook_protocol::record::{Api, Event, EventKind, RawRecord};
 
     /// A zeroed, 64-byte-aligned ring of `lanes` lanes of `capacity` slots.
     fn ring(capacity: u64, lanes: u32) -> (Vec<u64>, RingWriter, RingReader) {
@@ -472,7 +472,7 @@ mod tests {
 
     fn record(tid: u32, n: u64) -> RawRecord {
         Event {
-            ts_ns: crate::clock::monotonic_ns(),
+            ts_ns: vramhook_protocol::clock::monotonic_ns(),
             kind: EventKind::Alloc.code(),
             api: Api::cuMemAlloc_v2.code(),
             pid: 7,

@@ -43,9 +43,10 @@
 //! capture flushed them). A reader that dies in between leaves them published; the next
 //! one reads them again and skips those it is told were recorded, by `seq`.
 
-use crate::record::RECORD_SIZE;
 use std::sync::atomic::{AtomicU32, AtomicU64};
+use vramhook_protocol::record::RECORD_SIZE;
 
+pub mod dir;
 mod file;
 #[doc(hidden)]
 pub mod fuzzing;
