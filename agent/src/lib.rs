@@ -1,23 +1,21 @@
-//! vramhook's live side. Sources feed the model; sinks export it.
+//! vramhook's live side: [`sources`] feed the model, [`ingest`] owns it, [`sinks`] export it.
 //!
-//! - [`rings`]: discovers and drains the per-process shared-memory rings.
+//! - [`sources`]: the per-process shared-memory rings ([`rings`]), eBPF probes ([`ebpf`]),
+//!   NVML's per-process usage ([`nvml`]: the processes vramhook does not trace).
 //! - [`ingest`]: the one thread that owns the host's live model.
-//! - [`capture`], [`http`], [`otlp`]: the sinks, each behind a bounded queue or reading
-//!   the last published snapshot, so none can stall ingestion.
-//! - [`metrics`]: the metric catalogue shared by Prometheus and OTLP.
-//! - [`nvml`]: NVML's per-process usage (processes vramhook does not trace), on a thread.
+//! - [`sinks`]: captures ([`capture`]), `/metrics` and the JSON state ([`http`]), OTLP
+//!   ([`otlp`]), each behind a bounded queue or reading the last published snapshot, so
+//!   none can stall ingestion; [`metrics`] is the catalogue Prometheus and OTLP share.
+//! - [`stats`]: the agent's own counters.
 
-pub mod capture;
-pub mod ebpf;
-pub mod fit_crossings;
-pub mod http;
 pub mod ingest;
-pub mod metrics;
-pub mod nvml;
-pub mod oom_counts;
-pub mod otlp;
-pub mod rings;
+pub mod sinks;
+pub mod sources;
 pub mod stats;
+
+// The modules by their own names too (`vramhook_agent::rings`, …), as the CLI uses them.
+pub use sinks::{capture, fit_crossings, http, metrics, oom_counts, otlp};
+pub use sources::{ebpf, nvml, rings};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

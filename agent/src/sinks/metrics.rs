@@ -740,7 +740,7 @@ mod tests {
     /// in the README (or the other way round) fails here.
     #[test]
     fn the_readme_table_is_the_metric_table() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         let got: Vec<Vec<String>> = readme
             .lines()
             .filter(|l| l.starts_with("| `vramhook.") || l.starts_with("| `hw."))

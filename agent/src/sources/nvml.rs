@@ -505,8 +505,11 @@ mod tests {
         }
         std::fs::write(&file, text).expect("write");
         let _ = vramhook_testkit::sim_dir(); // built before the child needs it
+                                             // The child test by its path in this test binary, wherever this module lives.
+        let module = module_path!().split_once("::").map_or(module_path!(), |(_, rest)| rest);
+        let child = format!("{module}::reads_the_fake_nvml_in_a_child");
         let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .args(["nvml::tests::reads_the_fake_nvml_in_a_child", "--exact", "--nocapture", "--test-threads", "1"])
+            .args([child.as_str(), "--exact", "--nocapture", "--test-threads", "1"])
             .env("VRAMHOOK_TEST_NVML_CHILD", "1")
             .env("VRAMHOOK_SIM_NVML", &file)
             .env("VRAMHOOK_SIM_DEVICES", "3")

@@ -1,0 +1,8 @@
+//! Where events come from: the per-process shared-memory rings ([`rings`]: discovered,
+//! drained, their losses counted), eBPF probes on libcuda ([`ebpf`]) and NVML's
+//! per-process usage ([`nvml`]: the processes vramhook does not trace). Each hands the
+//! ingest thread records; none blocks it.
+
+pub mod ebpf;
+pub mod nvml;
+pub mod rings;
