@@ -376,15 +376,16 @@ impl Reference {
         if let Some(s) = self.samples.iter().find(|s| s.0 == device) {
             let rest = s.1.saturating_sub(s.2).saturating_sub(all).saturating_sub(CONTEXT_ALLOWANCE * count);
             if rest > 0 {
-                v.push(Holder {
-                    sight: HolderSight::UntracedUnnamed,
+                let unnamed = Holder {
                     held_bytes: rest,
                     live_bytes: rest,
-                    ..Holder::default()
-                });
+                    sight: HolderSight::UntracedUnnamed,
+                    ..Default::default()
+                };
+                v.push(unnamed);
             }
         }
-        v.sort_by(|a, b| b.held_bytes.cmp(&a.held_bytes).then(a.pid.cmp(&b.pid)));
+        v.sort_by_key(|h| (std::cmp::Reverse(h.held_bytes), h.pid));
         v
     }
 
@@ -468,11 +469,11 @@ impl Reference {
         self.now = self.now.max(ts);
         self.pre(slot, ev, kind, ts);
         if ev.failed() {
-            if kind != EventKind::MemInfo && kind != EventKind::PoolSample {
-                self.procs[slot].failed += 1;
-                if ev.is_oom() {
-                    self.oom(slot, ev, api, ts);
-                }
+            // A failed sample is no failed call of the program's.
+            let sample = matches!(kind, EventKind::MemInfo | EventKind::PoolSample);
+            self.procs[slot].failed += u64::from(!sample);
+            if !sample && ev.is_oom() {
+                self.oom(slot, ev, api, ts);
             }
         } else {
             match kind {
@@ -744,19 +745,22 @@ impl Reference {
     }
 
     pub fn process_info(&mut self, info: &ProcessInfo) {
-        let slot = self
-            .procs
-            .iter()
-            .rposition(|p| p.pid == info.pid && p.st == info.start_time && info.start_time != 0)
-            .filter(|s| self.procs[*s].alive)
-            .or_else(|| self.attach(info.pid, info.start_time, self.now, true));
-        if let Some(s) = slot {
-            let p = &mut self.procs[s];
-            p.command = info.cmdline.join(" ");
-            p.exe = info.exe.clone();
-            if info.ppid != 0 {
-                p.ppid = info.ppid;
+        // The newest process of that pid and start time, if it is alive; else attach one.
+        let mut found = None;
+        if info.start_time != 0 {
+            for s in (0..self.procs.len()).rev() {
+                if self.procs[s].pid == info.pid && self.procs[s].st == info.start_time {
+                    found = Some(s).filter(|s| self.procs[*s].alive);
+                    break;
+                }
             }
+        }
+        let Some(s) = found.or_else(|| self.attach(info.pid, info.start_time, self.now, true)) else { return };
+        let words: Vec<&str> = info.cmdline.iter().map(String::as_str).collect();
+        self.procs[s].command = words.join(" ");
+        self.procs[s].exe = info.exe.clone();
+        if info.ppid > 0 {
+            self.procs[s].ppid = info.ppid;
         }
     }
 
@@ -997,16 +1001,15 @@ impl Reference {
                 return; // a lens's record: the framework's account, not the program moving on
             }
             let inc = &mut self.incidents[idx];
-            let gives_back = !ev.failed()
-                && matches!(
-                    kind,
-                    EventKind::Free
-                        | EventKind::VmmRelease
-                        | EventKind::VmmUnmap
-                        | EventKind::VmmAddressFree
-                        | EventKind::PoolTrim
-                        | EventKind::PoolDestroy
-                );
+            const GIVE_BACK: [EventKind; 6] = [
+                EventKind::Free,
+                EventKind::VmmRelease,
+                EventKind::VmmUnmap,
+                EventKind::VmmAddressFree,
+                EventKind::PoolTrim,
+                EventKind::PoolDestroy,
+            ];
+            let gives_back = GIVE_BACK.contains(&kind) && !ev.failed();
             if !gives_back {
                 inc.events_since += 1; // memory given back before a retry is part of it
             }
