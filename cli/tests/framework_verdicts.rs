@@ -349,10 +349,25 @@ fn each_frameworks_raised_oom_is_one_incident_with_its_own_numbers() {
 }
 
 /// A Python with sys.monitoring (3.12+): `VRAMHOOK_TEST_PYTHON312`, else `python3.12`, else
-/// `python3` when it is one (the GPU machine's).
+/// an installed pyenv version (its shims answer only for the selected one), else `python3`
+/// when it is one (the GPU machine's).
 fn python_with_monitoring() -> Option<String> {
     let mut candidates: Vec<String> = std::env::var("VRAMHOOK_TEST_PYTHON312").into_iter().collect();
-    candidates.extend(["python3.12".to_string(), "python3.13".to_string(), "python3".to_string()]);
+    candidates.extend(["python3.12".to_string(), "python3.13".to_string()]);
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".pyenv")));
+    if let Some(Ok(versions)) = pyenv.map(|root| std::fs::read_dir(root.join("versions"))) {
+        let mut found: Vec<String> = versions
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("bin/python3"))
+            .filter(|p| p.is_file())
+            .map(|p| p.display().to_string())
+            .collect();
+        found.sort();
+        candidates.extend(found.into_iter().rev());
+    }
+    candidates.push("python3".to_string());
     candidates.into_iter().find(|py| {
         Command::new(py)
             .args(["-c", "import sys; sys.exit(0 if hasattr(sys, 'monitoring') else 1)"])
