@@ -44,6 +44,7 @@ pub fn finish(mut r: Replayer) -> Report {
         r.capture_layout(end_ts, LayoutReason::At);
         r.notes.push("--at is after the last event: the layout shows the state at the end".into());
     }
+    r.folded.ooms_unjudged = r.model.incidents_unjudged();
     let snap = r.model.snapshot();
     let fits = r.fit_timelines();
     let fit_warnings = r.fit_finish();
@@ -92,7 +93,7 @@ pub fn finish(mut r: Replayer) -> Report {
         notes,
         logs: Vec::new(),
         log_incidents: Vec::new(),
-        folded: Folded { ooms_unjudged: r.model.incidents_unjudged(), ..r.folded.clone() },
+        folded: r.folded.clone(),
         fit_warnings,
     }
 }
@@ -394,7 +395,7 @@ fn notes(r: &mut Replayer, processes: &[ProcessReport]) -> Vec<String> {
     if r.stopped {
         notes.push("replay stopped at --to".into());
     }
-    notes.extend(folded_notes(&Folded { ooms_unjudged: r.model.incidents_unjudged(), ..r.folded.clone() }));
+    notes.extend(folded_notes(&r.folded));
     if r.exits_summarised > 0 {
         notes.push(format!(
             "{} exited after the work budget for full views at exit was spent: their size and age \

@@ -7,13 +7,12 @@
 //! pending with it at the latest, and a program takes pending signals lowest first, so it
 //! shows in the exit status. No timing is involved.
 
-use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vramhook_testkit::{interposer, sigcount, vramhook_bin};
+use vramhook_testkit::{collect_output, interposer, sigcount, vramhook_bin};
 
 /// How the program is started: as itself, or under `vramhook run`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,24 +39,6 @@ fn argv(mode: Mode, rings: &Path, how: &str) -> Vec<String> {
             how.into(),
         ],
     }
-}
-
-/// Collects what a reader yields, in a thread.
-fn collect(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let out = Arc::new(Mutex::new(String::new()));
-    let out2 = out.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = r.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            if let Ok(mut o) = out2.lock() {
-                o.push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        }
-    });
-    out
 }
 
 fn text(out: &Mutex<String>) -> String {
@@ -145,7 +126,7 @@ fn start_job(words: &[String]) -> (Job, Arc<Mutex<String>>) {
         .stderr(Stdio::null())
         .spawn()
         .expect("start the job");
-    let out = collect(child.stdout.take().expect("stdout"));
+    let out = collect_output(child.stdout.take().expect("stdout"));
     (Job(child), out)
 }
 

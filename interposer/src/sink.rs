@@ -719,7 +719,9 @@ fn say_if_an_agent_refuses(len: u64) {
     let mut line = StackStr::<512>::new();
     line.push(b"vramhook: this process's ring is ");
     line.push_u64(mib);
-    line.push(b" MiB (VRAMHOOK_RING_SLOTS), more than an agent reads by default (64 MiB): start the agent with --max-ring-mib ");
+    line.push(b" MiB (VRAMHOOK_RING_SLOTS), more than an agent reads by default (");
+    line.push_u64((DEFAULT_MAX_RING_BYTES - HEADER_SIZE as u64) >> 20);
+    line.push(b" MiB): start the agent with --max-ring-mib ");
     line.push_u64(mib);
     line.push(b", or it refuses this ring and records nothing of this process. VRAMHOOK_QUIET=1 silences this.\n");
     // SAFETY: writing our buffer to stderr; a failed write is ignored.

@@ -75,6 +75,24 @@ pub fn sim_dir() -> PathBuf {
 }
 
 /// A workload of the simulated driver.
+/// Collects what a reader (a child's stdout, a terminal) yields, in a thread.
+pub fn collect_output(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let out = Arc::new(Mutex::new(String::new()));
+    let out2 = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut o) = out2.lock() {
+                o.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    });
+    out
+}
+
 /// The signal tests' counter (`tests/kit/programs/sigcount.c`), built once per test binary.
 pub fn sigcount() -> PathBuf {
     static BUILT: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();

@@ -8,15 +8,15 @@
 //! in signal order, and the program takes pending signals lowest first, so a SIGINT passed
 //! on wrongly arrives before the SIGTERM and shows in the exit status. No timing involved.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use vramhook_safety_tests::{interposer, vramhook_bin};
-use vramhook_testkit::sigcount;
+use vramhook_testkit::{collect_output, sigcount};
 
 fn run_cmd(ring_dir: &Path) -> Command {
     let mut cmd = Command::new(vramhook_bin());
@@ -27,24 +27,6 @@ fn run_cmd(ring_dir: &Path) -> Command {
         .arg("count")
         .env("VRAMHOOK_LIB", interposer());
     cmd
-}
-
-/// Collects what a reader yields, in a thread.
-fn collect(mut r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let out = Arc::new(Mutex::new(String::new()));
-    let out2 = out.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = r.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            if let Ok(mut o) = out2.lock() {
-                o.push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        }
-    });
-    out
 }
 
 fn wait_for(out: &Mutex<String>, what: &str) {
@@ -91,7 +73,7 @@ fn ctrl_c_on_the_terminal_reaches_the_program_once() {
     }
     let mut run = cmd.spawn().expect("vramhook run on a pty");
     drop(cmd); // our copies of the slave
-    let out = collect(master.try_clone().expect("dup master"));
+    let out = collect_output(master.try_clone().expect("dup master"));
     wait_for(&out, "ready");
     let mut m = master;
     m.write_all(&[0x03]).expect("type ^C"); // the line discipline signals the foreground group
@@ -116,7 +98,7 @@ fn ctrl_c_on_the_terminal_reaches_the_program_once() {
 fn a_signal_sent_to_run_alone_is_passed_on_once() {
     let rings = tempfile::tempdir().expect("ring dir");
     let mut run = run_cmd(rings.path()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("vramhook run");
-    let out = collect(run.stdout.take().expect("stdout"));
+    let out = collect_output(run.stdout.take().expect("stdout"));
     wait_for(&out, "ready");
     kill(run.id(), libc::SIGINT);
     wait_for(&out, "int 1");
