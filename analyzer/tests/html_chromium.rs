@@ -398,6 +398,8 @@ fn legend_labels_do_not_overlap() {
         let ts = 2_000_000_000 + u64::from(k) * 10_000_000;
         evs.push(on12(pid, ts, Event::mem_info(8 * GIB, 16 * GIB)));
         evs.push(on12(pid, ts + 1000, Event::alloc(Api::cuMemAlloc_v2, 0x1000_0000 * u64::from(k + 1), GIB)));
+        // Given back: a request it makes (the fit's demand, so each has a fit plot).
+        evs.push(on12(pid, ts + 1500, Event::free(Api::cuMemFree_v2, 0x1000_0000 * u64::from(k + 1))));
         // A VMM reservation each, half mapped: the per-arena plots' legends name the arenas
         // ("VMM reservation 0x7c0500000000 pid 4194305 GPU 12"), the longest labels a page has.
         let base = 0x7c00_0000_0000 + u64::from(k) * (1 << 40);

@@ -33,15 +33,32 @@ class LensStats(unittest.TestCase):
     def tearDown(self):
         ring.emit = self.saved
 
-    def test_pytorchs_largest_active_block_of_the_device(self):
-        snap = {"segments": [
-            {"device": 0, "blocks": [{"size": 64 * MiB, "state": "active_allocated"},
-                                     {"size": 512 * MiB, "state": "inactive"}]},
-            {"device": 0, "blocks": [{"size": 96 * MiB, "state": "active_pending_free"}]},
-            {"device": 1, "blocks": [{"size": 900 * MiB, "state": "active_allocated"}]},
+    def test_pytorchs_largest_request_given_back(self):
+        def seg(addr, size, *blocks, device=0):
+            return {"device": device, "address": addr, "total_size": size,
+                    "blocks": [{"address": addr + o, "size": sz, "state": st} for o, sz, st in blocks]}
+        before = {"segments": [
+            seg(0, 1024 * MiB, (0, 1024 * MiB, "active_allocated")),  # held whole since: weights
+            seg(1 << 40, 96 * MiB, (0, 64 * MiB, "active_allocated"), (64 * MiB, 32 * MiB, "inactive")),
+            seg(2 << 40, 40 * MiB, (0, 40 * MiB, "active_allocated")),
+            seg(3 << 40, 900 * MiB, (0, 900 * MiB, "inactive"), device=1),
         ]}
-        self.assertEqual(torch_lens._largest_active(snap, 0), 96 * MiB)
-        self.assertEqual(torch_lens._largest_active(snap, 2), ring.UNKNOWN)
+        # A segment split or free is a request given back; one held whole is not.
+        self.assertEqual(torch_lens._largest_request(before, 0), 96 * MiB)
+        self.assertEqual(torch_lens._largest_request(before, 1), 900 * MiB)
+        self.assertEqual(torch_lens._largest_request(before, 2), ring.UNKNOWN)
+        # The 40 MiB block gone at the next snapshot (its segment released): given back.
+        after = {"segments": before["segments"][:2]}
+        active = torch_lens._active_blocks(before, 0)
+        self.assertEqual(torch_lens._largest_request({"segments": before["segments"][:1]}, 0, active), 64 * MiB)
+        self.assertEqual(torch_lens._largest_request(after, 0, active), 96 * MiB)
+        # With expandable segments a segment's size is no request's: blocks gone count only.
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        try:
+            self.assertEqual(torch_lens._largest_request(after, 0, active), 40 * MiB)
+            self.assertEqual(torch_lens._largest_request(before, 0), ring.UNKNOWN)
+        finally:
+            del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
 
     def test_pytorchs_stats_carry_it(self):
         torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
@@ -50,6 +67,26 @@ class LensStats(unittest.TestCase):
         torch_lens._emit_stats(torch, 0)
         self.assertEqual([r[5] for r in self.emit.records], [96 * MiB, ring.UNKNOWN])
         self.assertEqual(self.emit.records[0][:4], (ring.STATS, ring.PYTORCH, 0, 5 * MiB))
+
+    def test_pytorchs_expandable_segments_strand_nothing(self):
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            memory_stats=lambda device: {"inactive_split_bytes.all.current": 5 * MiB}))
+        saved = {k: os.environ.pop(k, None) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+        try:
+            for name, conf, stranded in [
+                ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128, expandable_segments:True", 0),
+                ("PYTORCH_ALLOC_CONF", "expandable_segments:true", 0),
+                ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False", 5 * MiB),
+            ]:
+                os.environ[name] = conf
+                self.emit.records.clear()
+                torch_lens._emit_stats(torch, 0)
+                del os.environ[name]
+                self.assertEqual(self.emit.records[0][3], stranded, conf)
+        finally:
+            for k, v in saved.items():
+                if v is not None:
+                    os.environ[k] = v
 
     def test_jaxs_largest_alloc_size_and_limit(self):
         class Device:

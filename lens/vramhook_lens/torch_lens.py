@@ -7,8 +7,9 @@
   `torch.cuda.memory._snapshot()`, which takes seconds with the memory history on.
 - Periodically, per device in use: `memory_stats()`'s reserved and allocated bytes and
   segment count (every VRAMHOOK_LENS_INTERVAL_S, default 1 s: about 175 µs a call on an
-  H200), and the largest free block from a snapshot at a slower interval
-  (VRAMHOOK_LENS_SNAPSHOT_S, default 30 s: about 20 ms for 20,000 blocks).
+  H200), and the largest free block and the largest request given back (the fit's demand)
+  from a snapshot at a slower interval (VRAMHOOK_LENS_SNAPSHOT_S, default 30 s: about 20 ms
+  for 20,000 blocks).
 - On request (VRAMHOOK_LENS_STACKS=1; off by default: PyTorch then captures the Python stack
   of every allocation and free), PyTorch's memory history
   (`torch.cuda.memory._record_memory_history(stacks="python", max_entries=N)`, N from
@@ -122,22 +123,66 @@ def _stats(torch, device):
     return reserved, allocated, segments
 
 
-def _largest_active(snap, device):
-    """The largest block in use on `device` in a snapshot (the fit's demand: requests served
-    from the cache, which the driver never sees), or UNKNOWN."""
+def _active_blocks(snap, device):
+    """The blocks in use on `device` in a snapshot, as {(address, size)}."""
     segs = snap.get("segments", []) if isinstance(snap, dict) else snap
-    sizes = [b.get("size", 0) for s in segs if s.get("device", 0) == device
-             for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")]
-    return max(sizes) if sizes else ring.UNKNOWN
+    return {(b.get("address", 0), b.get("size", 0)) for s in segs if s.get("device", 0) == device
+            for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")}
 
 
-def _emit_stats(torch, device, largest_active=None):
+def _largest_request(snap, device, before=None):
+    """The largest request on `device` that the snapshots show PyTorch made and gave back
+    (the fit's demand: requests served from the cache, which the driver never sees):
+    - the largest segment not held whole by one block in use: PyTorch makes a segment the
+      size of a request its cache cannot serve (rounded to 2 MiB), so a segment's size is a
+      past request's; one held whole is memory kept since (weights, a preallocated cache);
+      not with expandable segments, where one segment grows for every request;
+    - the largest block in use at the previous snapshot (`before`, from `_active_blocks`)
+      and gone at this one.
+    Memory held since it was made is state, not a request it will make again (on the H200
+    a 125 GiB block held from the start read as the next request when it counted).
+    UNKNOWN when neither shows one."""
+    segs = snap.get("segments", []) if isinstance(snap, dict) else snap
+    largest = 0
+    if not _expandable_segments():
+        for s in segs:
+            if s.get("device", 0) != device or s.get("is_expandable"):
+                continue
+            size = s.get("total_size", 0)
+            active = [b for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")]
+            if not (len(active) == 1 and active[0].get("size", 0) == size):
+                largest = max(largest, size)
+    if before:
+        now = _active_blocks(snap, device)
+        largest = max([largest] + [size for (addr, size) in before - now])
+    return largest or ring.UNKNOWN
+
+
+def _expandable_segments():
+    """Whether PyTorch runs with `expandable_segments:True` (read from the settings it reads
+    at start: PYTORCH_CUDA_ALLOC_CONF, or PYTORCH_ALLOC_CONF in newer versions)."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for option in os.environ.get(name, "").split(","):
+            key, _, value = option.partition(":")
+            if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+                return True
+    return False
+
+
+def _emit_stats(torch, device, largest_request=None):
     """The free bytes inside split blocks (stranded: `empty_cache()` cannot give them back),
-    the per-process limit `set_per_process_memory_fraction` sets, and the largest block in
-    use when a snapshot was taken, after a sample or an OOM record of the same device."""
+    the per-process limit `set_per_process_memory_fraction` sets, and the largest request
+    given back that the snapshots show (`_largest_request`), after a sample or an OOM
+    record of the same device."""
     try:
         st = torch.cuda.memory_stats(device)
         stranded = st.get("inactive_split_bytes.all.current", ring.UNKNOWN)
+        if _expandable_segments():
+            # Every block of an expandable segment has neighbours, so PyTorch counts all its
+            # free bytes as split; but before it raises it unmaps the free pages of every one
+            # of them and maps the request anew: they are releasable, not stranded (only
+            # pieces of pages still partly in use stay, under one page each).
+            stranded = 0
         limit = ring.UNKNOWN
         fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         if fraction is not None:
@@ -145,7 +190,7 @@ def _emit_stats(torch, device, largest_active=None):
             if 0.0 < f < 1.0:
                 # PyTorch's own rounding of the allowed bytes ("X allowed" in its message).
                 limit = int(f * torch.cuda.get_device_properties(device).total_memory)
-        largest = ring.UNKNOWN if largest_active is None else largest_active
+        largest = ring.UNKNOWN if largest_request is None else largest_request
         ring.emit(ring.STATS, ring.PYTORCH, device, stranded, limit, largest, 0)
     except Exception:
         pass  # an older PyTorch without these numbers: the samples still count
@@ -175,6 +220,7 @@ def _on_oom(torch, device, alloc, device_allocated, device_free):
 
 def _sampler(torch, interval, snapshot_every):
     last_snapshot = 0.0
+    active_before = {}  # device -> its blocks in use at the previous snapshot
     while True:
         time.sleep(interval)
         try:
@@ -185,16 +231,17 @@ def _sampler(torch, interval, snapshot_every):
                 reserved, allocated, segments = _stats(torch, device)
                 if reserved == 0:
                     continue
-                largest, active = ring.UNKNOWN, None
+                largest, request = ring.UNKNOWN, None
                 if take_snapshot:
                     if snap is None:
                         snap = _snapshot(torch)
                     segs = _segments(torch, device, snap) if snap is not None else None
                     if segs is not None:
                         largest = max((s[3] for s in segs), default=0)
-                        active = _largest_active(snap, device)
+                        request = _largest_request(snap, device, active_before.get(device))
+                        active_before[device] = _active_blocks(snap, device)
                 ring.emit(ring.SAMPLE, ring.PYTORCH, device, reserved, allocated, largest, segments)
-                _emit_stats(torch, device, active)
+                _emit_stats(torch, device, request)
             if take_snapshot:
                 last_snapshot = now
         except Exception:

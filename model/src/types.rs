@@ -310,13 +310,16 @@ pub struct ProcessView {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DemandSource {
-    /// An allocation call the interposer saw (successful, or failed out of memory).
+    /// An allocation call the interposer saw: one the process gave back (freed, or a VMM
+    /// handle released), or one that failed out of memory. Memory held since it was made is
+    /// state (weights, a preallocated cache), not a request it will make again.
     Driver,
     /// A framework lens's OOM record: the framework's own request.
     LensOom,
-    /// A lens's largest allocation of the framework (PyTorch: the largest active block in
-    /// its latest snapshot; JAX: `largest_alloc_size`), sampled: requests served from the
-    /// cache, which the driver never sees.
+    /// A lens's largest request of the framework (PyTorch: the largest segment of its latest
+    /// snapshot not held whole by one block in use, or the largest block in use at one
+    /// snapshot and gone at the next; JAX: `largest_alloc_size`), sampled: requests served
+    /// from the cache, which the driver never sees.
     LensLargestAllocation,
 }
 

@@ -90,7 +90,10 @@ impl Model {
             return; // cudaFree(NULL) is a no-op.
         }
         match self.allocs.remove(ev.pid, ev.addr) {
-            Some(a) => self.remove_alloc(slot, ev.pid, ev.addr, a),
+            Some(a) => {
+                self.note_given_back(slot, a.device, a.size, a.class());
+                self.remove_alloc(slot, ev.pid, ev.addr, a)
+            }
             None => self.anomaly(Some(slot), Anomaly::FreeUnknown),
         }
     }

@@ -1,7 +1,7 @@
 //! The fit of the next large request (issue 30): per live process and device, its
-//! **demand** (the largest request it made within `ModelConfig::fit_window_ns`, from its
-//! allocation calls, failed ones included, from a framework lens's OOM records, and from
-//! the largest allocation a lens reports: PyTorch's largest active block, JAX's
+//! **demand** (the largest request it made within `ModelConfig::fit_window_ns`: allocations
+//! it gave back or that failed, a framework lens's OOM records, and the largest request a
+//! lens reports: PyTorch's largest request given back that its snapshots show, JAX's
 //! `largest_alloc_size`), its
 //! **supply** (what it could get for such a request now, by its allocator's own rules) and
 //! their ratio. Demand is kept per event at amortised O(1) (a monotonic max-queue);
@@ -46,37 +46,52 @@ impl DemandWindow {
 }
 
 impl Model {
-    /// Counts a request in its process's demand window (allocation calls, successful or
-    /// out of memory, and a framework's own failed request).
+    /// Counts a request in its process's demand window: an allocation call that failed out
+    /// of memory, a framework's own failed request, and the largest allocation its lens
+    /// reports. A successful allocation counts when it is given back ([`Self::note_given_back`]).
     #[inline]
     pub(super) fn note_demand(&mut self, slot: usize, ev: &Event, kind: EventKind, ts: u64) {
         let (size, source) = match kind {
             EventKind::FrameworkOom => (ev.framework_request(), DemandSource::LensOom),
-            // The framework's own largest allocation, seen again at each sample: requests
-            // the driver never sees (served from the cache) count too.
+            // The framework's own largest request given back, seen again at each sample:
+            // requests the driver never sees (served from the cache) count too.
             EventKind::FrameworkStats => match ev.framework_largest_allocation() {
                 Some(b) => (b, DemandSource::LensLargestAllocation),
                 None => return,
             },
-            _ if ev.failed() && !ev.is_oom() => return,
-            // Device memory it asks the device for: not another process's (IPC, imports),
-            // not managed memory (the driver pages it in; it fails no request for room).
+            _ if !ev.is_oom() => return,
             _ => match ev.api().and_then(|a| a.mem_class()) {
-                Some(Class::Plain | Class::Pitch | Class::Pool | Class::Vmm | Class::Array) => {
-                    (ev.size, DemandSource::Driver)
-                }
+                Some(c) if is_demand_class(c) => (ev.size, DemandSource::Driver),
                 _ => return,
             },
         };
-        if size == 0 || ev.device < 0 {
+        self.push_demand(slot, ev.device, size, source, ts);
+    }
+
+    /// Counts an allocation its process gave back (freed, or a VMM handle released) as a
+    /// request it makes: one still held since it was made (weights, a preallocated KV cache,
+    /// a ballast) is state, not a request it will make again, and would read as the next
+    /// one for a whole window (the H200 run of `scripts/gpu/fit/run.sh` showed a 125 GiB
+    /// block held from the start read so).
+    #[inline]
+    pub(super) fn note_given_back(&mut self, slot: usize, device: i16, size: u64, class: Class) {
+        if is_demand_class(class) {
+            let ts = self.procs[slot].last_ts;
+            self.push_demand(slot, device, size, DemandSource::Driver, ts);
+        }
+    }
+
+    #[inline]
+    fn push_demand(&mut self, slot: usize, device: i16, size: u64, source: DemandSource, ts: u64) {
+        if size == 0 || device < 0 {
             return;
         }
         let window = self.config.fit_window_ns;
         let windows = &mut self.procs[slot].demand;
-        let w = match windows.iter().position(|w| w.device == ev.device) {
+        let w = match windows.iter().position(|w| w.device == device) {
             Some(i) => &mut windows[i],
             None => {
-                windows.push(DemandWindow { device: ev.device, queue: VecDeque::new() });
+                windows.push(DemandWindow { device, queue: VecDeque::new() });
                 windows.last_mut().expect("just pushed")
             }
         };
@@ -213,6 +228,13 @@ impl Model {
         }
         (room, SupplyRule::Driver, OwnBytes::default())
     }
+}
+
+/// Device memory a process asks the device for: not another process's (IPC, imports), not
+/// managed memory (the driver pages it in; it fails no request for room).
+#[inline]
+fn is_demand_class(c: Class) -> bool {
+    matches!(c, Class::Plain | Class::Pitch | Class::Pool | Class::Vmm | Class::Array)
 }
 
 /// A caching framework's own bytes as the supply saw them.

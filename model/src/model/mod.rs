@@ -618,7 +618,8 @@ impl Model {
             self.incident_pre(slot, ev, kind, ts);
         }
 
-        if matches!(kind, EventKind::Alloc | EventKind::VmmCreate | EventKind::FrameworkOom | EventKind::FrameworkStats)
+        if matches!(kind, EventKind::FrameworkOom | EventKind::FrameworkStats)
+            || (ev.failed() && matches!(kind, EventKind::Alloc | EventKind::VmmCreate))
         {
             self.note_demand(slot, ev, kind, ts);
         }

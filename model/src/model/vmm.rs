@@ -39,6 +39,8 @@ impl Model {
     pub(super) fn drop_handle_if_done(&mut self, slot: usize, key: (u32, u64)) {
         if self.handles.get(&key).is_some_and(|h| h.released && h.maps == 0) {
             if let Some(h) = self.handles.remove(&key) {
+                // Released and unmapped: given back (a handle released while mapped lives on).
+                self.note_given_back(slot, h.device, h.size, Class::from_index(h.class));
                 let p = &mut self.procs[slot];
                 let ts = p.last_ts;
                 if let Some(d) = p.sub_bytes(Class::from_index(h.class), h.device, h.size, ts) {

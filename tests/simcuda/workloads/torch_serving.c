@@ -13,7 +13,7 @@
  *
  * Each step it asks the driver for its free bytes and writes what PyTorch's lens writes:
  * a sample (reserved, allocated, largest free block) and stats (free bytes inside split
- * segments, no limit); at the OOM, the lens's OOM record and segments.
+ * segments, no limit, the largest request given back); at the OOM, the lens's OOM record and segments.
  *
  * SIM_NO_CACHING=1, the control: the same requests, sizes and lifetimes, with the caching
  * allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: each block its own cudaMalloc, freed
@@ -50,6 +50,21 @@ static uint64_t stranded(void) {
     for (int i = 0; i < nblocks; i++)
         if (!blocks[i].used && segs[blocks[i].seg].live && seg_used(blocks[i].seg)) f += blocks[i].size;
     return f;
+}
+
+/* What PyTorch's lens reports as the largest request given back: the largest segment not
+ * held whole by one block in use (a segment is made the size of the request the cache could
+ * not serve). */
+static uint64_t largest_given_back(void) {
+    uint64_t m = 0;
+    for (int s = 0; s < nsegs; s++) {
+        if (!segs[s].live) continue;
+        int whole = 0;
+        for (int i = 0; i < nblocks; i++)
+            if (blocks[i].seg == s && blocks[i].used && blocks[i].size == segs[s].size) whole = 1;
+        if (!whole && segs[s].size > m) m = segs[s].size;
+    }
+    return m;
 }
 
 static int grow(uint64_t size) {
@@ -184,7 +199,7 @@ int main(void) {
         if (nlive == MAXT) DIE("too many tensors");
         live[nlive++] = (struct live){addr, until};
         lens(1, reserved(), allocated(), no_caching ? 0 : largest_free(-1), (uint64_t)nsegs, 0);
-        lens(4, no_caching ? 0 : stranded(), UINT64_MAX, 0, 0, 0);
+        lens(4, no_caching ? 0 : stranded(), UINT64_MAX, no_caching ? 0 : largest_given_back(), 0, 0);
         if (getenv("SIM_VERBOSE"))
             fprintf(stderr, "step %llu%s free=%zu reserved=%llu allocated=%llu largest=%llu stranded=%llu\n",
                     (unsigned long long)t, large ? " L" : "", fr >> 20, (unsigned long long)(reserved() >> 20),
