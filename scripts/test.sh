@@ -31,6 +31,7 @@ bash tests/simcuda/selftest.sh
 python3 scripts/bench/pair_summary_test.py
 python3 scripts/gpu/ollama/check_selftest.py
 python3 scripts/gpu/pools/pools_check_selftest.py
+python3 scripts/gpu/fit/check_selftest.py
 # Tests that cannot run here (no root, no mounts) say "not run: <reason>" and are listed
 # below; cargo would count them as passed. Under CI (root) such a test fails instead.
 not_run_log=$(mktemp)
