@@ -4,7 +4,7 @@
 # LlamaConfig with random weights) run with the agent and the lens until it fails, then its
 # control: the same requests with expandable_segments:True.
 #   bash scripts/gpu/fit/run.sh OUTDIR [POOL_GIB [SECONDS]]   (release build in .gpu/: scripts/gpu/prepare.sh)
-# POOL_GIB (default 8): the device's memory left to the loop; SECONDS (default 225): how long
+# POOL_GIB (default 7): the device's memory left to the loop; SECONDS (default 225): how long
 # the fragmenting run may serve (the control serves as many requests as it did).
 # The lens takes a snapshot every 5 s (VRAMHOOK_LENS_SNAPSHOT_S; default 30 s) because the
 # run is minutes, not hours. Writes OUTDIR/fit-report.txt (PASS/FAIL per check, the lead
@@ -12,7 +12,7 @@
 # `analyze` of it as JSON, text and HTML.
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-fit}}"
-POOL="${2:-8}"
+POOL="${2:-7}"
 SECS="${3:-225}"
 mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/common.sh

@@ -1,7 +1,7 @@
 """Issue #30 on the GPU machine: a real PyTorch inference loop whose cache fragments until a
 large request fails (the fit of the next large request must warn before it does).
 
-  python3 serve.py [--pool-gib 8] [--seconds 225] [--requests N] [--seed 7]
+  python3 serve.py [--pool-gib 7] [--seconds 225] [--requests N] [--seed 7]
 
 A Llama-style causal LM built from `LlamaConfig` with random weights (nothing to download):
 16 layers, hidden 2048, 4 KV heads, vocabulary 32,000, about 1.1 B parameters in bf16. All of
@@ -14,9 +14,9 @@ control replays the same requests):
     scores does: 16 MiB to 1 GiB in one block), then 2 to 8 tokens are decoded into a
     growing KV cache (transformers' DynamicCache); the session's cache is kept for 1 to 60
     more requests (released out of order), one session in 16 kept for good (the long tail);
-  - at request --large-at and every --large-every after: a long document, batch 4 x 4096
-    tokens, scored the same way (2 GiB of float32 logits in one block), its cache kept for
-    4 requests.
+  - at request --large-at and every --large-every after: a long document scored (batch
+    4 x 4096 tokens, no cache kept, as a scoring endpoint does): 2 GiB of float32 logits in
+    one block, its largest allocation by far.
 Prints JSON lines: "start" (model, ballast, pool), "req" every 10th request (PyTorch's
 numbers), "large" for each long document served, and at the end "oom" (the request index,
 PyTorch's message) or "done". Exit 1 after an OOM, 0 when the requests or seconds run out.
@@ -36,13 +36,13 @@ MiB = 1 << 20
 VOCAB = 32000
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--pool-gib", type=float, default=8.0)
+ap.add_argument("--pool-gib", type=float, default=7.0)
 ap.add_argument("--seconds", type=float, default=225.0)
 ap.add_argument("--requests", type=int, default=1 << 30)
 ap.add_argument("--seed", type=int, default=7)
 ap.add_argument("--rate", type=float, default=2.5)
 ap.add_argument("--large-at", type=int, default=40)
-ap.add_argument("--large-every", type=int, default=225)
+ap.add_argument("--large-every", type=int, default=200)
 args = ap.parse_args()
 t0 = time.monotonic()
 
@@ -81,7 +81,7 @@ def request(i):
     r = random.Random(args.seed * 1_000_003 + i)
     large = i == args.large_at or (i > args.large_at and (i - args.large_at) % args.large_every == 0)
     if large:
-        return dict(large=True, batch=4, prompt=4096, decode=2, keep=4, forever=False, seed=r.randrange(1 << 30))
+        return dict(large=True, batch=4, prompt=4096, decode=0, keep=0, forever=False, seed=r.randrange(1 << 30))
     return dict(large=False, batch=r.choice((1, 2, 4)), prompt=r.randint(128, 2048), decode=r.randint(2, 8),
                 keep=r.randint(1, 60), forever=r.randrange(16) == 0, seed=r.randrange(1 << 30))
 
@@ -90,11 +90,13 @@ def request(i):
 def serve(q):
     g = torch.Generator(device="cuda").manual_seed(q["seed"])
     ids = torch.randint(0, VOCAB, (q["batch"], q["prompt"]), device="cuda", generator=g)
-    try:
-        cache = DynamicCache(config=config)
-    except TypeError:  # transformers before 4.56 takes no config
-        cache = DynamicCache()
-    hidden = model.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state
+    cache = None
+    if not q["large"]:
+        try:
+            cache = DynamicCache(config=config)
+        except TypeError:  # transformers before 4.56 takes no config
+            cache = DynamicCache()
+    hidden = model.model(input_ids=ids, past_key_values=cache, use_cache=cache is not None).last_hidden_state
     # Every prompt position scored in float32: one block of batch x prompt x vocabulary.
     logits = torch.nn.functional.linear(hidden.float(), w32)
     token = logits[:, -1:].argmax(-1)
@@ -122,7 +124,8 @@ while i < args.requests and time.monotonic() - t0 < args.seconds:
         out("oom", index=i, large=q["large"], batch=q["batch"], prompt=q["prompt"],
             message=str(e).splitlines()[0][:400], **numbers())
         raise SystemExit(1)
-    sessions[i] = (cache, None if q["forever"] else i + q["keep"])
+    if cache is not None:
+        sessions[i] = (cache, None if q["forever"] else i + q["keep"])
     for k in [k for k, (_, until) in sessions.items() if until is not None and until <= i]:
         del sessions[k]
     served += 1
