@@ -690,6 +690,7 @@ mod tests {
             let mut m = Model::new(vramhook_model::ModelConfig::default());
             let made = vramhook_testkit::events::made;
             m.apply(&made(Event::alloc(Api::cuMemAlloc_v2, 0x1000, 2 << 30), 100, 1_000, 0));
+            m.apply(&made(Event::free(Api::cuMemFree_v2, 0x1000), 100, 1_500, 0)); // given back: demand
             if free > 0 {
                 m.apply(&made(Event::mem_info(free, 16 << 30), 100, 2_000, 0));
             }

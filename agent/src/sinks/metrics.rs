@@ -373,7 +373,7 @@ pub const ALL: &[MetricDef] = &[
         prom: "vramhook_process_memory_demand_bytes",
         kind: Kind::Gauge,
         labels: PROCESS,
-        help: "Per device: the largest request the process made within the fit window, from its allocation calls (successful or failed) or a framework lens's OOM record (the request the framework itself refused).",
+        help: "Per device: the largest request the process made within the fit window and makes again: an allocation it gave back or that failed (memory held since it was made is not counted), a framework lens's OOM record (the request the framework itself refused), or the largest request given back that the lens saw.",
         values: |s, _| per_fit(s, |f| f.demand_bytes as f64),
     },
     MetricDef {
