@@ -88,7 +88,8 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    /// A process that asked for 2 GiB on GPU 0, on a device with `free` bytes free.
+    /// A process that asked for 2 GiB on GPU 0 and gave it back, on a device with `free`
+    /// bytes free.
     fn sample(m: &mut Model, ts: u64, free: u64) -> ModelSnapshot {
         m.apply(&Event::mem_info(free, 16 * GIB).by(7, 7).at(ts).on_device(0));
         m.snapshot()
@@ -99,6 +100,7 @@ mod tests {
         let mut m = Model::new(vramhook_model::ModelConfig::default());
         m.apply(&Event::mem_info(12 * GIB, 16 * GIB).by(7, 7).at(1).on_device(0));
         m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 2 * GIB).by(7, 7).at(2).on_device(0));
+        m.apply(&Event::free(Api::cuMemFree_v2, 0x1000).by(7, 7).at(3).on_device(0)); // given back: demand
         let mut t = FitTracker::default();
         assert!(t.crossings(&sample(&mut m, 10, 10 * GIB), 10).is_empty(), "fits: nothing to say");
         let down = t.crossings(&sample(&mut m, 20, GIB), 20);

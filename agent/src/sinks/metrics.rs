@@ -769,6 +769,9 @@ mod tests {
         let mut m = vramhook_model::Model::default();
         m.apply(&Event::mem_info(1 << 30, 2 << 30).by(7, 7).at(1).on_device(0));
         m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1000, 4096).by(7, 7).at(2).on_device(0));
+        // An allocation given back: a request it makes (the fit's demand).
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x2000, 4096).by(7, 7).at(2).on_device(0));
+        m.apply(&Event::free(Api::cuMemFree_v2, 0x2000).by(7, 7).at(2).on_device(0));
         // A lens's sample with the largest free block measured.
         let sample = Event::framework_sample(vramhook_protocol::FrameworkId::PyTorch, 4096, 1024, 2048, 1);
         m.apply(&sample.by(7, 7).at(3).on_device(0));
