@@ -13,10 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::http::{State, StateClient};
-use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::{StatsView, INCLUDE_RUN_RINGS};
 use vramhook_model::fmt_bytes;
 use vramhook_model::Model;
+use vramhook_ring::dir::default_ring_dir;
+use vramhook_ring::source::{RingFilter, RingSource, SourceItem};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TopArgs {
