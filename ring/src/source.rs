@@ -5,8 +5,10 @@
 //! A ring is named `<pid>-<start time>-<image>.ring` (the image number grows with each
 //! `exec` of the same process). Everything inside a ring is untrusted input.
 //!
-//! This file holds the source and its draining; [`discover`](self) (`source/discover.rs`)
-//! finds, checks and opens rings, and lists those left to `vramhook run` sessions.
+//! This file holds the source and its draining; its module `discover` (`source/discover.rs`)
+//! finds, checks and opens rings, and lists those left to `vramhook run` sessions. What a
+//! reader does with what the source reports (refusals, rings left to a session) is its own:
+//! the agent counts them in its state, `top` in its view, `run` says them on stderr.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
