@@ -4,7 +4,7 @@
 //! channel, everyone else reads the published snapshot.
 
 use crate::capture::{CaptureHandle, CaptureMsg, Recovered, RingKey};
-use crate::rings::{process_alive, RingFilter, RingSource, SourceItem};
+use crate::rings::{remove_when_recorded, report_refusals, report_run_rings};
 use crate::stats::{add, AgentStats};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use vramhook_model::{Model, ModelSnapshot};
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::{Api, Event, EventKind};
+use vramhook_ring::dir::process_alive;
+use vramhook_ring::source::{PollSummary, RingCursor, RingFilter, RingSource, SourceItem};
 
 #[derive(Clone, Debug)]
 pub struct IngestConfig {
@@ -167,7 +169,7 @@ struct Ingest {
 /// capture and its end.
 struct RingBook {
     /// What a previous agent recorded of each ring (until the ring is found again).
-    recorded: BTreeMap<RingKey, crate::rings::RingCursor>,
+    recorded: BTreeMap<RingKey, RingCursor>,
     /// The rings of the recovered checkpoint.
     recovered: BTreeSet<RingKey>,
     /// Writer drops recorded per ring (compared with what the ring says was reported).
@@ -350,7 +352,7 @@ impl Ingest {
 
     /// Drains the rings into the model and the capture; returns the poll's summary and the
     /// events the rings' own `Dropped` markers account for.
-    fn poll_rings(&mut self) -> (crate::rings::PollSummary, u64) {
+    fn poll_rings(&mut self) -> (PollSummary, u64) {
         let mut feed = RingFeed {
             model: &mut self.model,
             rings: &mut self.rings,
@@ -389,7 +391,7 @@ impl Ingest {
     }
 
     /// Asks the capture to acknowledge this poll's generation once it has flushed it.
-    fn ack_when_flushed(&self, summary: &crate::rings::PollSummary) {
+    fn ack_when_flushed(&self, summary: &PollSummary) {
         if let (Some(c), true) = (&self.capture, summary.delivered > 0) {
             let (flushed, generation) = (self.flushed.clone(), self.source.generation());
             let ack: Box<dyn FnOnce() + Send> = Box::new(move || {
@@ -401,7 +403,7 @@ impl Ingest {
         }
     }
 
-    fn count(&self, summary: &crate::rings::PollSummary, marked: u64) {
+    fn count(&self, summary: &PollSummary, marked: u64) {
         let stats = &self.stats;
         add(&stats.events_refused, summary.foreign);
         add(&stats.duplicates_skipped, summary.duplicates);
@@ -435,7 +437,7 @@ impl Ingest {
 
     /// Publishes a snapshot every `snapshot_interval`, and at once when a process ended (its
     /// series end with it); forgets long-exited processes right after.
-    fn publish_if_due(&mut self, summary: &crate::rings::PollSummary) {
+    fn publish_if_due(&mut self, summary: &PollSummary) {
         let owed = self.nvml.as_mut().is_some_and(crate::nvml::Feed::owed);
         if !owed && (summary.closed > 0 || self.last_snapshot.elapsed() >= self.cfg.snapshot_interval) {
             self.last_snapshot = Instant::now();
@@ -453,7 +455,7 @@ impl Ingest {
 
     /// Sleeps: not at all while more is waiting, briefly after events, longer and longer
     /// (up to `idle_poll`) while nothing comes; inotify wakes it early.
-    fn sleep(&mut self, summary: &crate::rings::PollSummary, ebpf_delivered: u64) {
+    fn sleep(&mut self, summary: &PollSummary, ebpf_delivered: u64) {
         if summary.delivered as usize >= self.cfg.batch_limit {
             self.idle = Duration::ZERO; // more is waiting
         } else if summary.delivered > 0 || ebpf_delivered > 0 {
@@ -594,57 +596,8 @@ impl RingFeed<'_> {
     }
 }
 
-/// Removes the files of the rings closed in the last poll once the capture has written
-/// their events (the capture thread runs the removal after its next flush), so that an
-/// agent killed in between leaves the ring for the next one to count what it lost.
-fn remove_when_recorded(source: &mut RingSource, capture: &Option<CaptureHandle>) {
-    for removal in source.take_removals() {
-        match capture {
-            Some(c) => {
-                let remove: Box<dyn FnOnce() + Send> = Box::new(move || {
-                    removal.run();
-                    crate::pause_point("ring-removed");
-                });
-                if let Err(now) = c.then(remove) {
-                    now();
-                }
-            }
-            None => removal.run(),
-        }
-    }
-}
-
 /// Least time between two directory scans triggered by inotify or by a ring not yet ready.
 const MIN_SCAN_GAP: Duration = Duration::from_millis(2);
-
-/// Counts and reports the rings refused (at the door) or closed as hostile since the last
-/// call, one line each.
-fn report_refusals(source: &mut RingSource, stats: &AgentStats) {
-    for refusal in source.take_refusals() {
-        if refusal.hostile {
-            add(&stats.rings_hostile, 1);
-            eprintln!("vramhook agent: closing hostile ring {}: {}", refusal.path.display(), refusal.reason);
-        } else {
-            add(&stats.rings_refused, 1);
-            eprintln!("vramhook agent: refusing ring {}: {}", refusal.path.display(), refusal.reason);
-        }
-    }
-}
-
-/// Lists the processes left to `vramhook run` sessions in the agent's counters (state,
-/// `/metrics`, `top`), and says once per ring in the log how to watch them here instead.
-fn report_run_rings(source: &mut RingSource, stats: &AgentStats) {
-    for run in source.take_new_run_rings() {
-        eprintln!(
-            "vramhook agent: {}; start the agent with {} to watch it here",
-            run.describe(),
-            crate::stats::INCLUDE_RUN_RINGS
-        );
-    }
-    if let Ok(mut listed) = stats.recorded_by_run.lock() {
-        *listed = source.run_rings();
-    }
-}
 
 /// Events the agent makes itself (NVML samples): applied and recorded like a ring's.
 fn apply_synthetic(events: Vec<Event>, model: &mut Model, capture: &Option<CaptureHandle>) {

@@ -1,6 +1,7 @@
 //! vramhook's live side: [`sources`] feed the model, [`ingest`] owns it, [`sinks`] export it.
 //!
-//! - [`sources`]: the per-process shared-memory rings ([`rings`]), eBPF probes ([`ebpf`]),
+//! - [`sources`]: the per-process shared-memory rings ([`rings`]: the ring crate's source,
+//!   [`vramhook_ring::source`], wired into the agent), eBPF probes ([`ebpf`]),
 //!   NVML's per-process usage ([`nvml`]: the processes vramhook does not trace).
 //! - [`ingest`]: the one thread that owns the host's live model.
 //! - [`sinks`]: captures ([`capture`]), `/metrics` and the JSON state ([`http`]), OTLP

@@ -169,6 +169,12 @@ pub struct RecordedByRun {
     pub run_pid: Option<u32>,
 }
 
+impl From<vramhook_ring::source::RunRingProcess> for RecordedByRun {
+    fn from(p: vramhook_ring::source::RunRingProcess) -> RecordedByRun {
+        RecordedByRun { pid: p.pid, start_time: p.start_time, exe: p.exe, command: p.command, run_pid: p.run_pid }
+    }
+}
+
 impl RecordedByRun {
     /// The process as `top` and the log name it: "pid 12 (python train.py)", and the
     /// session when known.
@@ -201,16 +207,14 @@ pub struct RingsTooLarge {
     pub max_ring_mib: u64,
 }
 
-/// Rings refused for their size, by owner. Process-wide: the ring source that refuses
-/// them has no handle on an agent's counters (one agent, or one `top`, per process).
+/// Rings refused for their size, by owner, as the readers of this process noted them from
+/// the ring source's refusals ([`vramhook_ring::source::TooLarge`]). Process-wide: one
+/// agent, or one `top`, per process.
 static TOO_LARGE: std::sync::Mutex<std::collections::BTreeMap<u32, RingsTooLarge>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
-/// The `--max-ring-mib` that takes a ring file of `len` bytes (its slots, rounded up to a
-/// MiB; the header page is allowed for by the setting).
-pub fn max_ring_mib_for(len: u64) -> u64 {
-    len.saturating_sub(vramhook_ring::HEADER_SIZE as u64).div_ceil(1 << 20)
-}
+/// The `--max-ring-mib` that takes a ring file of `len` bytes.
+pub use vramhook_ring::source::max_ring_mib_for;
 
 /// Counts a ring of `uid`, `len` bytes, refused for being over `limit` bytes.
 pub fn note_too_large(uid: u32, len: u64, limit: u64) {
@@ -258,7 +262,7 @@ pub fn dropped_marked(events: &[vramhook_protocol::record::Event]) -> u64 {
 
 /// Of the `Dropped` records a poll handed on (`marked`), those that were in the ring itself:
 /// the reader's own markers are exactly the poll's writer drops and skipped slots.
-pub fn dropped_in_ring(marked: u64, summary: &crate::rings::PollSummary) -> u64 {
+pub fn dropped_in_ring(marked: u64, summary: &vramhook_ring::source::PollSummary) -> u64 {
     marked.saturating_sub(summary.dropped.saturating_add(summary.skipped))
 }
 

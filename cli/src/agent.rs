@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use vramhook_agent::capture::CaptureConfig;
 use vramhook_agent::ingest::IngestConfig;
-use vramhook_agent::rings::default_ring_dir;
 use vramhook_agent::AgentConfig;
+use vramhook_ring::dir::default_ring_dir;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {

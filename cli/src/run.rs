@@ -10,10 +10,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::nvml::Feed;
-use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_protocol::capture::ProcessEnd;
 use vramhook_protocol::clock::TscClock;
 use vramhook_protocol::record::Event;
+use vramhook_ring::dir::default_ring_dir;
+use vramhook_ring::source::{RingFilter, RingSource, SourceItem};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use vramhook_agent::rings::SourceItem;
 use vramhook_model::{display_command, fmt_bytes, Model};
 use vramhook_protocol::capture::{CaptureHeader, CaptureWriter, ProcessEnd};
 use vramhook_protocol::record::{Api, EventKind};
+use vramhook_ring::source::SourceItem;
 
 #[derive(Default)]
 struct Tally {

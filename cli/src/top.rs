@@ -13,10 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 use vramhook_agent::http::{State, StateClient};
-use vramhook_agent::rings::{default_ring_dir, RingFilter, RingSource, SourceItem};
 use vramhook_agent::stats::{StatsView, INCLUDE_RUN_RINGS};
 use vramhook_model::fmt_bytes;
 use vramhook_model::Model;
+use vramhook_ring::dir::default_ring_dir;
+use vramhook_ring::source::{RingFilter, RingSource, SourceItem};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TopArgs {
@@ -90,9 +91,13 @@ impl Source {
                 stats.restart_lost += summary.skipped;
                 stats.dropped_in_ring += vramhook_agent::stats::dropped_in_ring(marked, &summary);
                 stats.records_malformed += summary.malformed;
-                stats.rings_refused += source.take_refusals().len() as u64;
+                let refusals = source.take_refusals();
+                for t in refusals.iter().filter_map(|r| r.too_large) {
+                    vramhook_agent::stats::note_too_large(t.uid, t.len, t.max);
+                }
+                stats.rings_refused += refusals.len() as u64;
                 stats.rings_too_large = vramhook_agent::stats::rings_too_large();
-                stats.recorded_by_run = source.run_rings();
+                stats.recorded_by_run = source.run_rings().into_iter().map(Into::into).collect();
                 stats.rings_open = source.open_rings() as u64;
                 Ok(State { agent: (**stats).clone(), ring_dir: ring_dir.clone(), snapshot: model.snapshot() })
             }

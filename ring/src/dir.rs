@@ -356,6 +356,12 @@ pub fn default_ring_dir_for(uid: u32) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("{DEFAULT_PARENT}/{uid}"))
 }
 
+/// The default ring directory for this user: `/dev/shm/vramhook/<euid>`.
+pub fn default_ring_dir() -> std::path::PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    default_ring_dir_for(unsafe { libc::geteuid() })
+}
+
 // ---------------------------------------------------------------------------------------
 // Names and liveness
 

@@ -51,6 +51,7 @@ mod file;
 #[doc(hidden)]
 pub mod fuzzing;
 mod reader;
+pub mod source;
 mod writer;
 
 pub use file::{MappedRing, DEFAULT_MAX_RING_BYTES};
@@ -225,7 +226,7 @@ pub fn encode_meta(exe: &[u8], cmdline: &[u8], out: &mut [u8]) -> usize {
 
 /// The executable and arguments of a metadata area (untrusted: the stated length is
 /// bounded by the area; an area shorter than its length word reads as empty). Public for
-/// readers that peek at a header they do not map (the agent, for `vramhook run`'s rings).
+/// readers that peek at a header they do not map ([`source`], for `vramhook run`'s rings).
 pub fn parse_meta(area: &[u8]) -> (String, Vec<String>) {
     let Some((len, rest)) = area.split_first_chunk::<8>() else { return (String::new(), Vec::new()) };
     let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);

@@ -28,7 +28,7 @@ use vramhook_protocol::capture::{
 use vramhook_protocol::record::{Event, EventKind};
 use vramhook_protocol::seqset::SeqSet;
 
-pub use crate::rings::RingCursor;
+pub use vramhook_ring::source::RingCursor;
 
 /// `[start, end)` ranges of event `seq`s.
 type SeqRanges = Vec<(u64, u64)>;

@@ -1,5 +1,5 @@
-//! Where events come from: the per-process shared-memory rings ([`rings`]: discovered,
-//! drained, their losses counted), eBPF probes on libcuda ([`ebpf`]) and NVML's
+//! Where events come from: the per-process shared-memory rings ([`rings`]: the ring crate's
+//! source, which discovers and drains them, wired into the agent's counters and capture), eBPF probes on libcuda ([`ebpf`]) and NVML's
 //! per-process usage ([`nvml`]: the processes vramhook does not trace). Each hands the
 //! ingest thread records; none blocks it.
 
