@@ -146,7 +146,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     let made = Made::before(&cfg);
     if let Err(e) = vramhook_agent::run(cfg, Arc::new(AtomicBool::new(false))) {
         made.undo();
-        return Err(anyhow::anyhow!("{}", vramhook_ebpf::probe::error_chain(&e)));
+        return Err(anyhow::anyhow!("{}", vramhook_agent::error_chain(&e)));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -59,7 +59,7 @@ fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 
 /// An error and its causes, each said once: a cause whose text the message already carries
 /// (`cannot listen on ADDR: {source}`) is not repeated after it. `vramhook agent` says its
-/// start errors so too.
+/// errors so too (`vramhook_agent::error_chain`).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
