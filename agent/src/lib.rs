@@ -17,6 +17,8 @@ pub mod stats;
 // The modules by their own names too (`vramhook_agent::rings`, …), as the CLI uses them.
 pub use sinks::{capture, fit_crossings, http, metrics, oom_counts, otlp};
 pub use sources::{ebpf, nvml, rings};
+/// How `vramhook agent` says a [`run`] error: the error and its causes, each said once.
+pub use vramhook_ebpf::probe::error_chain;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

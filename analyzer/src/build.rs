@@ -438,53 +438,61 @@ fn input_notes(i: &InputReport) -> Vec<String> {
 
 /// Plain statements of what was past the per-category limit.
 fn folded_notes(f: &Folded) -> Vec<String> {
-    let mut out = Vec::new();
     let limit = f.max_items;
-    if f.processes > 0 {
-        out.push(format!(
-            "{} past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
-            crate::render::count(f.processes, "more process", "more processes"),
-            f.process_events,
-            fmt_bytes(f.process_bytes)
-        ));
-    }
-    if f.devices > 0 {
-        out.push(format!(
-            "{} more device numbers past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+    // Each kind of folded item with its note; only the kinds with any get theirs.
+    let notes = [
+        (
+            f.processes,
+            format!(
+                "{} past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+                crate::render::count(f.processes, "more process", "more processes"),
+                f.process_events,
+                fmt_bytes(f.process_bytes)
+            ),
+        ),
+        (
             f.devices,
-            f.device_events,
-            fmt_bytes(f.device_bytes)
-        ));
-    }
-    if f.ooms > 0 {
-        out.push(format!(
-            "{} more out-of-memory failures after {limit} incidents (--max-items) were counted, not analysed: {} requested",
+            format!(
+                "{} more device numbers past the limit of {limit} (--max-items) were counted, not replayed: {} events, {} allocated",
+                f.devices,
+                f.device_events,
+                fmt_bytes(f.device_bytes)
+            ),
+        ),
+        (
             f.ooms,
-            fmt_bytes(f.oom_bytes)
-        ));
-    }
-    if f.ooms_unjudged > 0 {
-        out.push(format!(
-            "{} not judged (verdict unknown): the work allowance for judging failures, which grows with the events \
-             read, was spent on earlier ones; analyze a shorter window (--from/--to) to judge them",
-            crate::render::count(f.ooms_unjudged, "out-of-memory failure was", "out-of-memory failures were")
-        ));
-    }
-    if f.segments > 0 {
-        out.push(format!(
-            "{} more PyTorch segments past the limit of {limit} (--max-items) were counted, not imported: {}",
+            format!(
+                "{} more out-of-memory failures after {limit} incidents (--max-items) were counted, not analysed: {} requested",
+                f.ooms,
+                fmt_bytes(f.oom_bytes)
+            ),
+        ),
+        (
+            f.ooms_unjudged,
+            format!(
+                "{} not judged (verdict unknown): the work allowance for judging failures, which grows with the events \
+                 read, was spent on earlier ones; analyze a shorter window (--from/--to) to judge them",
+                crate::render::count(f.ooms_unjudged, "out-of-memory failure was", "out-of-memory failures were")
+            ),
+        ),
+        (
             f.segments,
-            fmt_bytes(f.segment_bytes)
-        ));
-    }
-    if f.pickle_values > 0 {
-        out.push(format!(
-            "{} pickle values past the reader's budget of {} were counted, not kept",
+            format!(
+                "{} more PyTorch segments past the limit of {limit} (--max-items) were counted, not imported: {}",
+                f.segments,
+                fmt_bytes(f.segment_bytes)
+            ),
+        ),
+        (
             f.pickle_values,
-            pickle::MAX_KEPT
-        ));
-    }
-    out
+            format!(
+                "{} pickle values past the reader's budget of {} were counted, not kept",
+                f.pickle_values,
+                pickle::MAX_KEPT
+            ),
+        ),
+    ];
+    notes.into_iter().filter(|(n, _)| *n > 0).map(|(_, note)| note).collect()
 }
 
 /// Growing without bound: each quarter of the series starts higher than the previous one

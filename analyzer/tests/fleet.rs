@@ -40,10 +40,7 @@ fn capture(dir: &Path, name: &str, host: &str, command: &str, allocs: u64, oom_g
         s.oom(Api::cuMemAlloc_v2, g * GIB);
     }
     w.write_events(&s.out).expect("events");
-    let bytes = w.finish().expect("finish");
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("write");
-    path
+    common::write_file(dir, name, w.finish().expect("finish"))
 }
 
 #[test]

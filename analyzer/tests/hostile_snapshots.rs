@@ -143,12 +143,7 @@ fn segments_and_one_shared_oom(segments: u64, ooms: u64) -> Vec<u8> {
     let oom = p.shared(oom_entry);
     p.op(b"}(").key("segments");
     p.list(segments, segment);
-    p.key("device_traces").op(b"](");
-    p.list(ooms, |p, _| {
-        p.get(oom);
-    });
-    p.op(b"eu");
-    p.finish()
+    one_trace_of_shared_ooms(p, ooms, oom)
 }
 
 /// A trace of `entries` entries: a segment, then allocations and frees in it, an `oom` last.
@@ -178,6 +173,17 @@ fn devices_share_one_trace(devices: u64, entries: u64) -> Vec<u8> {
     p.finish()
 }
 
+/// Ends a snapshot after its segments: one device whose trace is `n` references to the
+/// shared `oom` entry.
+fn one_trace_of_shared_ooms(mut p: Pickle, n: u64, oom: u32) -> Vec<u8> {
+    p.key("device_traces").op(b"](");
+    p.list(n, |p, _| {
+        p.get(oom);
+    });
+    p.op(b"eu");
+    p.finish()
+}
+
 /// `segments` segments whose `blocks` are one list of `blocks` blocks, and `ooms` shared
 /// `oom` entries (each hands the cache to the model).
 fn segments_share_one_block_list(segments: u64, blocks: u64, ooms: u64) -> Vec<u8> {
@@ -195,12 +201,7 @@ fn segments_share_one_block_list(segments: u64, blocks: u64, ooms: u64) -> Vec<u
         p.key("blocks").get(list);
         p.op(b"u");
     });
-    p.key("device_traces").op(b"](");
-    p.list(ooms, |p, _| {
-        p.get(oom);
-    });
-    p.op(b"eu");
-    p.finish()
+    one_trace_of_shared_ooms(p, ooms, oom)
 }
 
 /// A segment list that is one segment referenced `n` times, and as many shared `oom` entries.
@@ -212,12 +213,7 @@ fn one_segment_referenced(n: u64) -> Vec<u8> {
     p.list(n, |p, _| {
         p.get(seg);
     });
-    p.key("device_traces").op(b"](");
-    p.list(n, |p, _| {
-        p.get(oom);
-    });
-    p.op(b"eu");
-    p.finish()
+    one_trace_of_shared_ooms(p, n, oom)
 }
 
 /// One device whose trace is one allocation entry and one `oom` entry, referenced in turn

@@ -317,18 +317,14 @@ fn failing_capture(dir: &Path, failures: &[(u32, u64)]) -> PathBuf {
         events.push(common::ev(*pid, ts + 1000, Event::mem_info(common::GIB, 16 * common::GIB)));
     }
     w.write_events(&events).expect("write");
-    let path = dir.join("capture.vhc");
-    std::fs::write(&path, w.finish().expect("finish")).expect("write");
-    path
+    common::write_file(dir, "capture.vhc", w.finish().expect("finish"))
 }
 
 /// PyTorch's fragmented-cache message (2 GiB asked), each line prefixed with `prefix`.
 fn torch_log(dir: &Path, name: &str, prefix: &str) -> PathBuf {
     let log = std::fs::read_to_string(fixture("h200-oom/torch_default_fragmented.log")).expect("fixture");
     let text: String = log.lines().map(|l| format!("{prefix}{l}\n")).collect();
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write");
-    path
+    common::write_file(dir, name, text)
 }
 
 #[test]

@@ -146,24 +146,9 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     let made = Made::before(&cfg);
     if let Err(e) = vramhook_agent::run(cfg, Arc::new(AtomicBool::new(false))) {
         made.undo();
-        return Err(anyhow::anyhow!("{}", once_each(&e)));
+        return Err(anyhow::anyhow!("{}", vramhook_agent::error_chain(&e)));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// An error and its causes, each said once: a cause whose text the message already
-/// carries (`cannot listen on ADDR: {source}`) is not repeated after it.
-fn once_each(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let c_text = c.to_string();
-        if !text.contains(&c_text) {
-            text = format!("{text}: {c_text}");
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// The directories a failed start may have made (the ring directory and its parent, the

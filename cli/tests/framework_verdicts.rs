@@ -282,6 +282,7 @@ fn each_frameworks_raised_oom_is_one_incident_with_its_own_numbers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = repo_root().join("tests/fixtures/fake_frameworks");
     let pythonpath = fake.display().to_string();
+    #[derive(Clone, Copy)]
     struct Case {
         name: &'static str,
         script: &'static str,
@@ -291,25 +292,24 @@ fn each_frameworks_raised_oom_is_one_incident_with_its_own_numbers() {
         lens: [u64; 3],
         largest: Option<u64>,
     }
+    // JAX's default preallocation (768 MiB of the 1 GiB device): no driver call fails.
+    let jax_prealloc = Case {
+        name: "jax-prealloc",
+        script: "jax_prealloc.py",
+        env: &[],
+        error: "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 200.00MiB",
+        api: "lens",
+        lens: [200 * MIB, 768 * MIB, 300 * MIB],
+        largest: Some(168 * MIB),
+    };
     let cases = [
-        // JAX's default preallocation (768 MiB of the 1 GiB device): no driver call fails.
-        Case {
-            name: "jax-prealloc",
-            script: "jax_prealloc.py",
-            env: &[],
-            error: "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 200.00MiB",
-            api: "lens",
-            lens: [200 * MIB, 768 * MIB, 300 * MIB],
-            largest: Some(168 * MIB),
-        },
+        jax_prealloc,
+        // An older jaxlib: the same numbers, its own error class and message.
         Case {
             name: "jax-old",
-            script: "jax_prealloc.py",
             env: &[("FAKE_JAX_OLD", "1")],
             error: "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 209715200 bytes.",
-            api: "lens",
-            lens: [200 * MIB, 768 * MIB, 300 * MIB],
-            largest: Some(168 * MIB),
+            ..jax_prealloc
         },
         // TensorFlow with growth: its failed region is the driver's failure; reserved unknown
         // to TensorFlow's API, the process's held bytes stand for it.

@@ -93,9 +93,7 @@ fn analyze(captures: &[PathBuf], json: bool) -> String {
     if json {
         cmd.arg("--json");
     }
-    let out = cmd.output().expect("analyze");
-    assert!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    vramhook_testkit::vramhook_stdout(&mut cmd)
 }
 
 fn dump(capture: &Path) -> Vec<Value> {

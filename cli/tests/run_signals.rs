@@ -156,17 +156,23 @@ fn a_users_sigint_to_the_process_group_reaches_the_program_once() {
     assert_eq!(statuses[0], statuses[1], "the same status traced as untraced");
 }
 
+/// A SIGINT to `run` alone (`run_pid`) reaches the program once: it counts it, and the
+/// SIGTERM after it ends the program with 10 + that count.
+fn sigint_run_alone_reaches_the_program_once(mut job: Job, out: &Mutex<String>, run_pid: i32) {
+    kill(run_pid, libc::SIGINT);
+    wait_for("int 1", || text(out));
+    kill(run_pid, libc::SIGTERM);
+    let status = job.wait().expect("wait");
+    assert_eq!(status.code(), Some(11), "one SIGINT passed on; output {:?}", text(out));
+}
+
 /// `kill -INT PID` of `run` alone: the program did not get it; `run` passes it on, once.
 #[test]
 fn a_sigint_to_run_alone_is_passed_on_once() {
     let rings = rings();
-    let (mut job, out) = start_job(&argv(Mode::Traced, rings.path(), "count"));
+    let (job, out) = start_job(&argv(Mode::Traced, rings.path(), "count"));
     let (_, run_pid, _) = ready(&wait_for("ready", || text(&out)));
-    kill(run_pid, libc::SIGINT);
-    wait_for("int 1", || text(&out));
-    kill(run_pid, libc::SIGTERM);
-    let status = job.wait().expect("wait");
-    assert_eq!(status.code(), Some(11), "one SIGINT passed on; output {:?}", text(&out));
+    sigint_run_alone_reaches_the_program_once(job, &out, run_pid);
 }
 
 /// The sentinel's signals are matched with `run`'s by sender: one that another process sent
@@ -175,7 +181,7 @@ fn a_sigint_to_run_alone_is_passed_on_once() {
 #[test]
 fn a_signal_to_the_sentinel_alone_swallows_nothing() {
     let rings = rings();
-    let (mut job, out) = start_job(&argv(Mode::Traced, rings.path(), "count"));
+    let (job, out) = start_job(&argv(Mode::Traced, rings.path(), "count"));
     let (_, run_pid, _) = ready(&wait_for("ready", || text(&out)));
     let children = std::fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).expect("run's children");
     let sentinel: i32 = children
@@ -185,11 +191,8 @@ fn a_signal_to_the_sentinel_alone_swallows_nothing() {
         .unwrap_or_else(|| panic!("no sentinel among run's children {children:?}"));
     let by_another = Command::new("kill").args(["-INT", &sentinel.to_string()]).status().expect("kill(1)");
     assert!(by_another.success());
-    kill(run_pid, libc::SIGINT); // to `run` alone, by this test: passed on
-    wait_for("int 1", || text(&out));
-    kill(run_pid, libc::SIGTERM);
-    let status = job.wait().expect("wait");
-    assert_eq!(status.code(), Some(11), "one SIGINT passed on; output {:?}", text(&out));
+    // Then one to `run` alone, by this test: passed on.
+    sigint_run_alone_reaches_the_program_once(job, &out, run_pid);
 }
 
 /// A job started with `&` by a non-interactive shell has SIGINT ignored. Untraced, a

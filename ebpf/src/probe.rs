@@ -57,8 +57,10 @@ fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
     None
 }
 
-/// The full chain of an error as one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+/// An error and its causes, each said once: a cause whose text the message already carries
+/// (`cannot listen on ADDR: {source}`) is not repeated after it. `vramhook agent` says its
+/// errors so too (`vramhook_agent::error_chain`).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(err) = cur {
@@ -69,8 +71,13 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         cur = err.source();
     }
+    s
+}
+
+/// The full chain of an error as one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     // Verifier logs can be long: one line.
-    s.lines().next().unwrap_or("").chars().take(300).collect()
+    error_chain(e).lines().next().unwrap_or("").chars().take(300).collect()
 }
 
 /// Effective capabilities of this process (`CapEff` in /proc/self/status).

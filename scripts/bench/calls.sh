@@ -17,7 +17,6 @@ BENCH_NAME=bench-calls
 # shellcheck source=scripts/bench/sim-env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-${BENCH_REPEAT:-10}}"
-BENCH="$ROOT/tests/simcuda/build/workloads/bench_calls"
 TMP="$(mktemp -d /tmp/bench-calls.XXXXXX)"
 if [ -n "${BENCH_RING_DIR:-}" ]; then
     RINGS="$BENCH_RING_DIR/bench-calls.$$"

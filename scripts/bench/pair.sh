@@ -24,7 +24,6 @@ BENCH_NAME=bench-pair
 # shellcheck source=scripts/bench/sim-env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/sim-env.sh"
 ROUNDS="${BENCH_ROUNDS:-10}"
-BENCH="$ROOT/tests/simcuda/build/workloads/bench_pair"
 RINGS="$(mktemp -d /dev/shm/vramhook-pair.XXXXXX 2>/dev/null || mktemp -d)"
 JSONL="${BENCH_JSONL:-$RINGS.jsonl}"
 trap 'rm -rf "$RINGS"; [ -n "${BENCH_JSONL:-}" ] || rm -f "$JSONL"' EXIT

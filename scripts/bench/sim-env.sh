@@ -1,10 +1,12 @@
 # Sourced by scripts/bench/calls.sh and scripts/bench/pair.sh: the settings both share, the
 # interposer library checked, the simulated driver built (SIM_SKIP_BUILD=1: use
 # tests/simcuda/build as it is; the GPU machine has no make) and put first on the loader's
-# path. Sets ROOT, LIB, ITERS, THREADS, NCPU, CPU; the caller names itself in BENCH_NAME.
+# path. Sets ROOT, LIB, ITERS, THREADS, NCPU, CPU, and BENCH: the workload the caller names
+# itself after in BENCH_NAME (bench-calls: tests/simcuda/build/workloads/bench_calls).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LIB="${VRAMHOOK_LIB:-target/release/libvramhook.so}"
 case "$LIB" in /*) ;; *) LIB="$ROOT/$LIB" ;; esac
+BENCH="$ROOT/tests/simcuda/build/workloads/${BENCH_NAME//-/_}"
 ITERS="${BENCH_ITERS:-20000}"
 THREADS="${BENCH_THREADS:-1 16}"
 NCPU="$(nproc)"

@@ -14,6 +14,24 @@ use_gpu_build() {
         || { echo "MISSING .gpu/vramhook or .gpu/libvramhook.so: run scripts/gpu/prepare.sh here first" >&2; exit 1; }
 }
 
+# gpu_run_start NAME OUTDIR [--lens]: how a GPU run script starts: OUT, the folder for its
+# files (OUTDIR, else $OUT, else /tmp/vramhook-NAME), made; then use_gpu_build.
+gpu_run_start() {
+    OUT="${2:-${OUT:-/tmp/vramhook-$1}}"
+    mkdir -p "$OUT"
+    use_gpu_build "${3:-}"
+}
+
+# gpu_versions MODULE...: the GPU (name, driver, memory) and each Python MODULE's version,
+# the lines of a run's env file.
+gpu_versions() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    local m
+    for m in "$@"; do
+        python3 -c "import $m; print('$m', $m.__version__)"
+    done
+}
+
 # torch_alloc_conf MODE: the PYTORCH_CUDA_ALLOC_CONF of PyTorch's allocator mode MODE
 # (default, expandable, async), by the names the scripts and their reports use.
 torch_alloc_conf() {

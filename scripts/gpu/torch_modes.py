@@ -8,18 +8,14 @@ import json
 import sys
 
 import torch
+from torch_patterns import twenty_every_other_freed
 
 mode = sys.argv[1]
 snapshot = sys.argv[2] if len(sys.argv) > 2 else None
 if snapshot:
     torch.cuda.memory._record_memory_history(max_entries=100000)
 
-tensors = []
-for i in range(20):
-    tensors.append(torch.empty((7 * (i + 1)) << 20, dtype=torch.uint8, device="cuda"))
-for i in range(0, 20, 2):
-    tensors[i] = None
-torch.cuda.synchronize()
+tensors = twenty_every_other_freed()
 print(json.dumps({"phase": "allocated", "mode": mode, "reserved": torch.cuda.memory_reserved(),
                   "allocated": torch.cuda.memory_allocated()}), flush=True)
 message = None

@@ -106,6 +106,17 @@ fn who_on(p: &ProcessView, device: String) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// An info series' point (value 1): the process and its command line, at most 1,024
+/// characters of it.
+fn info_point(pid: u32, command: &str, exe: &str) -> Point {
+    let labels = vec![
+        ("process.pid", pid.to_string()),
+        ("process.executable.name", executable_name(command, exe)),
+        ("process.command_line", command.chars().take(1024).collect()),
+    ];
+    (labels, 1.0)
+}
+
 fn per_process(snap: &ModelSnapshot, f: impl Fn(&ProcessView) -> f64) -> Vec<Point> {
     live(snap).map(|p| (who(p), f(p))).collect()
 }
@@ -276,16 +287,7 @@ pub const ALL: &[MetricDef] = &[
         labels: &["process.pid", "process.executable.name", "process.command_line"],
         help: "1 for each live traced process, with its full command line (at most 1,024 characters); join on process_pid.",
         values: |s, _| {
-            live(s)
-                .map(|p| {
-                    let labels = vec![
-                        ("process.pid", p.pid.to_string()),
-                        ("process.executable.name", executable_name(&p.command, &p.exe)),
-                        ("process.command_line", p.command.chars().take(1024).collect()),
-                    ];
-                    (labels, 1.0)
-                })
-                .collect()
+            live(s).map(|p| info_point(p.pid, &p.command, &p.exe)).collect()
         },
     },
     MetricDef {
@@ -296,17 +298,7 @@ pub const ALL: &[MetricDef] = &[
         labels: &["process.pid", "process.executable.name", "process.command_line"],
         help: "1 for each live process recorded by a vramhook run session: its ring is the session's, so it is not drained here and has no other series (vramhook agent --include-run-rings drains it instead).",
         values: |_, st| {
-            st.recorded_by_run
-                .iter()
-                .map(|r| {
-                    let labels = vec![
-                        ("process.pid", r.pid.to_string()),
-                        ("process.executable.name", executable_name(&r.command, &r.exe)),
-                        ("process.command_line", r.command.chars().take(1024).collect()),
-                    ];
-                    (labels, 1.0)
-                })
-                .collect()
+            st.recorded_by_run.iter().map(|r| info_point(r.pid, &r.command, &r.exe)).collect()
         },
     },
     MetricDef {

@@ -150,20 +150,26 @@ pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "vramhook analyze — post-mortem");
     let _ = writeln!(o, "==============================");
-    inputs(&mut o, r);
-    notes(&mut o, r);
-    devices(&mut o, r);
-    processes(&mut o, r);
-    top_holders(&mut o, r);
-    fit_warnings(&mut o, r);
-    ooms(&mut o, r);
-    crate::logs::render_text(&mut o, r);
-    leaks(&mut o, r);
-    fragmentation(&mut o, r);
-    framework_caches(&mut o, r);
-    histograms(&mut o, r);
-    layout(&mut o, r);
-    anomalies(&mut o, r);
+    // The report's sections, in the order they are read.
+    let sections: [fn(&mut String, &Report); 14] = [
+        inputs,
+        notes,
+        devices,
+        processes,
+        top_holders,
+        fit_warnings,
+        ooms,
+        crate::logs::render_text,
+        leaks,
+        fragmentation,
+        framework_caches,
+        histograms,
+        layout,
+        anomalies,
+    ];
+    for section in sections {
+        section(&mut o, r);
+    }
     o
 }
 

@@ -8,6 +8,13 @@ use vramhook_protocol::record::{Api, Event, FrameworkId};
 pub const GIB: u64 = 1 << 30;
 pub const MIB: u64 = 1 << 20;
 
+/// `bytes` written as the file `name` in `dir`: its path.
+pub fn write_file(dir: &std::path::Path, name: &str, bytes: impl AsRef<[u8]>) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
 /// `e` (built by one of `Event`'s per-kind constructors) made by `pid`'s main thread at
 /// `ts`, on device 0.
 pub fn ev(pid: u32, ts: u64, e: Event) -> Event {

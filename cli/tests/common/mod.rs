@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub use vramhook_testkit::{interposer, vramhook_bin, workload};
+pub use vramhook_testkit::{interposer, vramhook_bin, vramhook_stdout, workload};
 
 pub struct Traced {
     pub dir: tempfile::TempDir,
@@ -86,9 +86,7 @@ pub fn dump(capture: &Path, frames: bool) -> Vec<Value> {
     if frames {
         cmd.arg("--frames");
     }
-    let out = cmd.output().expect("run vramhook dump");
-    assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("dump line is JSON")).collect()
+    vramhook_stdout(&mut cmd).lines().map(|l| serde_json::from_str(l).expect("dump line is JSON")).collect()
 }
 
 pub fn read_truth(dir: &Path) -> BTreeMap<u32, Vec<Value>> {

@@ -5,16 +5,12 @@
 #   bash scripts/gpu/lens/frameworks.sh OUTDIR     (release build in .gpu/: scripts/gpu/prepare.sh)
 # Writes OUTDIR/frameworks-report.txt (PASS/FAIL lines) and the runs' files.
 set -u
-OUT="${1:-${OUT:-/tmp/vramhook-frameworks}}"
-mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-use_gpu_build --lens
+gpu_run_start frameworks "${1:-}" --lens
 export VRAMHOOK_LENS_INTERVAL_S=0.5
 S=scripts/gpu/lens
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import cupy; print("cupy", cupy.__version__)'
-  python3 -c 'import jax; print("jax", jax.__version__)'; } > "$OUT/fw-env.txt" 2>&1
+gpu_versions cupy jax > "$OUT/fw-env.txt" 2>&1
 cat "$OUT/fw-env.txt"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=1.0
 for fw in cupy jax; do

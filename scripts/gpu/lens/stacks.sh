@@ -7,16 +7,14 @@
 #   bash scripts/gpu/lens/stacks.sh OUTDIR [--check-only]   (release build in .gpu/: scripts/gpu/prepare.sh)
 # Writes OUTDIR/stacks-report.txt (PASS/FAIL per check) and the run's files.
 set -u
-OUT="${1:-${OUT:-/tmp/vramhook-stacks}}"
-mkdir -p "$OUT/run"
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-use_gpu_build --lens
+gpu_run_start stacks "${1:-}" --lens
+mkdir -p "$OUT/run"
 S=scripts/gpu/lens
 # --check-only: judge a run made before (the GPU part done, the analysis and checks again).
 if [ "${2:-}" != --check-only ]; then
-    { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-      python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1
+    gpu_versions torch > "$OUT/env.txt" 2>&1
     cat "$OUT/env.txt"
     rm -f "$OUT"/run/vramhook-stacks-*.pickle
     t0=$SECONDS

@@ -7,10 +7,14 @@ the OOM. Prints a JSON line with the lines, the numbers and the file names.
     stacks_oom.py bench            the cost of memory history: µs per allocation and free of a
                                    cache-served 1 MiB tensor, history off, then on (python stacks)"""
 import json
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_patterns import whole_gib_segments_cached  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -44,14 +48,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "bench":
     bench()
     sys.exit(0)
 
-big = []
-try:
-    while True:
-        big.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
-except torch.OutOfMemoryError:
-    pass
-n = len(big)
-big.clear()
+n = whole_gib_segments_cached()
 KEEP = sys._getframe().f_lineno + 1
 keep = [torch.empty(600 * MiB, dtype=torch.uint8, device="cuda") for _ in range(n)]
 torch.cuda.synchronize()

@@ -19,6 +19,9 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_patterns import whole_gib_segments_cached  # noqa: E402
+
 scenario, outdir = sys.argv[1], sys.argv[2]
 GiB = 1 << 30
 MiB = 1 << 20
@@ -52,14 +55,7 @@ default_mode = not os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 if scenario == "fragmented":
     if default_mode:  # cudaMallocAsync cannot record history; the snapshot is the default mode's
         torch.cuda.memory._record_memory_history(max_entries=200000)
-    big = []
-    try:
-        while True:
-            big.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError:
-        pass
-    n = len(big)
-    big.clear()  # every 1 GiB segment goes back to the cache, whole
+    n = whole_gib_segments_cached()
     keep = [torch.empty(600 * MiB, dtype=torch.uint8, device="cuda") for _ in range(n)]
     torch.cuda.synchronize()
     numbers("filled", segments_made=n)

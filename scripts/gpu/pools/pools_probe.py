@@ -19,6 +19,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from torch_patterns import twenty_every_other_freed  # noqa: E402
+
 mode = sys.argv[1]
 wait_s = float(sys.argv[2]) if len(sys.argv) > 2 else 1.5
 
@@ -84,12 +87,7 @@ step("first 2 MiB tensor")
 # device, which makes the pool's streams; in the other modes this step makes them.
 side = torch.cuda.Stream() if STEPS else None
 step("torch.cuda.Stream()")
-tensors = []
-for i in range(20):
-    tensors.append(torch.empty((7 * (i + 1)) << 20, dtype=torch.uint8, device="cuda"))
-for i in range(0, 20, 2):
-    tensors[i] = None
-torch.cuda.synchronize()
+tensors = twenty_every_other_freed()
 step("twenty tensors, every other one freed")
 # The point: quiet, then one cuMemGetInfo (the interposer samples the device and pools there).
 time.sleep(wait_s)

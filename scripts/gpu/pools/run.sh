@@ -6,17 +6,14 @@
 #   bash scripts/gpu/pools/run.sh OUTDIR      (release build in .gpu/: scripts/gpu/prepare.sh)
 # Writes OUTDIR/pools-report.txt (PASS/FAIL lines with the numbers) and each mode's files.
 set -u
-OUT="${1:-${OUT:-/tmp/vramhook-pools}}"
-mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-use_gpu_build --lens
+gpu_run_start pools "${1:-}" --lens
 # Samples at most every 200 ms; the program waits 1.5 s before its point, so its
 # torch.cuda.mem_get_info() there always samples the device and the pools.
 export VRAMHOOK_MEMINFO_MS=200
 S=scripts/gpu/pools
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__)'
+{ gpu_versions torch
   python3 -c 'import pynvml; print("pynvml", pynvml.__file__)' 2>/dev/null || echo "no pynvml: NVML through ctypes"; } \
     > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"

@@ -46,6 +46,13 @@ pub fn vramhook_bin() -> PathBuf {
     built("vramhook")
 }
 
+/// What `cmd` (a `vramhook` command) printed on stdout; it must succeed.
+pub fn vramhook_stdout(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run vramhook");
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `libvramhook.so` of the same build.
 pub fn interposer() -> PathBuf {
     built("libvramhook.so")

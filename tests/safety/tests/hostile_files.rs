@@ -299,23 +299,31 @@ fn pipes_and_fifos_are_streamed_to_their_end() {
     assert_eq!(events_of(&via_pipe), 50);
 }
 
+/// `bytes` as the file `name` in `dir`, analysed plainly and with `--strict`: refused
+/// both times (exit 2). Its stderr and stdout each time.
+fn refused_plain_and_strict(dir: &Path, name: &str, bytes: &[u8]) -> [(String, Vec<u8>); 2] {
+    let file = dir.join(name);
+    std::fs::write(&file, bytes).expect("write");
+    [false, true].map(|strict| {
+        let mut cmd = Command::new(vramhook_bin());
+        cmd.arg("analyze").arg(&file);
+        if strict {
+            cmd.arg("--strict");
+        }
+        let out = cmd.output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "strict {strict}: {stderr}");
+        (stderr, out.stdout)
+    })
+}
+
 /// Six bytes that are not a capture said "truncated at byte 6 … everything before the cut
 /// was analysed" with exit 0, even with --strict. A capture cut inside its header is still
 /// "truncated".
 #[test]
 fn six_bytes_of_something_else_are_not_a_capture() {
     let d = dir();
-    let junk = d.path().join("junk");
-    std::fs::write(&junk, b"hello\n").expect("write");
-    for strict in [false, true] {
-        let mut cmd = Command::new(vramhook_bin());
-        cmd.arg("analyze").arg(&junk);
-        if strict {
-            cmd.arg("--strict");
-        }
-        let out = cmd.output().expect("run");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "strict {strict}: {stderr}");
+    for (stderr, _) in refused_plain_and_strict(d.path(), "junk", b"hello\n") {
         assert!(stderr.contains("not a capture"), "{stderr}");
         assert!(!stderr.contains("truncated"), "{stderr}");
     }
@@ -417,20 +425,10 @@ fn restart_losses_are_counted_once() {
 #[test]
 fn an_empty_file_is_an_error_in_one_line() {
     let d = dir();
-    let empty = d.path().join("empty.vhc");
-    std::fs::write(&empty, b"").expect("write");
-    for strict in [false, true] {
-        let mut cmd = Command::new(vramhook_bin());
-        cmd.arg("analyze").arg(&empty);
-        if strict {
-            cmd.arg("--strict");
-        }
-        let out = cmd.output().expect("run");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "strict {strict}: {stderr}");
+    for (stderr, stdout) in refused_plain_and_strict(d.path(), "empty.vhc", b"") {
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains("empty file"), "{stderr}");
-        assert!(out.stdout.is_empty(), "no report: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(stdout.is_empty(), "no report: {}", String::from_utf8_lossy(&stdout));
     }
     // A cut capture is still read (exit 0), and fails with --strict, in one line.
     let real = small_capture(&d.path().join("small.vhc"));

@@ -9,15 +9,19 @@
 #include "common.h" /* first: it defines _GNU_SOURCE (RUSAGE_THREAD) */
 
 #include <pthread.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include "sim_cuda_runtime.h"
+#include "thread_faults.h"
 
 static int iters = 20000;
 static uint64_t *alloc_ns, *free_ns;
 static _Atomic int errors;
-static _Atomic long minor_faults, major_faults;
+
+static int cmp_u64(const void *x, const void *y) {
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
 
 static inline uint64_t now_ns(void) {
     struct timespec ts;
@@ -37,8 +41,7 @@ static void *worker(void *arg) {
     }
     memset(a, 0, (size_t)iters * sizeof *a);
     memset(f, 0, (size_t)iters * sizeof *f);
-    struct rusage before, after;
-    getrusage(RUSAGE_THREAD, &before);
+    struct rusage before = thread_usage();
     for (int i = 0; i < iters; i++) {
         void *p = NULL;
         uint64_t t0 = now_ns();
@@ -50,15 +53,8 @@ static void *worker(void *arg) {
         f[i] = t2 - t1;
         if (e1 || e2) errors++;
     }
-    getrusage(RUSAGE_THREAD, &after);
-    minor_faults += after.ru_minflt - before.ru_minflt;
-    major_faults += after.ru_majflt - before.ru_majflt;
+    add_faults_since(&before);
     return NULL;
-}
-
-static int cmp_u64(const void *x, const void *y) {
-    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return a < b ? -1 : a > b;
 }
 
 static unsigned long long pct(uint64_t *v, size_t n, double p) {

@@ -31,9 +31,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <x86intrin.h>
+
+#include "thread_faults.h"
 
 typedef int CUresult;
 typedef void *CUcontext;
@@ -59,7 +60,7 @@ static void *(*glibc_dlsym)(void *, const char *);
 static void *cuda;
 /* Per thread and iteration: [0] plain alloc, [1] plain free, [2] hooked alloc, [3] hooked free (ticks). */
 static uint64_t *ticks;
-static _Atomic long errors, minor_faults, major_faults;
+static _Atomic long errors;
 
 static inline uint64_t start_tick(void) {
     _mm_lfence();
@@ -118,8 +119,7 @@ static void *worker(void *arg) {
         }
     }
     memset(tk, 0, (size_t)iters * 4 * sizeof *tk);
-    struct rusage before, after;
-    getrusage(RUSAGE_THREAD, &before);
+    struct rusage before = thread_usage();
     for (int i = 0; i < iters; i++) {
         for (int k = 0; k < 2; k++) {
             int side = k ^ (i & 1); /* plain first on even iterations, hooked first on odd */
@@ -134,9 +134,7 @@ static void *worker(void *arg) {
             if (e1 || e2) errors++;
         }
     }
-    getrusage(RUSAGE_THREAD, &after);
-    minor_faults += after.ru_minflt - before.ru_minflt;
-    major_faults += after.ru_majflt - before.ru_majflt;
+    add_faults_since(&before);
     return NULL;
 }
 

@@ -92,4 +92,28 @@ static void release(int b) {
     }
 }
 
+/* A segment's bytes in use and its cached pieces. */
+static inline void segment_usage(int seg, uint64_t *used, uint64_t *pieces) {
+    *used = *pieces = 0;
+    for (int i = 0; i < nblocks; i++) {
+        if (blocks[i].seg != seg) continue;
+        if (blocks[i].used)
+            *used += blocks[i].size;
+        else
+            ++*pieces;
+    }
+}
+
+/* What PyTorch's out-of-memory observers record for a failed request: the request and the
+ * cache, then each live segment. */
+static inline void lens_oom(uint64_t request) {
+    lens(2, request, reserved(), allocated(), largest_free(-1), 0);
+    for (int s = 0; s < nsegs; s++) {
+        if (!segs[s].live) continue;
+        uint64_t used, pieces;
+        segment_usage(s, &used, &pieces);
+        lens(3, segs[s].base, segs[s].size, used, largest_free(s), pieces);
+    }
+}
+
 #endif

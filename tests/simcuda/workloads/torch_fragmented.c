@@ -157,19 +157,7 @@ int main(void) {
         return 0;
     }
     /* PyTorch's out-of-memory observers, then its message */
-    lens(2, REQUEST, reserved(), allocated(), largest_free(-1), 0);
-    for (int s = 0; s < nsegs; s++) {
-        if (!segs[s].live) continue;
-        uint64_t used = 0, pieces = 0;
-        for (int i = 0; i < nblocks; i++)
-            if (blocks[i].seg == s) {
-                if (blocks[i].used)
-                    used += blocks[i].size;
-                else
-                    pieces++;
-            }
-        lens(3, segs[s].base, segs[s].size, used, largest_free(s), pieces);
-    }
+    lens_oom(REQUEST);
     char req[32], total[32], free_s[32], alloc_s[32], unalloc[32];
     fmt(req, REQUEST);
     fmt(total, tot);
