@@ -45,30 +45,44 @@ impl Replayer {
     /// Follows the fits of a sample's live processes.
     pub(super) fn fit_sample(&mut self, snap: &ModelSnapshot, ts: u64) {
         for p in snap.processes.iter().filter(|p| p.alive) {
-            if !p.fit.is_empty() {
-                self.fits.commands.entry(p.pid).or_insert_with(|| {
-                    if p.command.is_empty() {
-                        p.exe.clone()
-                    } else {
-                        p.command.clone()
-                    }
-                });
-            }
-            for f in &p.fit {
-                let key = (p.pid, f.device);
-                self.fit_track(key, ts, f);
-                if f.fit_ratio < 1.0 {
-                    let limit = f.limited_by.map(|l| l.name());
-                    self.fits.below.entry(key).or_insert((
-                        ts,
-                        f.demand_bytes,
-                        f.demand_source.name(),
-                        f.supply_bytes,
-                        limit,
-                    ));
+            self.fit_process(p, ts);
+        }
+    }
+
+    /// A lens's stats close its sample: the fit of that process now, between the replay's
+    /// paced samples. A caching framework calls the driver rarely, so the paced samples
+    /// alone can miss a crossing by minutes (the H200 serving loop's capture, 900 events in
+    /// 2.5 minutes, had 4 of them); its lens samples once a second.
+    pub(super) fn fit_after_lens(&mut self, pid: u32, ts: u64) {
+        if let Some((_, view)) = self.model.process_view(pid, 0, false) {
+            self.fit_process(&view, ts);
+        }
+    }
+
+    fn fit_process(&mut self, p: &vramhook_model::ProcessView, ts: u64) {
+        if !p.fit.is_empty() {
+            self.fits.commands.entry(p.pid).or_insert_with(|| {
+                if p.command.is_empty() {
+                    p.exe.clone()
                 } else {
-                    self.fits.below.remove(&key);
+                    p.command.clone()
                 }
+            });
+        }
+        for f in &p.fit {
+            let key = (p.pid, f.device);
+            self.fit_track(key, ts, f);
+            if f.fit_ratio < 1.0 {
+                let limit = f.limited_by.map(|l| l.name());
+                self.fits.below.entry(key).or_insert((
+                    ts,
+                    f.demand_bytes,
+                    f.demand_source.name(),
+                    f.supply_bytes,
+                    limit,
+                ));
+            } else {
+                self.fits.below.remove(&key);
             }
         }
     }

@@ -332,6 +332,9 @@ impl Replayer {
         if !self.join.is_empty() {
             self.join.see(ev);
         }
+        if ev.kind == EventKind::FrameworkStats as u8 && ev.result == 0 {
+            self.fit_after_lens(ev.pid, ev.ts_ns);
+        }
         self.applied += 1;
         if self.applied >= self.next_sample {
             self.sample(ev.ts_ns);
