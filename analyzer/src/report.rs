@@ -9,8 +9,9 @@ use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 
 /// Version of the JSON report's schema (4: `ooms[].verdict`, `ooms[].outcome` and
 /// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone; 5:
-/// `timelines.fits`, the fit of each process's next large request over time).
-pub const SCHEMA_VERSION: u32 = 5;
+/// `timelines.fits`, the fit of each process's next large request over time; 6:
+/// `fit_warnings[].came_bytes`, the size of the failing request).
+pub const SCHEMA_VERSION: u32 = 6;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -64,6 +65,8 @@ pub struct FitWarning {
     pub limited_by: Option<String>,
     /// When the failing request came (its OOM on the device); `None`: none before the end.
     pub came_ts_ns: Option<u64>,
+    /// Its size (schema 6): smaller than the demand where a smaller request failed first.
+    pub came_bytes: Option<u64>,
 }
 
 /// Items past the per-category limit (`max_items`): counted here instead of analysed.

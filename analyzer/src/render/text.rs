@@ -107,7 +107,7 @@ fn span(d: u64) -> String {
 
 /// "pid 42 (server) GPU 0: from +2 h 14 m on, a 2.00 GiB request would not have fit (1.20 GiB
 /// to be had: its cache is fragmented; demand from driver); it came at +3 h 02 m, 48 m 00 s
-/// later."
+/// later." Where a smaller request failed first: "…; a 980.00 MiB request failed first, at …"
 pub fn fit_line(r: &Report, w: &FitWarning) -> String {
     let head = format!(
         "pid {} ({}) GPU {}: from {} on, a {} request would not have fit ({} to be had{}; demand from {})",
@@ -126,9 +126,11 @@ pub fn fit_line(r: &Report, w: &FitWarning) -> String {
         },
         w.demand_source
     );
-    match w.came_ts_ns {
-        Some(c) => format!("{head}; it came at {}, {} later.", rel_short(r, c), span(c.saturating_sub(w.since_ts_ns))),
-        None => format!("{head}; none came before the end."),
+    let Some(c) = w.came_ts_ns else { return format!("{head}; none came before the end.") };
+    let when = format!("{}, {} later.", rel_short(r, c), span(c.saturating_sub(w.since_ts_ns)));
+    match w.came_bytes {
+        Some(b) if b < w.demand_bytes => format!("{head}; a {} request failed first, at {when}", fmt_bytes(b)),
+        _ => format!("{head}; it came at {when}"),
     }
 }
 

@@ -132,10 +132,10 @@ impl Replayer {
 
     /// A process's request failed out of memory on `device` at `ts`: a run below 1 in
     /// progress foresaw it.
-    pub(super) fn fit_failure(&mut self, pid: u32, device: i16, ts: u64) {
+    pub(super) fn fit_failure(&mut self, pid: u32, device: i16, ts: u64, size: u64) {
         if let Some(run) = self.fits.below.remove(&(pid, device)) {
             if !self.same_incident(pid, device, run.0) {
-                self.fit_warning(pid, device, run, Some(ts));
+                self.fit_warning(pid, device, run, Some((ts, size)));
             }
             self.fits.came.insert((pid, device), ts);
         }
@@ -157,7 +157,7 @@ impl Replayer {
         self.fits.came.get(&(pid, device)).is_some_and(|c| since >= *c && since - c <= window)
     }
 
-    fn fit_warning(&mut self, pid: u32, device: i16, run: Run, came: Option<u64>) {
+    fn fit_warning(&mut self, pid: u32, device: i16, run: Run, came: Option<(u64, u64)>) {
         let (since, demand, source, supply, limit) = run;
         if self.fits.warnings.len() >= MAX_FIT_WARNINGS || !self.pid_selected(pid) {
             return;
@@ -171,7 +171,8 @@ impl Replayer {
             demand_source: source.to_string(),
             supply_bytes: supply,
             limited_by: limit.map(str::to_string),
-            came_ts_ns: came,
+            came_ts_ns: came.map(|c| c.0),
+            came_bytes: came.map(|c| c.1),
         });
     }
 }

@@ -552,7 +552,7 @@ impl Replayer {
             if self.may_force() {
                 self.sample(ev.ts_ns);
             }
-            self.fit_failure(ev.pid, ev.device, ev.ts_ns);
+            self.fit_failure(ev.pid, ev.device, ev.ts_ns, ev.size);
             if !self.layout_fixed && ev.ts_ns >= self.from_abs && self.pid_selected(ev.pid) {
                 self.capture_layout(ev.ts_ns, LayoutReason::FirstOom);
                 self.layout_fixed = true;
@@ -589,7 +589,7 @@ impl Replayer {
                 let key = (ev.pid, ev.device, code, "lens");
                 self.framework_point(key, ev.ts_ns, reserved, allocated, largest);
                 self.framework_oom_mark(key, ev.ts_ns, ev.framework_request());
-                self.fit_failure(ev.pid, ev.device, ev.ts_ns);
+                self.fit_failure(ev.pid, ev.device, ev.ts_ns, ev.framework_request());
             }
         }
         true

@@ -1,0 +1,129 @@
+//! Real captures from the H200 runs of 2026-12-05 (`tests/fixtures/h200-holders/`,
+//! `h200-raise/`, `h200-fit/`; their README says how each was made): replayed offline, they
+//! must give what the agent and `vramhook run` said live on the GPU machine.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use vramhook_analyzer::{analyze, Options};
+
+const GIB: u64 = 1 << 30;
+
+fn fixture(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(path)
+}
+
+fn report(paths: &[&str]) -> Value {
+    let files: Vec<PathBuf> = paths.iter().map(|p| fixture(p)).collect();
+    serde_json::to_value(analyze(&files, &Options::default()).expect("analyze")).expect("JSON")
+}
+
+fn ooms(r: &Value) -> &Vec<Value> {
+    r["ooms"].as_array().expect("ooms")
+}
+
+/// Another process's idle PyTorch cache (60 GiB reserved, 0 allocated), seen through its
+/// lens: `other_process`, naming it, its releasable bytes = memory_reserved() −
+/// memory_allocated() to the byte.
+#[test]
+fn another_process_idle_cache_through_its_lens_is_other_process() {
+    let r = report(&["h200-holders/lens_agent.vrhk"]);
+    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
+    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    let h = &o["holders"][0];
+    assert_eq!((h["pid"].as_u64(), h["sight"].as_str()), (Some(546), Some("lens")), "{h}");
+    assert_eq!(h["releasable_bytes"], 64_424_509_440u64);
+    assert!(o["fix"].as_str().unwrap_or("").contains("torch.cuda.empty_cache() in that process"), "{}", o["fix"]);
+}
+
+#[test]
+fn another_process_cache_without_its_lens_is_other_process_not_visible() {
+    let r = report(&["h200-holders/nolens_agent.vrhk"]);
+    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
+    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    assert_eq!(o["holders"][0]["sight"], "cache_not_visible", "{}", o["holders"]);
+    assert_eq!(o["holders"][0]["not_visible_bytes"], 64_424_509_440u64);
+}
+
+/// The holder untraced, the asker alone under `vramhook run`: NVML named the holder, and
+/// the capture carries that answer.
+#[test]
+fn an_untraced_holder_is_named_from_nvml_in_the_capture() {
+    let r = report(&["h200-holders/run_asker.vhc"]);
+    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
+    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    let h = &o["holders"][0];
+    assert_eq!((h["sight"].as_str(), h["nvml_bytes"].as_u64()), (Some("untraced"), Some(64_967_671_808)), "{h}");
+}
+
+/// PyTorch's own message of the same failure ("Process 546 has 60.51 GiB memory in use").
+#[test]
+fn the_askers_crash_log_agrees() {
+    let r = report(&["h200-holders/lens_asker.log"]);
+    let li = &r["log_incidents"][0];
+    assert_eq!(li["verdict"], "other_process", "{li}");
+}
+
+#[test]
+fn jax_default_preallocation_fatal_request_is_framework_fragmentation_with_xlas_numbers() {
+    let r = report(&["h200-raise/jax_frag.vhc"]);
+    let fatal: Vec<&Value> =
+        ooms(&r).iter().filter(|o| o["framework_oom"]["requested"].as_u64() == Some(2 * GIB)).collect();
+    assert_eq!(fatal.len(), 1, "one incident for the 2 GiB request");
+    assert_eq!(fatal[0]["verdict"], "framework_fragmentation", "{}", fatal[0]["explanation"]);
+    // XLA's memory_stats() just before: bytes_in_use 55,834,574,848, largest free block
+    // 1,073,742,336 (scripts/gpu/raise/programs.py's "before" line).
+    assert_eq!(fatal[0]["framework_oom"]["allocated"], 55_834_574_848u64);
+    assert_eq!(fatal[0]["framework_oom"]["largest_free_block"], 1_073_742_336u64);
+}
+
+#[test]
+fn cupys_request_after_it_freed_its_cache_is_recovered_and_its_fatal_one_failed() {
+    let r = report(&["h200-raise/cupy_recover.vhc"]);
+    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 3 * GIB).expect("the 3 GiB request");
+    assert_eq!(o["outcome"], "recovered", "{o}");
+    let r = report(&["h200-raise/cupy_fatal.vhc"]);
+    let o = ooms(&r).iter().rfind(|o| o["requested_bytes"] == 3 * GIB).expect("the 3 GiB request");
+    assert_eq!(o["outcome"], "failed", "{o}");
+    assert_eq!(o["framework"], "cupy");
+}
+
+/// Under set_per_process_memory_fraction(0.03) ("4.19 GiB allowed"): capacity of the limit,
+/// named, in the capture and from PyTorch's message.
+#[test]
+fn a_request_over_the_frameworks_limit_is_capacity_naming_it() {
+    let r = report(&["h200-raise/torch_fraction.vhc"]);
+    let o = ooms(&r).last().expect("the incident");
+    assert_eq!(o["verdict"], "capacity", "{}", o["explanation"]);
+    assert_eq!(o["framework_limit"], 4_503_296_409u64);
+    let r = report(&["h200-raise/torch_fraction.log"]);
+    let li = &r["log_incidents"][0];
+    assert_eq!(li["verdict"], "capacity", "{li}");
+    assert!(li["explanation"].as_str().unwrap_or("").contains("limit"), "{li}");
+}
+
+/// With PyTorch's memory history on, the lens's record joins the driver's failure: one
+/// incident for the fatal 2 GiB request.
+#[test]
+fn with_the_memory_history_on_the_failure_is_one_incident() {
+    let r = report(&["h200-raise/torch_history.vhc"]);
+    let fatal: Vec<&Value> =
+        ooms(&r).iter().filter(|o| o["framework_oom"]["requested"].as_u64() == Some(2 * GIB)).collect();
+    assert_eq!(fatal.len(), 1, "{:?}", ooms(&r).iter().map(|o| &o["verdict"]).collect::<Vec<_>>());
+    assert_eq!(fatal[0]["verdict"], "framework_fragmentation");
+}
+
+/// The serving loop (scripts/gpu/fit/serve.py): the fit of its 1.95 GiB request went below 1
+/// 9.99 s before a 980 MiB chat request failed, as the agent saw it live (9.1 s, read each
+/// second); the failure is the cache's fragmentation.
+#[test]
+fn the_serving_loops_fit_went_below_one_before_its_oom() {
+    let r = report(&["h200-fit/serving_fragmented.vrhk"]);
+    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 1_027_604_480u64).expect("the 980 MiB request");
+    assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
+    let w = &r["fit_warnings"][0];
+    assert_eq!(w["demand_bytes"], 2_097_152_000u64, "{w}");
+    assert_eq!(w["limited_by"], "framework_fragmentation");
+    assert_eq!(w["came_bytes"], 1_027_604_480u64, "a smaller request failed first");
+    let lead = w["came_ts_ns"].as_u64().expect("came") - w["since_ts_ns"].as_u64().expect("since");
+    assert!((9_000_000_000..11_000_000_000).contains(&lead), "lead {lead} ns");
+}
