@@ -34,8 +34,8 @@ pub(crate) struct FitTracks {
     below: BTreeMap<(u32, i16), Run>,
     pub(crate) warnings: Vec<FitWarning>,
     commands: BTreeMap<u32, String>,
-    /// The last failure a run foresaw, per (pid, device): the runs that start within the
-    /// incident window after it are the same incident (its retries, the lens's record).
+    /// The last failure, per (pid, device): the runs that start within the incident window
+    /// after it are the same incident (its retries, the lens's record).
     came: BTreeMap<(u32, i16), u64>,
     /// The timelines the HTML report plots, from the same samples as the warnings.
     tracks: BTreeMap<(u32, i16), FitTrack>,
@@ -137,8 +137,11 @@ impl Replayer {
             if !self.same_incident(pid, device, run.0) {
                 self.fit_warning(pid, device, run, Some((ts, size)));
             }
-            self.fits.came.insert((pid, device), ts);
         }
+        // Every failure, foreseen or not: a run that starts with it (the failed call made the
+        // demand, its own size, and the sample after it saw it short) warned of nothing and
+        // ends at its retry.
+        self.fits.came.insert((pid, device), ts);
     }
 
     /// At the end: runs still in progress, with no request that large since.
