@@ -88,6 +88,11 @@ var panels = []panel{
 		queries: [][2]string{
 			{`vramhook_process_framework_fragmentation_ratio{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) {{framework}}"},
 		}},
+	{title: "Fit of the next large request", unit: "none",
+		description: "Per process and device: what it could get now for a request as large as its largest recent one (made and given back), over that request. Below 1 that request would fail now (alert VramhookNextLargeRequestWouldFail); a ratio falling toward 1 is the earlier sign.",
+		queries: [][2]string{
+			{`vramhook_process_memory_fit_ratio{` + host + `}`, "{{instance}} {{process_executable_name}} ({{process_pid}}) GPU {{device}}"},
+		}},
 	{title: "OOM incidents by verdict", unit: "short",
 		description: "Out-of-memory incidents per GPU by vramhook's verdict; they outlive the process that failed. Each incident is also a span vramhook.oom in Jaeger (link).",
 		queries: [][2]string{
