@@ -32,6 +32,24 @@ python3 scripts/bench/pair_summary_test.py
 python3 scripts/gpu/ollama/check_selftest.py
 python3 scripts/gpu/pools/pools_check_selftest.py
 python3 scripts/gpu/fit/check_selftest.py
+# Every prepare step that can run here works into an empty folder, the first time and again
+# (scripts/gpu/ollama/prepare.sh needs ollama's fetched source: checked by hand).
+prepare_twice() { # script, then the files it must leave
+    local script=$1 out
+    shift
+    out=$(mktemp -d)
+    for round in 1 2; do
+        VRAMHOOK_GPU_OUT="$out/gpu" "$script" > "$out/log" 2>&1 \
+            || { cat "$out/log"; echo "test: $script failed (round $round)" >&2; exit 1; }
+    done
+    for f in "$@"; do
+        [ -s "$out/gpu/$f" ] || { echo "test: $script left no $f" >&2; exit 1; }
+    done
+    rm -rf "$out"
+    echo "test: $script twice into an empty folder: ok"
+}
+prepare_twice scripts/gpu/bench-prepare.sh libvramhook.so
+prepare_twice scripts/gpu/prepare.sh vramhook libvramhook.so libvramhook-parts.so bench_pair bench_model bench_replay bench_agent
 # Tests that cannot run here (no root, no mounts) say "not run: <reason>" and are listed
 # below; cargo would count them as passed. Under CI (root) such a test fails instead.
 not_run_log=$(mktemp)
