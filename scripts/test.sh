@@ -39,7 +39,7 @@ prepare_twice() { # script, then the files it must leave
     shift
     out=$(mktemp -d)
     for round in 1 2; do
-        VRAMHOOK_GPU_OUT="$out/gpu" "$script" > "$out/log" 2>&1 \
+        VRAMHOOK_GPU_OUT="$out/gpu" bash "$script" > "$out/log" 2>&1 \
             || { cat "$out/log"; echo "test: $script failed (round $round)" >&2; exit 1; }
     done
     for f in "$@"; do
