@@ -941,19 +941,16 @@ impl Reference {
         let mut al: Vec<(u64, u64)> =
             blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
         al.sort();
-        let mut kept = vec![];
-        let mut c = base;
-        let mut bad = false;
-        for (a, s) in al {
-            let e = a.saturating_add(s);
-            if a < c || e > end {
-                bad = true;
-                continue;
+        // In address order, a block is kept when it starts at or past the end of the last one
+        // kept and ends inside the segment; any other makes the segment bad.
+        let mut kept: Vec<(u64, u64)> = vec![];
+        for &(a, s) in &al {
+            let free_from = kept.last().map_or(base, |&(ka, ks)| ka + ks);
+            if a >= free_from && a.saturating_add(s) <= end {
+                kept.push((a, s));
             }
-            kept.push((a, s));
-            c = e;
         }
-        if bad {
+        if kept.len() < al.len() {
             self.anom(Some(slot), Anomaly::BadSegment);
         }
         self.segs.push(S { pid, base, size, device, allocated: kept });
