@@ -21,14 +21,31 @@ fn ooms(r: &Value) -> &Vec<Value> {
     r["ooms"].as_array().expect("ooms")
 }
 
+/// The first incident whose failed call asked the driver for `bytes`.
+fn oom_asking(r: &Value, bytes: u64) -> &Value {
+    ooms(r).iter().find(|o| o["requested_bytes"] == bytes).unwrap_or_else(|| panic!("no OOM of {bytes} bytes"))
+}
+
+/// The incidents whose framework asked for `bytes` (the framework's request, not the driver's).
+fn framework_ooms_asking(r: &Value, bytes: u64) -> Vec<&Value> {
+    ooms(r).iter().filter(|o| o["framework_oom"]["requested"].as_u64() == Some(bytes)).collect()
+}
+
+/// The asker's 100 GiB request in a holders run: whether the holder is seen or not, another
+/// process holds the memory.
+fn the_askers_oom(path: &str) -> Value {
+    let r = report(&[path]);
+    let o = oom_asking(&r, 100 * GIB).clone();
+    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    o
+}
+
 /// Another process's idle PyTorch cache (60 GiB reserved, 0 allocated), seen through its
 /// lens: `other_process`, naming it, its releasable bytes = memory_reserved() −
 /// memory_allocated() to the byte.
 #[test]
 fn another_process_idle_cache_through_its_lens_is_other_process() {
-    let r = report(&["h200-holders/lens_agent.vrhk"]);
-    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
-    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    let o = the_askers_oom("h200-holders/lens_agent.vrhk");
     let h = &o["holders"][0];
     assert_eq!((h["pid"].as_u64(), h["sight"].as_str()), (Some(546), Some("lens")), "{h}");
     assert_eq!(h["releasable_bytes"], 64_424_509_440u64);
@@ -37,9 +54,7 @@ fn another_process_idle_cache_through_its_lens_is_other_process() {
 
 #[test]
 fn another_process_cache_without_its_lens_is_other_process_not_visible() {
-    let r = report(&["h200-holders/nolens_agent.vrhk"]);
-    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
-    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    let o = the_askers_oom("h200-holders/nolens_agent.vrhk");
     assert_eq!(o["holders"][0]["sight"], "cache_not_visible", "{}", o["holders"]);
     assert_eq!(o["holders"][0]["not_visible_bytes"], 64_424_509_440u64);
 }
@@ -48,9 +63,7 @@ fn another_process_cache_without_its_lens_is_other_process_not_visible() {
 /// the capture carries that answer.
 #[test]
 fn an_untraced_holder_is_named_from_nvml_in_the_capture() {
-    let r = report(&["h200-holders/run_asker.vhc"]);
-    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 100 * GIB).expect("the 100 GiB request");
-    assert_eq!(o["verdict"], "other_process", "{}", o["explanation"]);
+    let o = the_askers_oom("h200-holders/run_asker.vhc");
     let h = &o["holders"][0];
     assert_eq!((h["sight"].as_str(), h["nvml_bytes"].as_u64()), (Some("untraced"), Some(64_967_671_808)), "{h}");
 }
@@ -66,8 +79,7 @@ fn the_askers_crash_log_agrees() {
 #[test]
 fn jax_default_preallocation_fatal_request_is_framework_fragmentation_with_xlas_numbers() {
     let r = report(&["h200-raise/jax_frag.vhc"]);
-    let fatal: Vec<&Value> =
-        ooms(&r).iter().filter(|o| o["framework_oom"]["requested"].as_u64() == Some(2 * GIB)).collect();
+    let fatal = framework_ooms_asking(&r, 2 * GIB);
     assert_eq!(fatal.len(), 1, "one incident for the 2 GiB request");
     assert_eq!(fatal[0]["verdict"], "framework_fragmentation", "{}", fatal[0]["explanation"]);
     // XLA's memory_stats() just before: bytes_in_use 55,834,574,848, largest free block
@@ -79,7 +91,7 @@ fn jax_default_preallocation_fatal_request_is_framework_fragmentation_with_xlas_
 #[test]
 fn cupys_request_after_it_freed_its_cache_is_recovered_and_its_fatal_one_failed() {
     let r = report(&["h200-raise/cupy_recover.vhc"]);
-    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 3 * GIB).expect("the 3 GiB request");
+    let o = oom_asking(&r, 3 * GIB);
     assert_eq!(o["outcome"], "recovered", "{o}");
     let r = report(&["h200-raise/cupy_fatal.vhc"]);
     let o = ooms(&r).iter().rfind(|o| o["requested_bytes"] == 3 * GIB).expect("the 3 GiB request");
@@ -106,8 +118,7 @@ fn a_request_over_the_frameworks_limit_is_capacity_naming_it() {
 #[test]
 fn with_the_memory_history_on_the_failure_is_one_incident() {
     let r = report(&["h200-raise/torch_history.vhc"]);
-    let fatal: Vec<&Value> =
-        ooms(&r).iter().filter(|o| o["framework_oom"]["requested"].as_u64() == Some(2 * GIB)).collect();
+    let fatal = framework_ooms_asking(&r, 2 * GIB);
     assert_eq!(fatal.len(), 1, "{:?}", ooms(&r).iter().map(|o| &o["verdict"]).collect::<Vec<_>>());
     assert_eq!(fatal[0]["verdict"], "framework_fragmentation");
 }
@@ -118,7 +129,7 @@ fn with_the_memory_history_on_the_failure_is_one_incident() {
 #[test]
 fn the_serving_loops_fit_went_below_one_before_its_oom() {
     let r = report(&["h200-fit/serving_fragmented.vrhk"]);
-    let o = ooms(&r).iter().find(|o| o["requested_bytes"] == 1_027_604_480u64).expect("the 980 MiB request");
+    let o = oom_asking(&r, 1_027_604_480);
     assert_eq!(o["verdict"], "framework_fragmentation", "{}", o["explanation"]);
     let w = &r["fit_warnings"][0];
     assert_eq!(w["demand_bytes"], 2_097_152_000u64, "{w}");

@@ -77,6 +77,19 @@ fn agent_on(rings: &tempfile::TempDir, otel_env: &[(&str, &str)]) -> Agent {
     Agent::start(&vramhook_bin(), &["--ring-dir", rings.path().to_str().expect("utf-8 ring dir")], otel_env)
 }
 
+/// The exporter settings of an agent sending to `endpoint` over OTLP/gRPC, its spans and
+/// log records batched every 200 ms (the SDK's default waits seconds), then `more`.
+fn otlp_grpc_env<'a>(endpoint: &'a str, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
+    ];
+    env.extend_from_slice(more);
+    env
+}
+
 #[test]
 fn promtool_accepts_the_metrics_endpoint() {
     let promtool = backend_bin("promtool");
@@ -162,26 +175,23 @@ exporters:
     start_backend("jaeger", dir, &["--config".into(), path.display().to_string()], query_http, "/api/services")
 }
 
+/// Jaeger on free ports: the backend, the OTLP/gRPC endpoint an agent sends to, and the
+/// port of its HTTP query API.
+fn jaeger_on_free_ports() -> (Backend, String, u16) {
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
+    (jaeger, format!("http://127.0.0.1:{}", ports[0]), ports[2])
+}
+
 fn tag<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
     span["tags"].as_array()?.iter().find(|t| t["key"] == key).map(|t| &t["value"])
 }
 
 #[test]
 fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
+    let (jaeger, endpoint, query_port) = jaeger_on_free_ports();
     let rings = ring_dir("jaeger");
-    let endpoint = format!("http://127.0.0.1:{}", ports[0]);
-    let agent = agent_on(
-        &rings,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-            ("OTEL_METRICS_EXPORTER", "none"),
-            ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
-    );
+    let agent = agent_on(&rings, &otlp_grpc_env(&endpoint, &[("OTEL_METRICS_EXPORTER", "none")]));
     let mut oom = spawn_traced(&workload("torch_caching"), &[], rings.path(), &[("SIM_OOM_GIB", "200")]);
     let pid = oom.id();
     let _ = oom.wait();
@@ -195,7 +205,7 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
     let incident = of_pid(&state).expect("incident in the model");
 
     let query = format!("/api/traces?service=vramhook-agent&operation={}&limit=50", urlencode("vramhook.oom"));
-    let addr = format!("127.0.0.1:{}", ports[2]).parse().expect("addr");
+    let addr = format!("127.0.0.1:{query_port}").parse().expect("addr");
     let span = poll_for(&agent, Instant::now(), Duration::from_secs(60), || {
         let found = http_get(addr, &query).ok().and_then(|body| {
             let v: Value = serde_json::from_str(&body).expect("jaeger JSON");
@@ -244,20 +254,12 @@ fn jaeger_receives_the_oom_incident_spans_and_log_records_over_grpc() {
 /// the direction. No record, no pass.
 #[test]
 fn jaeger_receives_a_log_record_when_the_fit_crosses_below_one() {
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    let jaeger = start_jaeger(ports[0], ports[1], ports[2], ports[3]);
+    let (jaeger, endpoint, _query_port) = jaeger_on_free_ports();
     let rings = ring_dir("jaeger-fit");
-    let endpoint = format!("http://127.0.0.1:{}", ports[0]);
     let agent = Agent::start(
         &vramhook_bin(),
         &["--ring-dir", rings.path().to_str().expect("utf-8"), "--fit-window", "60", "--snapshot-ms", "100"],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-            ("OTEL_METRICS_EXPORTER", "none"),
-            ("OTEL_TRACES_EXPORTER", "none"),
-            ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
-        ],
+        &otlp_grpc_env(&endpoint, &[("OTEL_METRICS_EXPORTER", "none"), ("OTEL_TRACES_EXPORTER", "none")]),
     );
     let vram = (9u64 << 30).to_string();
     let mut server = spawn_traced(
@@ -520,14 +522,10 @@ fn two_hosts_through_one_collector_into_prometheus_and_jaeger_and_every_dashboar
             Agent::start(
                 &vramhook_bin(),
                 &["--ring-dir", r.path().to_str().expect("utf-8")],
-                &[
-                    ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-                    ("OTEL_RESOURCE_ATTRIBUTES", attrs.as_str()),
-                    ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
-                    ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-                    ("OTEL_BLRP_SCHEDULE_DELAY", "200"),
-                ],
+                &otlp_grpc_env(
+                    &endpoint,
+                    &[("OTEL_RESOURCE_ATTRIBUTES", attrs.as_str()), ("OTEL_METRIC_EXPORT_INTERVAL", "500")],
+                ),
             )
         })
         .collect();

@@ -652,41 +652,11 @@ impl<const N: usize> StackStr<N> {
     }
 }
 
-/// Reads a small file into `out`; returns the bytes read.
-fn read_small_file(path: &core::ffi::CStr, out: &mut [u8]) -> usize {
-    // SAFETY: plain open/read/close on a NUL-terminated path.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return 0;
-        }
-        let mut n = 0usize;
-        while n < out.len() {
-            let r = libc::read(fd, out[n..].as_mut_ptr() as *mut libc::c_void, out.len() - n);
-            if r <= 0 {
-                break;
-            }
-            n += r as usize;
-        }
-        libc::close(fd);
-        n
-    }
-}
-
-/// Field 22 of /proc/self/stat: start time in clock ticks since boot.
+/// Field 22 of /proc/self/stat: start time in clock ticks since boot (0 when unread).
 fn process_start_time() -> u64 {
     let mut buf = [0u8; 1024];
-    let n = read_small_file(c"/proc/self/stat", &mut buf);
-    let stat = &buf[..n];
-    // The command name (field 2) may contain spaces and parentheses: skip to the last ')'.
-    let Some(close) = stat.iter().rposition(|b| *b == b')') else { return 0 };
-    // After ')' come fields 3.. separated by spaces; start time is field 22.
-    stat[close + 1..]
-        .split(|b| *b == b' ')
-        .filter(|f| !f.is_empty())
-        .nth(19)
-        .and_then(|f| f.iter().try_fold(0u64, |a, b| b.is_ascii_digit().then(|| a * 10 + u64::from(b - b'0'))))
-        .unwrap_or(0)
+    let n = ringdir::read_small_file(c"/proc/self/stat", &mut buf);
+    ringdir::parse_stat_start(&buf[..n]).map_or(0, |(_state, start)| start)
 }
 
 fn warn(reason: &[u8], dir: &[u8]) {
@@ -898,7 +868,7 @@ fn ring_meta(meta: &mut [u8; META_CAPACITY]) -> usize {
         unsafe { libc::readlink(c"/proc/self/exe".as_ptr(), exe.as_mut_ptr() as *mut libc::c_char, exe.len()) };
     let exe = &exe[..exe_len.max(0) as usize];
     let mut cmdline = [0u8; META_CAPACITY];
-    let cmd_len = read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
+    let cmd_len = ringdir::read_small_file(c"/proc/self/cmdline", &mut cmdline[..META_CAPACITY - exe.len() - 1]);
     encode_meta(exe, &cmdline[..cmd_len], meta)
 }
 

@@ -201,16 +201,22 @@ fn other_process_idle_pool() {
     assert_eq!(inc.outcome, Outcome::Open);
 }
 
+/// Maps 2 MiB at every other 2 MiB of the 64 MiB reservation at `base` (32 MiB free in 2 MiB
+/// pieces), then an 8 MiB cuMemCreate fails with 4 MiB free on the device.
+fn map_checkerboard_then_fail(p: &mut Proc, base: u64) {
+    for i in 0..16u64 {
+        p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
+    }
+    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
+}
+
 /// A VMM reservation mapped in a checkerboard: free space in pieces.
 #[test]
 fn vmm_arena_fragmentation() {
     let base = 0x7c00_0000_0000;
     let mut p = Proc::new(41, 0);
     p.reserve(base, 64 << 20);
-    for i in 0..16u64 {
-        p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
-    }
-    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
+    map_checkerboard_then_fail(&mut p, base);
     let m = run(&[&p]);
     let s = m.snapshot();
     let a = &s.arenas[0];
@@ -618,10 +624,7 @@ fn a_vmm_reservation_names_the_device_of_its_mappings() {
     let before = run(&[&p]);
     assert_eq!(before.snapshot().arenas[0].device, -1, "nothing mapped yet: no device to name");
     p.device = 1;
-    for i in 0..16u64 {
-        p.create(i + 1, 2 << 20).map(base + i * (4 << 20), 2 << 20, i + 1);
-    }
-    p.meminfo(4 << 20, TOTAL).create_oom(8 << 20).meminfo(4 << 20, TOTAL);
+    map_checkerboard_then_fail(&mut p, base);
     let m = run(&[&p]);
     let s = m.snapshot();
     assert_eq!(s.arenas.len(), 1);

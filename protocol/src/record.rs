@@ -45,8 +45,12 @@ impl std::fmt::Debug for RawRecord {
     }
 }
 
+/// An enum of wire codes and names. A variant's name is its identifier unless `=> "text"`
+/// gives another (the driver's function names are their own; the kinds are snake case).
 macro_rules! code_enum {
-    ($(#[$meta:meta])* $name:ident : $repr:ty { $($(#[$vmeta:meta])* $variant:ident = $value:literal => $text:literal,)* }) => {
+    (@text $variant:ident $text:literal) => { $text };
+    (@text $variant:ident) => { stringify!($variant) };
+    ($(#[$meta:meta])* $name:ident : $repr:ty { $($(#[$vmeta:meta])* $variant:ident = $value:literal $(=> $text:literal)?,)* }) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr($repr)]
@@ -65,11 +69,11 @@ macro_rules! code_enum {
             pub fn code(self) -> $repr { self as $repr }
 
             pub fn name(self) -> &'static str {
-                match self { $($name::$variant => $text,)* }
+                match self { $($name::$variant => code_enum!(@text $variant $($text)?),)* }
             }
 
             pub fn from_name(name: &str) -> Option<Self> {
-                match name { $($text => Some($name::$variant),)* _ => None }
+                match name { $(code_enum!(@text $variant $($text)?) => Some($name::$variant),)* _ => None }
             }
         }
 
@@ -231,42 +235,42 @@ code_enum! {
     /// The exact driver entry point that was called (versioned name, `_ptsz` kept apart).
     Api: u16 {
         None = 0 => "none",
-        cuMemAlloc_v2 = 1 => "cuMemAlloc_v2",
-        cuMemAllocPitch_v2 = 2 => "cuMemAllocPitch_v2",
-        cuMemAllocManaged = 3 => "cuMemAllocManaged",
-        cuMemFree_v2 = 4 => "cuMemFree_v2",
-        cuMemAllocAsync = 5 => "cuMemAllocAsync",
-        cuMemAllocAsync_ptsz = 6 => "cuMemAllocAsync_ptsz",
-        cuMemAllocFromPoolAsync = 7 => "cuMemAllocFromPoolAsync",
-        cuMemAllocFromPoolAsync_ptsz = 8 => "cuMemAllocFromPoolAsync_ptsz",
-        cuMemFreeAsync = 9 => "cuMemFreeAsync",
-        cuMemFreeAsync_ptsz = 10 => "cuMemFreeAsync_ptsz",
-        cuMemPoolTrimTo = 11 => "cuMemPoolTrimTo",
-        cuMemCreate = 12 => "cuMemCreate",
-        cuMemRelease = 13 => "cuMemRelease",
-        cuMemMap = 14 => "cuMemMap",
-        cuMemUnmap = 15 => "cuMemUnmap",
-        cuMemAddressReserve = 16 => "cuMemAddressReserve",
-        cuMemAddressFree = 17 => "cuMemAddressFree",
-        cuArrayCreate_v2 = 18 => "cuArrayCreate_v2",
-        cuArray3DCreate_v2 = 19 => "cuArray3DCreate_v2",
-        cuMipmappedArrayCreate = 20 => "cuMipmappedArrayCreate",
-        cuArrayDestroy = 21 => "cuArrayDestroy",
-        cuMipmappedArrayDestroy = 22 => "cuMipmappedArrayDestroy",
-        cuIpcOpenMemHandle_v2 = 23 => "cuIpcOpenMemHandle_v2",
-        cuIpcCloseMemHandle = 24 => "cuIpcCloseMemHandle",
-        cuMemImportFromShareableHandle = 25 => "cuMemImportFromShareableHandle",
-        cuMemGetInfo_v2 = 26 => "cuMemGetInfo_v2",
-        cuMemPoolCreate = 27 => "cuMemPoolCreate",
-        cuMemPoolDestroy = 28 => "cuMemPoolDestroy",
+        cuMemAlloc_v2 = 1,
+        cuMemAllocPitch_v2 = 2,
+        cuMemAllocManaged = 3,
+        cuMemFree_v2 = 4,
+        cuMemAllocAsync = 5,
+        cuMemAllocAsync_ptsz = 6,
+        cuMemAllocFromPoolAsync = 7,
+        cuMemAllocFromPoolAsync_ptsz = 8,
+        cuMemFreeAsync = 9,
+        cuMemFreeAsync_ptsz = 10,
+        cuMemPoolTrimTo = 11,
+        cuMemCreate = 12,
+        cuMemRelease = 13,
+        cuMemMap = 14,
+        cuMemUnmap = 15,
+        cuMemAddressReserve = 16,
+        cuMemAddressFree = 17,
+        cuArrayCreate_v2 = 18,
+        cuArray3DCreate_v2 = 19,
+        cuMipmappedArrayCreate = 20,
+        cuArrayDestroy = 21,
+        cuMipmappedArrayDestroy = 22,
+        cuIpcOpenMemHandle_v2 = 23,
+        cuIpcCloseMemHandle = 24,
+        cuMemImportFromShareableHandle = 25,
+        cuMemGetInfo_v2 = 26,
+        cuMemPoolCreate = 27,
+        cuMemPoolDestroy = 28,
         /// The legacy entry point cudart 13 still asks for (version 4010); same ABI as _v2.
-        cuIpcOpenMemHandle = 29 => "cuIpcOpenMemHandle",
+        cuIpcOpenMemHandle = 29,
         /// A pool sample (`cuMemPoolGetAttribute`, reserved and used bytes).
-        cuMemPoolGetAttribute = 30 => "cuMemPoolGetAttribute",
-        cuStreamCreate = 31 => "cuStreamCreate",
-        cuStreamCreateWithPriority = 32 => "cuStreamCreateWithPriority",
-        cuStreamDestroy = 33 => "cuStreamDestroy",
-        cuStreamDestroy_v2 = 34 => "cuStreamDestroy_v2",
+        cuMemPoolGetAttribute = 30,
+        cuStreamCreate = 31,
+        cuStreamCreateWithPriority = 32,
+        cuStreamDestroy = 33,
+        cuStreamDestroy_v2 = 34,
         /// A framework lens (in-process, e.g. the PyTorch lens) wrote the record.
         Lens = 0xFFFE => "lens",
         Interposer = 0xFFFF => "vramhook",
@@ -277,14 +281,14 @@ code_enum! {
     /// The runtime call (shared libcudart only) that led to a driver call.
     Caller: u8 {
         None = 0 => "",
-        cudaMalloc = 1 => "cudaMalloc",
-        cudaFree = 2 => "cudaFree",
-        cudaMallocPitch = 3 => "cudaMallocPitch",
-        cudaMallocManaged = 4 => "cudaMallocManaged",
-        cudaMallocAsync = 5 => "cudaMallocAsync",
-        cudaFreeAsync = 6 => "cudaFreeAsync",
-        cudaMallocFromPoolAsync = 7 => "cudaMallocFromPoolAsync",
-        cudaMemPoolTrimTo = 8 => "cudaMemPoolTrimTo",
+        cudaMalloc = 1,
+        cudaFree = 2,
+        cudaMallocPitch = 3,
+        cudaMallocManaged = 4,
+        cudaMallocAsync = 5,
+        cudaFreeAsync = 6,
+        cudaMallocFromPoolAsync = 7,
+        cudaMemPoolTrimTo = 8,
     }
 }
 
@@ -583,6 +587,9 @@ mod tests {
             assert_eq!(EventKind::from_code(kind.code()), Some(*kind));
         }
         assert_eq!(Api::from_code(999), None);
+        // A name is the identifier unless the table gives another.
+        assert_eq!((Api::cuMemAlloc_v2.name(), Api::Lens.name()), ("cuMemAlloc_v2", "lens"));
+        assert_eq!((Caller::cudaMalloc.name(), Caller::None.name()), ("cudaMalloc", ""));
     }
 
     #[test]

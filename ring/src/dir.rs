@@ -461,6 +461,28 @@ pub fn parse_stat_start(stat: &[u8]) -> Option<(u8, u64)> {
     Some((state, parse_decimal(&start[..end])?))
 }
 
+/// Reads a small file (a /proc entry) into `out`, as much as fits; returns the bytes read, 0
+/// when it cannot be opened. No allocation: the interposer calls it.
+pub fn read_small_file(path: &CStr, out: &mut [u8]) -> usize {
+    // SAFETY: plain open/read/close on a NUL-terminated path, reading into `out`.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let mut n = 0usize;
+        while n < out.len() {
+            let r = libc::read(fd, out[n..].as_mut_ptr() as *mut libc::c_void, out.len() - n);
+            if r <= 0 {
+                break;
+            }
+            n += r as usize;
+        }
+        libc::close(fd);
+        n
+    }
+}
+
 /// Whether `pid` is still the process that started at `start_time` (field 22 of
 /// `/proc/<pid>/stat`) and has not exited (not a zombie). No allocation.
 pub fn process_alive(pid: u32, start_time: u64) -> bool {
@@ -469,24 +491,9 @@ pub fn process_alive(pid: u32, start_time: u64) -> bool {
     if w.push(b"/proc/").and_then(|_| w.push_u64(u64::from(pid))).and_then(|_| w.push(b"/stat\0")).is_none() {
         return false;
     }
+    let Ok(path) = CStr::from_bytes_until_nul(&path) else { return false };
     let mut buf = [0u8; 1024];
-    // SAFETY: NUL-terminated path; reading into our buffer; the fd is closed.
-    let n = unsafe {
-        let fd = libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return false;
-        }
-        let mut n = 0usize;
-        while n < buf.len() {
-            let r = libc::read(fd, buf[n..].as_mut_ptr() as *mut libc::c_void, buf.len() - n);
-            if r <= 0 {
-                break;
-            }
-            n += r as usize;
-        }
-        libc::close(fd);
-        n
-    };
+    let n = read_small_file(path, &mut buf);
     match parse_stat_start(&buf[..n]) {
         Some((state, start)) => state != b'Z' && state != b'X' && start == start_time,
         None => false,

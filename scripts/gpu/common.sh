@@ -32,6 +32,13 @@ gpu_versions() {
     done
 }
 
+# agent_state PORT: the state the agent listening on 127.0.0.1:PORT serves now, as JSON
+# (Python, since the GPU machines need not have curl).
+agent_state() {
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+        "http://127.0.0.1:$1/api/v1/state"
+}
+
 # torch_alloc_conf MODE: the PYTORCH_CUDA_ALLOC_CONF of PyTorch's allocator mode MODE
 # (default, expandable, async), by the names the scripts and their reports use.
 torch_alloc_conf() {

@@ -8,18 +8,12 @@
 # then the driver's reserve (a full device's last failing cudaMalloc). Writes
 # OUTDIR/holders-report.txt (PASS/FAIL per check) and every run's files.
 set -u
-OUT="${1:-${OUT:-/tmp/vramhook-holders}}"
-mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-use_gpu_build --lens
+gpu_run_start holders "${1:-}" --lens
 S=scripts/gpu/holders
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/env.txt" 2>&1
+gpu_versions torch > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-
-state() { python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-    "http://127.0.0.1:9464/api/v1/state"; }
 
 pair() { # case lens|nolens
     local c=$1 pp=""
@@ -38,7 +32,7 @@ pair() { # case lens|nolens
         python3 $S/holders.py ask 100 > "$OUT/$c.asker.json" 2> "$OUT/$c.asker.log"
     echo "$c: asker exit $?"
     sleep 3 # the failure drained, NVML read after it
-    state > "$OUT/$c.state.json"
+    agent_state 9464 > "$OUT/$c.state.json"
     touch "$OUT/$c.stop"; wait $holder
     kill -TERM $agent; wait $agent
     "$BIN" analyze --json "$OUT"/cap-$c/*.vrhk > "$OUT/$c.capture.json" 2> "$OUT/$c.capture.err"

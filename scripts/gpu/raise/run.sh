@@ -5,11 +5,9 @@
 #   bash scripts/gpu/raise/run.sh OUTDIR   (release build in .gpu/: scripts/gpu/prepare.sh)
 # Writes OUTDIR/raise-report.txt (PASS/FAIL per check) and every run's files.
 set -u
-OUT="${1:-${OUT:-/tmp/vramhook-raise}}"
-mkdir -p "$OUT"
 # shellcheck source=scripts/gpu/common.sh
 source scripts/gpu/common.sh
-use_gpu_build --lens
+gpu_run_start raise "${1:-}" --lens
 S=scripts/gpu/raise
 traced() { # name -- command...   (PYTORCH_CUDA_ALLOC_CONF etc. from the caller)
     local name=$1; shift 2
@@ -38,7 +36,6 @@ PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync PYTHONPATH="$VRAMHOOK_LENS_DIR" 
 prog=$!
 for _ in $(seq 60); do grep -q '"burst"' "$OUT/torch_async.out" 2>/dev/null && break; sleep 0.1; done
 sleep 1.5
-python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-    http://127.0.0.1:9465/api/v1/state > "$OUT/torch_async.state.json"
+agent_state 9465 > "$OUT/torch_async.state.json"
 wait $prog; kill -TERM $agent; wait $agent
 python3 $S/check.py "$OUT" | tee "$OUT/raise-report.txt"

@@ -3,11 +3,11 @@
 //! and the public view types with the real model.
 #![allow(dead_code, clippy::type_complexity)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use vramhook_model::*;
 use vramhook_protocol::{Api, Caller, Event, EventKind, FrameworkId, ProcessInfo};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct P {
     pid: u32,
     st: u64,
@@ -124,31 +124,7 @@ pub struct Reference {
 }
 
 fn newp(pid: u32, st: u64) -> P {
-    P {
-        pid,
-        st,
-        ppid: 0,
-        command: String::new(),
-        exe: String::new(),
-        alive: true,
-        exit_status: None,
-        exit_ts: None,
-        peak: 0,
-        peak_ts: 0,
-        allocations: 0,
-        frees: 0,
-        failed: 0,
-        oom: 0,
-        dropped: 0,
-        anomalies: 0,
-        last_ts: 0,
-        thread_ts: Vec::new(),
-        lead_up: vec![],
-        freed_total: 0,
-        open: None,
-        awaiting: None,
-        frameworks: 0,
-    }
+    P { pid, st, alive: true, ..P::default() }
 }
 
 impl Reference {
@@ -390,7 +366,8 @@ impl Reference {
     }
 
     fn device_memory(&self, pid: u32) -> Vec<ProcessDeviceMemory> {
-        let mut devices: Vec<i16> = self
+        // Every device the process has anything on, in order, once.
+        let devices: BTreeSet<i16> = self
             .allocs
             .iter()
             .filter(|a| a.pid == pid)
@@ -400,8 +377,6 @@ impl Reference {
             .chain(self.segs.iter().filter(|s| s.pid == pid).map(|s| s.device))
             .filter(|d| *d >= 0)
             .collect();
-        devices.sort_unstable();
-        devices.dedup();
         devices
             .into_iter()
             .map(|device| (device, self.held_on(pid, device)))
@@ -966,19 +941,16 @@ impl Reference {
         let mut al: Vec<(u64, u64)> =
             blocks.iter().filter(|b| b.allocated && b.size > 0).map(|b| (b.addr, b.size)).collect();
         al.sort();
-        let mut kept = vec![];
-        let mut c = base;
-        let mut bad = false;
-        for (a, s) in al {
-            let e = a.saturating_add(s);
-            if a < c || e > end {
-                bad = true;
-                continue;
+        // In address order, a block is kept when it starts at or past the end of the last one
+        // kept and ends inside the segment; any other makes the segment bad.
+        let mut kept: Vec<(u64, u64)> = vec![];
+        for &(a, s) in &al {
+            let free_from = kept.last().map_or(base, |&(ka, ks)| ka + ks);
+            if a >= free_from && a.saturating_add(s) <= end {
+                kept.push((a, s));
             }
-            kept.push((a, s));
-            c = e;
         }
-        if bad {
+        if kept.len() < al.len() {
             self.anom(Some(slot), Anomaly::BadSegment);
         }
         self.segs.push(S { pid, base, size, device, allocated: kept });
