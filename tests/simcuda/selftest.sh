@@ -210,10 +210,12 @@ rm -f "$SHM"
 # ---- 5. the GPU machine's pool-overhead probe (scripts/gpu/pools) reads the simulated driver ----
 # The simulated driver keeps no bytes of its own: every byte the probe sees used is a pool's
 # reserve or its own cuMemAlloc, so the summary's "outside" column is 0 at every step.
-PROBE="$HERE/build/overhead_probe"
+# Its own folder: two runs of the suite side by side must not share the probe or its output.
+probe_dir=$(mktemp -d)
+PROBE="$probe_dir/overhead_probe"
 POOLS="$HERE/../../scripts/gpu/pools"
 if gcc -O2 -Wall -Werror -o "$PROBE" "$POOLS/overhead_probe.c" -ldl; then
-    ov="$HERE/build/overhead.jsonl"
+    ov="$probe_dir/overhead.jsonl"
     : > "$ov"
     for s in malloc async async-threshold pool malloc-then-async streams priority-streams; do
         LD_LIBRARY_PATH="$HERE/build" "$PROBE" "$s" >> "$ov" || bad "overhead_probe $s failed"
@@ -230,6 +232,7 @@ $summary"
 else
     bad "overhead_probe.c does not build"
 fi
+rm -rf "$probe_dir"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]
