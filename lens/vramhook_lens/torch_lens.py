@@ -130,7 +130,7 @@ def _active_blocks(snap, device):
             for b in s.get("blocks", []) if str(b.get("state", "")).startswith("active")}
 
 
-def _largest_request(snap, device, before=None):
+def _largest_request(snap, device, before=None, now=None):
     """The largest request on `device` that the snapshots show PyTorch made and gave back
     (the fit's demand: requests served from the cache, which the driver never sees):
     - the largest segment not held whole by one block in use: PyTorch makes a segment the
@@ -138,7 +138,7 @@ def _largest_request(snap, device, before=None):
       past request's; one held whole is memory kept since (weights, a preallocated cache);
       not with expandable segments, where one segment grows for every request;
     - the largest block in use at the previous snapshot (`before`, from `_active_blocks`)
-      and gone at this one.
+      and gone at this one (`now`: this snapshot's, when the caller has it already).
     Memory held since it was made is state, not a request it will make again (on the H200
     a 125 GiB block held from the start read as the next request when it counted).
     UNKNOWN when neither shows one."""
@@ -153,7 +153,8 @@ def _largest_request(snap, device, before=None):
             if not (len(active) == 1 and active[0].get("size", 0) == size):
                 largest = max(largest, size)
     if before:
-        now = _active_blocks(snap, device)
+        if now is None:
+            now = _active_blocks(snap, device)
         largest = max([largest] + [size for (addr, size) in before - now])
     return largest or ring.UNKNOWN
 
@@ -238,8 +239,9 @@ def _sampler(torch, interval, snapshot_every):
                     segs = _segments(torch, device, snap) if snap is not None else None
                     if segs is not None:
                         largest = max((s[3] for s in segs), default=0)
-                        request = _largest_request(snap, device, active_before.get(device))
-                        active_before[device] = _active_blocks(snap, device)
+                        active = _active_blocks(snap, device)
+                        request = _largest_request(snap, device, active_before.get(device), active)
+                        active_before[device] = active
                 ring.emit(ring.SAMPLE, ring.PYTORCH, device, reserved, allocated, largest, segments)
                 _emit_stats(torch, device, request)
             if take_snapshot:
