@@ -48,6 +48,7 @@ pub fn finish(mut r: Replayer) -> Report {
     let snap = r.model.snapshot();
     let fits = r.fit_timelines();
     let fit_warnings = r.fit_finish();
+    let fit_trend_warnings = r.fit_trend_finish();
     let first = if r.min_ts == u64::MAX { r.first_ts.unwrap_or(0) } else { r.min_ts };
     let w = Window { first, from: r.from_abs, to: r.to_abs.min(r.last_ts.max(first)) };
     let mut timelines = Timelines::default();
@@ -95,6 +96,7 @@ pub fn finish(mut r: Replayer) -> Report {
         log_incidents: Vec::new(),
         folded: r.folded.clone(),
         fit_warnings,
+        fit_trend_warnings,
     }
 }
 

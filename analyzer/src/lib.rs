@@ -55,6 +55,8 @@ pub struct Options {
     /// Time past which the analysis stops likewise (`None`: no limit).
     pub time_limit: Option<std::time::Duration>,
     pub model: ModelConfig,
+    /// The fit's forecast (`fit_trend_warnings`), where asked for.
+    pub fit_trend: Option<vramhook_model::trend::TrendRule>,
 }
 
 /// Items kept per category by default.
@@ -90,6 +92,7 @@ impl Default for Options {
             max_memory_mib: DEFAULT_MAX_MEMORY_MIB,
             time_limit: Some(DEFAULT_TIME_LIMIT),
             model: ModelConfig::default(),
+            fit_trend: None,
         }
     }
 }

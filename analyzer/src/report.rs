@@ -10,8 +10,9 @@ use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
 /// Version of the JSON report's schema (4: `ooms[].verdict`, `ooms[].outcome` and
 /// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone; 5:
 /// `timelines.fits`, the fit of each process's next large request over time; 6:
-/// `fit_warnings[].came_bytes`, the size of the failing request).
-pub const SCHEMA_VERSION: u32 = 6;
+/// `fit_warnings[].came_bytes`, the size of the failing request; 7: `fit_trend_warnings`,
+/// the supply's trend falling short of the demand within the trend rule's horizon).
+pub const SCHEMA_VERSION: u32 = 7;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -43,6 +44,39 @@ pub struct Report {
     /// Where a process's next large request stopped fitting before it came (issue #30).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fit_warnings: Vec<FitWarning>,
+    /// Where the supply's trend said the next large request would not fit within the trend
+    /// rule's horizon (schema 7; `analyze --fit-trend`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fit_trend_warnings: Vec<FitTrendWarning>,
+}
+
+/// The least-squares line through a process's supply over the trend rule's window, followed
+/// to its horizon, fell short of its demand, and kept falling short for the rule's hold
+/// (`analyze --fit-trend`; from the same samples as the fit).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FitTrendWarning {
+    pub pid: u32,
+    pub command: String,
+    pub device: i16,
+    /// The first sample whose forecast fell short.
+    pub since_ts_ns: u64,
+    /// When it had fallen short for the hold: the alert fires then.
+    pub fired_ts_ns: u64,
+    pub demand_bytes: u64,
+    pub demand_source: String,
+    /// At `fired_ts_ns`: what the process could get then, the line's value at the horizon
+    /// (below 0 where the line goes there), and its slope.
+    pub supply_bytes: u64,
+    pub forecast_bytes: f64,
+    pub slope_bytes_per_s: f64,
+    /// How far ahead the rule looks.
+    pub horizon_ns: u64,
+    /// When the forecast came back to the demand with no failure before: the warning did
+    /// not come true (then). `None`: it held to the failure or to the end.
+    pub cleared_ts_ns: Option<u64>,
+    /// When a request failed out of memory on the device while it held, and its size.
+    pub came_ts_ns: Option<u64>,
+    pub came_bytes: Option<u64>,
 }
 
 /// The fit of a process's next large request went below 1 (what it could get for a request

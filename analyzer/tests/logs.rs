@@ -251,7 +251,7 @@ fn text_and_json_reports_carry_the_log_incidents() {
     assert!(text.contains("FROM LOGS (1 incident(s) in 1 file(s))"), "{text}");
     assert!(text.contains("): framework_fragmentation"), "{text}");
     let json = serde_json::to_value(&r).expect("json");
-    assert_eq!(json["schema_version"], 6);
+    assert_eq!(json["schema_version"], 7);
     assert_eq!(json["log_incidents"][0]["verdict"], "framework_fragmentation");
     assert!(json["log_incidents"][0].get("verdict_name").is_none(), "schema 4: verdict_name is gone");
 }

@@ -17,7 +17,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
     assert_eq!(r.inputs[0].status, InputStatus::Complete);
-    assert_eq!(r.schema_version, 6);
+    assert_eq!(r.schema_version, 7);
     // Schema 5: the fit timelines (validated above), the same samples as the fit warnings.
     let fit = r.timelines.fits.iter().find(|f| f.pid == 100 && f.device == 0).expect("pid 100's fit on GPU 0");
     assert!(!fit.fit_ratio.is_empty());

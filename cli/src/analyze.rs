@@ -56,6 +56,24 @@ pub struct AnalyzeArgs {
     /// Time past which the analysis stops likewise (e.g. 30s, 10min; 0: no limit).
     #[arg(long, value_name = "T", value_parser = parse_time, default_value = "600s")]
     pub time_limit: u64,
+    /// Also forecast the fit (off by default: docs/live.md says why): WINDOW,HORIZON,HOLD
+    /// (e.g. 10min,30min,5min): where the least-squares line through the supply of the last
+    /// WINDOW, followed HORIZON ahead, stays below the demand for HOLD, a forecast warning.
+    #[arg(long, value_name = "W,H,HOLD", value_parser = parse_trend)]
+    pub fit_trend: Option<vramhook_model::trend::TrendRule>,
+}
+
+/// "60s,5min,10s" → the trend rule's window, horizon and hold.
+fn parse_trend(s: &str) -> std::result::Result<vramhook_model::trend::TrendRule, String> {
+    let parts: Vec<&str> = s.split(',').collect();
+    let [w, h, hold] = parts[..] else {
+        return Err(format!("{s:?}: give WINDOW,HORIZON,HOLD (e.g. 10min,30min,5min)"));
+    };
+    let (window_ns, horizon_ns, hold_ns) = (parse_time(w)?, parse_time(h)?, parse_time(hold)?);
+    if window_ns == 0 {
+        return Err(format!("{s:?}: the window must be longer than 0"));
+    }
+    Ok(vramhook_model::trend::TrendRule { window_ns, horizon_ns, hold_ns })
 }
 
 /// "1.5s", "200ms", "30us", "100ns", "2min", or a plain number of seconds → ns.
@@ -92,6 +110,7 @@ pub fn analyze(args: AnalyzeArgs) -> Result<ExitCode> {
         max_memory_mib: args.max_memory,
         time_limit: (args.time_limit > 0).then(|| std::time::Duration::from_nanos(args.time_limit)),
         model: vramhook_agent::model_config(),
+        fit_trend: args.fit_trend,
     };
     // Captures from several hosts: each host through its own model, and the fleet.
     if vramhook_analyzer::fleet::host_count(&args.files) >= 2 {
@@ -165,4 +184,18 @@ fn analyze_fleet(args: &AnalyzeArgs, opts: &Options) -> Result<ExitCode> {
         Err(e) => return Err(e.into()),
     };
     print_report(args.json, &report, || fleet::render_text(&report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trend_rule_takes_three_times() {
+        let r = parse_trend("60s,5min,10s").expect("three times");
+        assert_eq!((r.window_ns, r.horizon_ns, r.hold_ns), (60_000_000_000, 300_000_000_000, 10_000_000_000));
+        assert!(parse_trend("60s,5min").expect_err("two").contains("WINDOW,HORIZON,HOLD"));
+        assert!(parse_trend("0,5min,10s").expect_err("no window").contains("longer than 0"));
+        assert!(parse_trend("1s,2parsecs,3s").expect_err("unit").contains("unknown time unit"));
+    }
 }

@@ -4,6 +4,7 @@
 mod addr_map;
 pub mod framework;
 mod model;
+pub mod trend;
 mod types;
 mod verdict;
 

@@ -274,6 +274,16 @@ fn fits_html(h: &mut String, r: &Report) {
             h.push(' ');
         }
         h.push_str("</p>\n");
+        // The forecast (`--fit-trend`), where asked for: its sentences under the caption.
+        let forecasts: Vec<String> = r
+            .fit_trend_warnings
+            .iter()
+            .filter(|w| w.pid == f.pid && w.device == f.device)
+            .map(|w| esc(&crate::render::text::fit_trend_line(r, w)))
+            .collect();
+        if !forecasts.is_empty() {
+            h.push_str(&format!("<p class=note id=fit-forecast-{k}>Forecast: {}</p>\n", forecasts.join(" ")));
+        }
     }
     if fits.len() > MAX_FIT_PLOTS {
         h.push_str(&format!(

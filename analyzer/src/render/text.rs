@@ -311,6 +311,41 @@ fn fit_warnings(o: &mut String, r: &Report) {
             let _ = writeln!(o, "  {}", fit_line(r, w));
         }
     }
+    if !r.fit_trend_warnings.is_empty() {
+        let _ = writeln!(o, "\nNEXT LARGE REQUEST, FORECAST (the supply's trend)");
+        for w in &r.fit_trend_warnings {
+            let _ = writeln!(o, "  {}", fit_trend_line(r, w));
+        }
+    }
+}
+
+/// "pid 42 (server) GPU 0: from +1 m 40 s on, at its trend (3.90 GiB to be had, falling
+/// 12.30 MiB/s) a 1.95 GiB request would not fit within 5 m 00 s (demand from driver); it
+/// came at +2 m 42 s, 1 m 02 s later."
+pub fn fit_trend_line(r: &Report, w: &FitTrendWarning) -> String {
+    let rate = w.slope_bytes_per_s;
+    let head = format!(
+        "pid {} ({}) GPU {}: from {} on, at its trend ({} to be had, {} {}/s) a {} request would not fit within {} (demand from {})",
+        w.pid,
+        short(&w.command, 40),
+        w.device,
+        rel_short(r, w.fired_ts_ns),
+        fmt_bytes(w.supply_bytes),
+        if rate < 0.0 { "falling" } else { "rising" },
+        fmt_bytes(rate.abs() as u64),
+        fmt_bytes(w.demand_bytes),
+        span(w.horizon_ns),
+        w.demand_source
+    );
+    let later = |t: u64| format!("{}, {} later", rel_short(r, t), span(t.saturating_sub(w.fired_ts_ns)));
+    match (w.came_ts_ns, w.came_bytes, w.cleared_ts_ns) {
+        (Some(c), Some(b), _) if b < w.demand_bytes => {
+            format!("{head}; a {} request failed first, at {}.", fmt_bytes(b), later(c))
+        }
+        (Some(c), _, _) => format!("{head}; it came at {}.", later(c)),
+        (None, _, Some(c)) => format!("{head}; the forecast cleared at {}, with no failure before.", later(c)),
+        (None, _, None) => format!("{head}; none came before the end."),
+    }
 }
 
 fn ooms(o: &mut String, r: &Report) {

@@ -72,6 +72,7 @@ impl Replayer {
         for f in &p.fit {
             let key = (p.pid, f.device);
             self.fit_track(key, ts, f);
+            self.trend_sample(key, ts, f);
             if f.fit_ratio < 1.0 {
                 let limit = f.limited_by.map(|l| l.name());
                 self.fits.below.entry(key).or_insert((
@@ -133,8 +134,9 @@ impl Replayer {
     /// A process's request failed out of memory on `device` at `ts`: a run below 1 in
     /// progress foresaw it.
     pub(super) fn fit_failure(&mut self, pid: u32, device: i16, ts: u64, size: u64) {
+        self.trend_failure(pid, device, ts, size);
         if let Some(run) = self.fits.below.remove(&(pid, device)) {
-            if !self.same_incident(pid, device, run.0) {
+            if !self.fit_same_incident(pid, device, run.0) {
                 self.fit_warning(pid, device, run, Some((ts, size)));
             }
         }
@@ -147,7 +149,7 @@ impl Replayer {
     /// At the end: runs still in progress, with no request that large since.
     pub(crate) fn fit_finish(&mut self) -> Vec<FitWarning> {
         for ((pid, device), run) in std::mem::take(&mut self.fits.below) {
-            if !self.same_incident(pid, device, run.0) {
+            if !self.fit_same_incident(pid, device, run.0) {
                 self.fit_warning(pid, device, run, None);
             }
         }
@@ -155,9 +157,14 @@ impl Replayer {
     }
 
     /// A run that starts within the incident window after a failure it foresaw belongs to it.
-    fn same_incident(&self, pid: u32, device: i16, since: u64) -> bool {
+    pub(super) fn fit_same_incident(&self, pid: u32, device: i16, since: u64) -> bool {
         let window = self.opts.model.incident_window_ns;
         self.fits.came.get(&(pid, device)).is_some_and(|c| since >= *c && since - c <= window)
+    }
+
+    /// The command line of a process with a fit (its executable where it had none).
+    pub(super) fn fit_command(&self, pid: u32) -> String {
+        self.fits.commands.get(&pid).cloned().unwrap_or_default()
     }
 
     fn fit_warning(&mut self, pid: u32, device: i16, run: Run, came: Option<(u64, u64)>) {
@@ -167,7 +174,7 @@ impl Replayer {
         }
         self.fits.warnings.push(FitWarning {
             pid: self.view_pid(pid),
-            command: self.fits.commands.get(&pid).cloned().unwrap_or_default(),
+            command: self.fit_command(pid),
             device,
             since_ts_ns: since,
             demand_bytes: demand,

@@ -4,6 +4,7 @@
 //! report of the final state.
 
 mod fit;
+mod fit_trend;
 mod join;
 mod layout;
 mod timelines;
@@ -113,6 +114,8 @@ pub struct Replayer {
     pub(crate) model: Model,
     /// The fit of each process's next large request (`fit`).
     fits: fit::FitTracks,
+    /// The fit's trend rule (`fit_trend`).
+    trends: fit_trend::TrendTracks,
     pub(crate) opts: Options,
     pub(crate) applied: u64,
     next_sample: u64,
@@ -214,6 +217,7 @@ impl Replayer {
         Replayer {
             model: Model::new(opts.model.clone()),
             fits: fit::FitTracks::default(),
+            trends: fit_trend::TrendTracks::default(),
             folded: Folded { max_items: opts.max_items as u64, ..Folded::default() },
             opts,
             applied: 0,
