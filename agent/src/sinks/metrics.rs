@@ -378,6 +378,25 @@ pub const ALL: &[MetricDef] = &[
         values: |s, _| per_fit(s, |f| f.supply_bytes as f64),
     },
     MetricDef {
+        otel: "vramhook.process.memory.fit.limit.info",
+        unit: "{process}",
+        prom: "vramhook_process_memory_fit_limit_info",
+        kind: Kind::Gauge,
+        labels: &["process.pid", "process.executable.name", "device", "limited_by"],
+        help: "1 per process and device whose fit is below 1, with what stands in the way: framework_fragmentation (its cache would hold the request, not in one piece), framework_limit, other_processes (their memory would make room) or capacity. The verdict such a failure would likely get; join on process_pid and device.",
+        values: |s, _| {
+            live(s)
+                .flat_map(|p| {
+                    p.fit.iter().filter_map(move |f| {
+                        let mut l = who_on(p, f.device.to_string());
+                        l.push(("limited_by", f.limited_by?.name().to_string()));
+                        Some((l, 1.0))
+                    })
+                })
+                .collect()
+        },
+    },
+    MetricDef {
         otel: "vramhook.process.streams",
         unit: "{stream}",
         prom: "vramhook_process_streams",
@@ -767,6 +786,11 @@ mod tests {
         // A lens's sample with the largest free block measured.
         let sample = Event::framework_sample(vramhook_protocol::FrameworkId::PyTorch, 4096, 1024, 2048, 1);
         m.apply(&sample.by(7, 7).at(3).on_device(0));
+        // A process whose largest request given back (3 GiB) would not fit now: its fit is
+        // below 1, with what stands in the way.
+        m.apply(&Event::alloc(Api::cuMemAlloc_v2, 0x1_0000_0000, 3 << 30).by(8, 8).at(4).on_device(0));
+        m.apply(&Event::free(Api::cuMemFree_v2, 0x1_0000_0000).by(8, 8).at(5).on_device(0));
+        m.apply(&Event::mem_info(1 << 30, 2 << 30).by(8, 8).at(6).on_device(0));
         let snap = m.snapshot();
         // A ring refused for its size (its series exist only then).
         let stats = StatsView {
