@@ -10,6 +10,10 @@
 # run is minutes, not hours. Writes OUTDIR/fit-report.txt (PASS/FAIL per check, the lead
 # time) and every run's files: the agent's state each second (CASE.fits.jsonl), its capture,
 # `analyze` of it as JSON, text and HTML.
+# FIT_CASE=expandable or FIT_CASE=fifo runs one control alone, not cut at the fragmenting
+# run's request count but until it fails or SECONDS run out: expandable segments, or the
+# sessions released in the order they began (--release fifo, the caching allocator as in
+# the fragmenting run); then scripts/gpu/fit/long.py OUTDIR CASE writes OUTDIR/CASE-report.txt.
 set -u
 OUT="${1:-${OUT:-/tmp/vramhook-fit}}"
 POOL="${2:-7}"
@@ -39,9 +43,20 @@ serve() { # case alloc_conf [serve.py args...]
     touch "$OUT/$c.stop"; wait $poll
     kill -TERM $agent; wait $agent
     "$BIN" analyze --json "$OUT"/cap-$c/*.vrhk > "$OUT/$c.report.json" 2> "$OUT/$c.analyze.err"
+    "$BIN" analyze --json --fit-trend 60s,5min,10s "$OUT"/cap-$c/*.vrhk > "$OUT/$c.forecast.json" 2>> "$OUT/$c.analyze.err"
     "$BIN" analyze "$OUT"/cap-$c/*.vrhk > "$OUT/$c.report.txt" 2>&1
     "$BIN" analyze --html "$OUT/$c.report.html" "$OUT"/cap-$c/*.vrhk > /dev/null 2>&1
 }
+case "${FIT_CASE:-}" in
+    expandable) serve expandable expandable_segments:True --seconds "$SECS" ;;
+    fifo) serve fifo "" --release fifo --seconds "$SECS" ;;
+    "") ;;
+    *) echo "FIT_CASE: expandable or fifo, not $FIT_CASE" >&2; exit 2 ;;
+esac
+if [ -n "${FIT_CASE:-}" ]; then
+    python3 $S/long.py "$OUT" "$FIT_CASE" | tee "$OUT/$FIT_CASE-report.txt"
+    exit 0
+fi
 serve frag "" --seconds "$SECS"
 # The control: the same requests, as many as the fragmented run made (its failing one and
 # 60 more), with expandable segments.

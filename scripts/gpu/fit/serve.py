@@ -1,7 +1,7 @@
 """Issue #30 on the GPU machine: a real PyTorch inference loop whose cache fragments until a
 large request fails (the fit of the next large request must warn before it does).
 
-  python3 serve.py [--pool-gib 7] [--seconds 225] [--requests N] [--seed 7]
+  python3 serve.py [--pool-gib 7] [--seconds 225] [--requests N] [--seed 7] [--release random|fifo]
 
 A Llama-style causal LM built from `LlamaConfig` with random weights (nothing to download):
 16 layers, hidden 2048, 4 KV heads, vocabulary 32,000, about 1.1 B parameters in bf16. All of
@@ -13,7 +13,8 @@ control replays the same requests):
     prompt position (float32 logits of all of them, as a server that returns the prompt's
     scores does: 16 MiB to 1 GiB in one block), then 2 to 8 tokens are decoded into a
     growing KV cache (transformers' DynamicCache); the session's cache is kept for 1 to 60
-    more requests (released out of order), one session in 16 kept for good (the long tail);
+    more requests (released out of order; --release fifo: each kept 30, the mean, so they
+    end in the order they began), one session in 16 kept for good (the long tail);
   - at request --large-at and every --large-every after: a long document scored (batch
     4 x 4096 tokens, no cache kept, as a scoring endpoint does): 2 GiB of float32 logits in
     one block, its largest allocation by far.
@@ -43,6 +44,7 @@ ap.add_argument("--seed", type=int, default=7)
 ap.add_argument("--rate", type=float, default=2.5)
 ap.add_argument("--large-at", type=int, default=40)
 ap.add_argument("--large-every", type=int, default=200)
+ap.add_argument("--release", choices=("random", "fifo"), default="random")
 args = ap.parse_args()
 t0 = time.monotonic()
 
@@ -73,7 +75,7 @@ free, total = torch.cuda.mem_get_info()
 ballast_bytes = int(max(free - args.pool_gib * GiB, 0)) // (2 * MiB) * (2 * MiB)
 ballast = torch.empty(ballast_bytes, dtype=torch.uint8, device="cuda")
 out("start", params=params, ballast=ballast_bytes, pool=int(args.pool_gib * GiB), total=total,
-    alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), **numbers())
+    alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), release=args.release, **numbers())
 
 
 def request(i):
@@ -125,7 +127,8 @@ while i < args.requests and time.monotonic() - t0 < args.seconds:
             message=str(e).splitlines()[0][:400], **numbers())
         raise SystemExit(1)
     if cache is not None:
-        sessions[i] = (cache, None if q["forever"] else i + q["keep"])
+        keep = q["keep"] if args.release == "random" else 30
+        sessions[i] = (cache, None if q["forever"] else i + keep)
     for k in [k for k, (_, until) in sessions.items() if until is not None and until <= i]:
         del sessions[k]
     served += 1
