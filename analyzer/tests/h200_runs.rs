@@ -142,17 +142,21 @@ fn the_serving_loops_fit_went_below_one_before_its_oom() {
     assert!((9_000_000_000..11_000_000_000).contains(&lead), "lead {lead} ns");
 }
 
+const S: u64 = 1_000_000_000;
+
+/// The report of a fixture with the forecast the GPU script asks for (`--fit-trend 60s,5min,10s`).
+fn forecast(path: &str) -> vramhook_analyzer::Report {
+    let rule = vramhook_model::trend::TrendRule { window_ns: 60 * S, horizon_ns: 300 * S, hold_ns: 10 * S };
+    analyze(&[fixture(path)], &Options { fit_trend: Some(rule), ..Options::default() }).expect("analyze")
+}
+
 /// The same capture through the forecast (`--fit-trend 60s,5min,10s`): its first warning
 /// fired while the loop was still filling the device (its supply falling by gigabytes a
 /// second), not from the fragmentation a minute later; the control (not kept: 6.5 MB) was
 /// warned the same way (docs/live.md), which is why the forecast is off by default.
 #[test]
 fn the_forecast_of_the_serving_loop_fired_in_its_fill() {
-    use vramhook_model::trend::TrendRule;
-    const S: u64 = 1_000_000_000;
-    let rule = TrendRule { window_ns: 60 * S, horizon_ns: 300 * S, hold_ns: 10 * S };
-    let opts = Options { fit_trend: Some(rule), ..Options::default() };
-    let r = analyze(&[fixture("h200-fit/serving_fragmented.vrhk")], &opts).expect("analyze");
+    let r = forecast("h200-fit/serving_fragmented.vrhk");
     let first = r.fit_trend_warnings.first().expect("a forecast warning");
     let start = r.time.first_ts_ns;
     assert!(first.fired_ts_ns - start < 50 * S, "fired in the fill: +{} s", (first.fired_ts_ns - start) / S);
@@ -169,11 +173,7 @@ fn the_forecast_of_the_serving_loop_fired_in_its_fill() {
 /// fired again 88 s before the failure: the one run of three where it came a minute ahead.
 #[test]
 fn the_in_order_loop_failed_too_and_the_fit_and_forecast_foresaw_it() {
-    use vramhook_model::trend::TrendRule;
-    const S: u64 = 1_000_000_000;
-    let rule = TrendRule { window_ns: 60 * S, horizon_ns: 300 * S, hold_ns: 10 * S };
-    let opts = Options { fit_trend: Some(rule), ..Options::default() };
-    let r = analyze(&[fixture("h100-fit/serving_fifo.vrhk")], &opts).expect("analyze");
+    let r = forecast("h100-fit/serving_fifo.vrhk");
     let o = r.ooms.first().expect("the OOM");
     assert_eq!(o.requested_bytes, 2_097_152_000, "the long document's request");
     assert_eq!(o.verdict.name(), "framework_fragmentation", "{}", o.explanation);

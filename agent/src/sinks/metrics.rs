@@ -145,6 +145,22 @@ fn per_fit(snap: &ModelSnapshot, f: impl Fn(&ProcessFit) -> f64) -> Vec<Point> {
     live(snap).flat_map(|p| p.fit.iter().map(|x| (who_on(p, x.device.to_string()), f(x)))).collect()
 }
 
+/// One point (1) per live process and device whose fit is below 1, labelled with what
+/// stands in the way.
+fn fit_limits(snap: &ModelSnapshot) -> Vec<Point> {
+    let mut out = Vec::new();
+    for p in live(snap) {
+        for f in &p.fit {
+            if let Some(limit) = f.limited_by {
+                let mut labels = who_on(p, f.device.to_string());
+                labels.push(("limited_by", limit.name().to_string()));
+                out.push((labels, 1.0));
+            }
+        }
+    }
+    out
+}
+
 fn per_device(snap: &ModelSnapshot, f: impl Fn(&DeviceView) -> Option<f64>) -> Vec<Point> {
     snap.devices.iter().filter_map(|d| Some((vec![("device", d.ordinal.to_string())], f(d)?))).collect()
 }
@@ -384,17 +400,7 @@ pub const ALL: &[MetricDef] = &[
         kind: Kind::Gauge,
         labels: &["process.pid", "process.executable.name", "device", "limited_by"],
         help: "1 per process and device whose fit is below 1, with what stands in the way: framework_fragmentation (its cache would hold the request, not in one piece), framework_limit, other_processes (their memory would make room) or capacity. The verdict such a failure would likely get; join on process_pid and device.",
-        values: |s, _| {
-            live(s)
-                .flat_map(|p| {
-                    p.fit.iter().filter_map(move |f| {
-                        let mut l = who_on(p, f.device.to_string());
-                        l.push(("limited_by", f.limited_by?.name().to_string()));
-                        Some((l, 1.0))
-                    })
-                })
-                .collect()
-        },
+        values: |s, _| fit_limits(s),
     },
     MetricDef {
         otel: "vramhook.process.streams",

@@ -105,16 +105,18 @@ fn span(d: u64) -> String {
     }
 }
 
+/// "pid 42 (server) GPU 0: from +2 h 14 m on,": who, where, and since when.
+fn from_on(r: &Report, pid: u32, command: &str, device: i16, ts: u64) -> String {
+    format!("pid {pid} ({}) GPU {device}: from {} on,", short(command, 40), rel_short(r, ts))
+}
+
 /// "pid 42 (server) GPU 0: from +2 h 14 m on, a 2.00 GiB request would not have fit (1.20 GiB
 /// to be had: its cache is fragmented; demand from driver); it came at +3 h 02 m, 48 m 00 s
 /// later." Where a smaller request failed first: "…; a 980.00 MiB request failed first, at …"
 pub fn fit_line(r: &Report, w: &FitWarning) -> String {
     let head = format!(
-        "pid {} ({}) GPU {}: from {} on, a {} request would not have fit ({} to be had{}; demand from {})",
-        w.pid,
-        short(&w.command, 40),
-        w.device,
-        rel_short(r, w.since_ts_ns),
+        "{} a {} request would not have fit ({} to be had{}; demand from {})",
+        from_on(r, w.pid, &w.command, w.device, w.since_ts_ns),
         fmt_bytes(w.demand_bytes),
         fmt_bytes(w.supply_bytes),
         match w.limited_by.as_deref() {
@@ -325,11 +327,8 @@ fn fit_warnings(o: &mut String, r: &Report) {
 pub fn fit_trend_line(r: &Report, w: &FitTrendWarning) -> String {
     let rate = w.slope_bytes_per_s;
     let head = format!(
-        "pid {} ({}) GPU {}: from {} on, at its trend ({} to be had, {} {}/s) a {} request would not fit within {} (demand from {})",
-        w.pid,
-        short(&w.command, 40),
-        w.device,
-        rel_short(r, w.fired_ts_ns),
+        "{} at its trend ({} to be had, {} {}/s) a {} request would not fit within {} (demand from {})",
+        from_on(r, w.pid, &w.command, w.device, w.fired_ts_ns),
         fmt_bytes(w.supply_bytes),
         if rate < 0.0 { "falling" } else { "rising" },
         fmt_bytes(rate.abs() as u64),

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use vramhook_model::ModelSnapshot;
 
 /// Crossings kept (the first ones).
-const MAX_FIT_WARNINGS: usize = 1000;
+pub(super) const MAX_FIT_WARNINGS: usize = 1000;
 /// (Process, device) timelines kept (the first seen); each is bounded by `max_points`.
-const MAX_FIT_TRACKS: usize = 256;
+pub(super) const MAX_FIT_TRACKS: usize = 256;
 /// Crossings kept per timeline (the first ones).
 const MAX_CROSSINGS: usize = 1000;
 

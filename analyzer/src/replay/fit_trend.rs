@@ -6,6 +6,7 @@
 //! where the supply is headed. Off unless asked for (`analyze --fit-trend`): on the GPU
 //! serving loops it warned their controls as often as the failing runs (docs/live.md).
 
+use super::fit::{MAX_FIT_TRACKS, MAX_FIT_WARNINGS};
 use super::Replayer;
 use crate::report::FitTrendWarning;
 use std::collections::{BTreeMap, VecDeque};
@@ -14,12 +15,9 @@ use vramhook_model::ProcessFit;
 
 /// Supply samples kept per (process, device) within the window: past this many, a sample
 /// closer than window / this to the one before is left out (the line barely moves, the cost
-/// of each forecast stays bounded on a capture with a sample per event).
+/// of each forecast stays bounded on a capture with a sample per event). Pairs followed and
+/// warnings kept are bounded as the fit's are.
 const MAX_TREND_SAMPLES: usize = 512;
-/// (Process, device) pairs followed (the first seen).
-const MAX_TREND_TRACKS: usize = 256;
-/// Warnings kept (the first ones).
-const MAX_TREND_WARNINGS: usize = 1000;
 
 /// A forecast falling short since `since`, and where it had held for the hold.
 struct ShortRun {
@@ -39,7 +37,7 @@ impl Replayer {
     pub(super) fn trend_sample(&mut self, key: (u32, i16), ts: u64, f: &ProcessFit) {
         let Some(rule) = self.opts.fit_trend else { return };
         let tracks = &mut self.trends;
-        if !tracks.samples.contains_key(&key) && tracks.samples.len() >= MAX_TREND_TRACKS {
+        if !tracks.samples.contains_key(&key) && tracks.samples.len() >= MAX_FIT_TRACKS {
             return;
         }
         let samples = tracks.samples.entry(key).or_default();
@@ -118,7 +116,7 @@ impl Replayer {
     }
 
     fn trend_warning(&mut self, mut w: FitTrendWarning) {
-        if self.trends.warnings.len() >= MAX_TREND_WARNINGS || !self.pid_selected(w.pid) {
+        if self.trends.warnings.len() >= MAX_FIT_WARNINGS || !self.pid_selected(w.pid) {
             return;
         }
         // A run that starts with a failure's own retry (its size made the demand) is that

@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checking import Checks, norm  # noqa: E402
+from loop import gib, print_progress  # noqa: E402
 
 LEAD_TARGET_S = 60.0
 C = Checks(sys.argv[1])
@@ -40,10 +41,6 @@ def crossings_below(rows):
     return out
 
 
-def gib(b):
-    return "%.2f GiB" % (b / (1 << 30)) if isinstance(b, (int, float)) else str(b)
-
-
 # The fragmenting run.
 frag = lines("frag.out")
 start = next((l for l in frag if l["kind"] == "start"), {})
@@ -51,11 +48,7 @@ oom = next((l for l in frag if l["kind"] == "oom"), None)
 pid = start.get("pid")
 print("frag: pid %s, %s parameters, ballast %s, pool %s" % (pid, start.get("params"), gib(start.get("ballast")),
                                                           gib(start.get("pool"))))
-for l in frag:
-    if l["kind"] in ("large", "oom", "done") or (l["kind"] == "req" and l["index"] % 120 == 0):
-        print("  +%6.1f s %-5s #%-5s reserved %s allocated %s split-free %s device free %s" % (
-            l["t"], l["kind"], l.get("index", ""), gib(l.get("reserved")), gib(l.get("allocated")),
-            gib(l.get("inactive_split")), gib(l.get("device_free"))))
+print_progress(frag)
 check(oom is not None, "frag: the serving loop ran out of memory (%s)" % (oom or {}).get("message", "no OOM"))
 rows = fits_of("frag", pid)
 print("  %d reads of its fit live" % len(rows))

@@ -9,13 +9,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checking import Checks  # noqa: E402
+from loop import gib, print_progress  # noqa: E402
 
 C = Checks(sys.argv[1])
 case = sys.argv[2]
-
-
-def gib(b):
-    return "%.2f GiB" % (b / (1 << 30)) if isinstance(b, (int, float)) else str(b)
 
 
 out = C.lines(case + ".out")
@@ -24,11 +21,7 @@ pid = start.get("pid")
 end = next((l for l in out if l["kind"] in ("oom", "done")), None)
 print("%s: pid %s, alloc conf %r, release %s, pool %s" % (case, pid, start.get("alloc_conf"), start.get("release"),
                                                           gib(start.get("pool"))))
-for l in out:
-    if l["kind"] in ("large", "oom", "done") or (l["kind"] == "req" and l["index"] % 120 == 0):
-        print("  +%6.1f s %-5s #%-5s reserved %s allocated %s split-free %s device free %s" % (
-            l["t"], l["kind"], l.get("index", ""), gib(l.get("reserved")), gib(l.get("allocated")),
-            gib(l.get("inactive_split")), gib(l.get("device_free"))))
+print_progress(out)
 if end is None:
     print("  outcome: no end line (killed?)")
 elif end["kind"] == "oom":
