@@ -17,7 +17,7 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     let r = analyze_bytes("scenario.vhc", &bytes, &Options::default()).expect("analyze");
     assert_valid(&r);
     assert_eq!(r.inputs[0].status, InputStatus::Complete);
-    assert_eq!(r.schema_version, 6);
+    assert_eq!(r.schema_version, 7);
     // Schema 5: the fit timelines (validated above), the same samples as the fit warnings.
     let fit = r.timelines.fits.iter().find(|f| f.pid == 100 && f.device == 0).expect("pid 100's fit on GPU 0");
     assert!(!fit.fit_ratio.is_empty());
@@ -46,11 +46,11 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     assert_eq!(q.final_live_bytes, 4 * 512 * MIB);
 
     assert_eq!(r.ooms.len(), 1, "fail, free, retry is one incident");
-    let o = &r.ooms[0];
+    let o = &r.ooms[0].incident;
     assert_eq!(o.pid, 100);
     assert_eq!(o.requested_bytes, 200 * GIB);
     assert_eq!(o.device_free_bytes, Some(9 * GIB));
-    assert_eq!(o.verdict_name, "capacity");
+    assert_eq!(o.verdict.name(), "capacity");
     assert!(!o.explanation.is_empty());
     assert!(!o.lead_up.is_empty() && o.lead_up.len() <= 16);
 

@@ -64,7 +64,7 @@ fn demo_oom_post_mortem_in_every_format() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cap = record(dir.path(), "torch_caching", &[]);
     let r = json(&[s(&cap)]);
-    assert_eq!(r["schema_version"], 6);
+    assert_eq!(r["schema_version"], 7);
     let procs = r["processes"].as_array().expect("processes");
     assert_eq!(procs.len(), 1);
     let p = &procs[0];
