@@ -14,9 +14,9 @@ use vramhook_model::{ArenaKind, ArenaView, Histogram, LayoutEntry, OomIncident};
 /// entry and a layout arena are the model's own types, so a number added to one of them
 /// reaches the report: `ooms[]` gains `start_time`, `sample_ts_ns` and
 /// `sample_after_failure`, and its keys come in the model's order; `lead_up[]` entries are
-/// the model's events (`kind` and `api` their codes; `seq`, `pid`, `caller`, `aux` and
-/// `stream` added); layout entries gain `handle` and name their `class` as the model does
-/// (`Plain`, …); `layout.arenas[]` gain `start_time` and `live_allocations`).
+/// the model's events (`seq`, `pid`, `caller`, `aux` and `stream` added; `kind` and `api`
+/// still by name); layout entries gain `handle` (`class` still in lower case);
+/// `layout.arenas[]` gain `start_time` and `live_allocations`).
 pub const SCHEMA_VERSION: u32 = 7;
 
 #[derive(Clone, Debug, Serialize)]
