@@ -37,8 +37,8 @@ struct PlotData<'a> {
 }
 
 /// The layout as the page's script (`report.js`) reads it: of each of the model's entries and
-/// arenas the keys it had in schema 6, in that order, `class` in lower case. The page stays
-/// the same whatever the model adds to them; the JSON report carries them whole.
+/// arenas the keys it had in schema 6, in that order. The page stays the same whatever the
+/// model adds to them; the JSON report carries them whole.
 #[derive(Serialize)]
 struct PageLayout {
     ts_ns: u64,
@@ -57,11 +57,7 @@ impl PageLayout {
         PageLayout {
             ts_ns: l.ts_ns,
             reason: l.reason,
-            entries: l
-                .entries
-                .iter()
-                .map(|e| Fields::of(e, &PAGE_ENTRY_KEYS).with("class", super::class_name(e.class).into()))
-                .collect(),
+            entries: l.entries.iter().map(|e| Fields::of(e, &PAGE_ENTRY_KEYS)).collect(),
             entries_omitted: l.entries_omitted,
             arenas: l.arenas.iter().map(|a| Fields::of(a, &PAGE_ARENA_KEYS)).collect(),
         }
@@ -78,13 +74,6 @@ impl Fields {
             _ => serde_json::Map::new(),
         };
         Fields(keys.iter().filter_map(|k| Some((*k, all.remove(*k)?))).collect())
-    }
-
-    fn with(mut self, key: &str, value: serde_json::Value) -> Fields {
-        if let Some(field) = self.0.iter_mut().find(|(k, _)| *k == key) {
-            field.1 = value;
-        }
-        self
     }
 }
 
@@ -440,8 +429,8 @@ fn ooms_html(h: &mut String, r: &Report) {
                     &[
                         rel(r, e.ts_ns),
                         e.tid.to_string(),
-                        super::event_kind(e),
-                        super::event_api(e),
+                        e.kind_name().into_owned(),
+                        e.api_name().into_owned(),
                         super::event_words(e).trim_start().to_string(),
                         vramhook_protocol::record::result_name(e.result).to_string(),
                     ],

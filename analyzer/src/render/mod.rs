@@ -8,7 +8,7 @@ pub mod perfetto;
 pub mod text;
 
 use vramhook_model::EventRecord;
-use vramhook_protocol::record::{Api, EventKind};
+use vramhook_protocol::record::EventKind;
 
 /// `n` and its noun, singular for one: `count(1, "process", "processes")` is "1 process".
 pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
@@ -73,21 +73,6 @@ pub fn arena_kind(k: vramhook_model::ArenaKind) -> &'static str {
         vramhook_model::ArenaKind::Pool => "pool",
         vramhook_model::ArenaKind::FrameworkSegment => "framework segment",
     }
-}
-
-/// A lead-up event's kind by name (`kind25` for a code this build does not know).
-pub fn event_kind(e: &EventRecord) -> String {
-    EventKind::from_code(e.kind).map_or_else(|| format!("kind{}", e.kind), |k| k.name().to_string())
-}
-
-/// A lead-up event's driver function by name (`api513` for a code this build does not know).
-pub fn event_api(e: &EventRecord) -> String {
-    Api::from_code(e.api).map_or_else(|| format!("api{}", e.api), |a| a.name().to_string())
-}
-
-/// A memory class as the text and the page name it (`plain`, `vmm`, …).
-pub fn class_name(c: vramhook_model::Class) -> String {
-    format!("{c:?}").to_lowercase()
 }
 
 /// What a lead-up event's size and address words hold, in words: the address only where

@@ -336,7 +336,7 @@ fn leaks(o: &mut String, r: &Report) {
                 "     {:>11} at {:#x} ({}) allocated {}",
                 fmt_bytes(e.size),
                 e.addr,
-                super::class_name(e.class),
+                e.class.name(),
                 rel(r, e.ts_ns)
             );
         }
@@ -470,8 +470,8 @@ fn oom_incident(o: &mut String, r: &Report, n: usize, oom: &OomReport) {
                 "       {} tid {:<6} {:<12} {:<22} {}{}",
                 rel(r, e.ts_ns),
                 e.tid,
-                super::event_kind(e),
-                super::event_api(e),
+                e.kind_name(),
+                e.api_name(),
                 super::event_words(e),
                 if e.result != 0 {
                     format!("  -> {}", vramhook_protocol::record::result_name(e.result))
