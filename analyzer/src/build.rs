@@ -3,26 +3,11 @@
 //! only read the finished report.
 
 use crate::input::pickle;
-use crate::replay::{self, Replayer};
+use crate::replay::Replayer;
 use crate::report::*;
 use crate::series;
 use crate::SCHEMA_VERSION;
 use vramhook_model::{fmt_bytes, ModelSnapshot, ProcessView};
-use vramhook_protocol::record::{Api, EventKind};
-
-/// One lead-up event as the report lists it.
-pub(crate) fn event_line(e: &vramhook_model::EventRecord) -> EventLine {
-    EventLine {
-        ts_ns: e.ts_ns,
-        tid: e.tid,
-        kind: EventKind::from_code(e.kind).map_or_else(|| format!("kind{}", e.kind), |k| k.name().to_string()),
-        api: Api::from_code(e.api).map_or_else(|| format!("api{}", e.api), |a| a.name().to_string()),
-        result: e.result,
-        device: e.device,
-        addr: e.addr,
-        size: e.size,
-    }
-}
 
 pub fn verdict_name(v: vramhook_model::Verdict) -> &'static str {
     v.name()
@@ -202,7 +187,7 @@ fn process_reports(
                 });
             }
         }
-        let largest = exit.map(|e| e.top.iter().map(replay::layout_item).collect()).unwrap_or_default();
+        let largest = exit.map(|e| e.top.clone()).unwrap_or_default();
         leaks.extend(leak(view, at_end, exit.is_some(), largest, r.proc_series(slot), command));
     }
     (processes, leaks)
@@ -213,7 +198,7 @@ fn leak(
     view: &ProcessView,
     at_end: &ProcessView,
     exited: bool,
-    largest: Vec<LayoutItem>,
+    largest: Vec<vramhook_model::LayoutEntry>,
     series: Option<&series::Series>,
     command: String,
 ) -> Option<LeakReport> {
@@ -281,49 +266,30 @@ fn oom_reports(r: &Replayer, snap: &ModelSnapshot, w: &Window) -> Vec<OomReport>
         .incidents
         .iter()
         .filter(|i| r.pid_selected(i.pid) && i.ts_ns >= w.from && i.ts_ns <= r.to_abs)
-        .map(|i| OomReport {
-            id: i.id,
-            ts_ns: i.ts_ns,
-            pid: r.view_pid(i.pid),
-            command: match r.view_pid(i.pid) {
-                pid if pid != i.pid => command_of(pid).unwrap_or_else(|| i.command.clone()),
-                _ => i.command.clone(),
-            },
-            device: i.device,
-            api: i.api.name().to_string(),
-            caller: i.caller.clone(),
-            requested_bytes: i.requested_bytes,
-            device_free_bytes: i.device_free_bytes,
-            device_total_bytes: i.device_total_bytes,
-            verdict: i.verdict,
-            verdict_name: verdict_name(i.verdict).into(),
-            unknown_reason: i.unknown_reason.clone(),
-            fix: i.fix.clone(),
-            explanation: joined_explanation(r, i, command_of(r.view_pid(i.pid))),
-            failures: i.failures,
-            retries: i.retries,
-            freed_bytes_between: i.freed_bytes_between,
-            outcome: i.outcome,
-            own_idle_bytes: i.own_idle_bytes,
-            other_idle_bytes: i.other_idle_bytes,
-            arena_free_bytes: i.arena_free_bytes,
-            arena_largest_free_span: i.arena_largest_free_span,
-            framework: i.framework.map(|f| f.name().to_string()),
-            framework_oom: i.framework_oom.clone(),
-            cache_fragmentation: i.cache_fragmentation,
-            holders: i.holders.clone(),
-            framework_limit: i.framework_limit,
-            lead_up: i.lead_up.iter().take(64).map(event_line).collect(),
-            from_snapshot: r.snapshot_pids.get(&i.pid).map(|s| s.0.clone()),
-            same_failure_as: same_failure(snap, i, r.view_pid(i.pid), window),
-            live_at_oom: live_at_oom(r, i, window),
+        .map(|i| {
+            // A copy of the model's incident, set to name the process it is reported as (a
+            // joined snapshot's synthetic process is the capture's); the rest is the model's.
+            let pid = r.view_pid(i.pid);
+            let mut incident = i.clone();
+            incident.pid = pid;
+            if pid != i.pid {
+                incident.command = command_of(pid).unwrap_or_else(|| i.command.clone());
+            }
+            incident.explanation = joined_explanation(r, i, command_of(pid));
+            incident.lead_up.truncate(MAX_LEAD_UP);
+            OomReport {
+                incident,
+                from_snapshot: r.snapshot_pids.get(&i.pid).map(|s| s.0.clone()),
+                same_failure_as: same_failure(snap, i, pid, window),
+                live_at_oom: live_at_oom(r, i, window),
+            }
         })
         .collect();
     // A capture's incident gets the stacks of the snapshot's incident of the same failure.
     let copies: Vec<(u64, LiveAtOom)> =
         ooms.iter().filter_map(|o| Some((o.same_failure_as?, o.live_at_oom.clone()?))).collect();
     for (id, live) in copies {
-        if let Some(c) = ooms.iter_mut().find(|c| c.id == id && c.live_at_oom.is_none()) {
+        if let Some(c) = ooms.iter_mut().find(|c| c.incident.id == id && c.live_at_oom.is_none()) {
             c.live_at_oom = Some(live);
         }
     }

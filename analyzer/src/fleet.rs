@@ -204,7 +204,7 @@ fn summarise(h: &HostReport) -> HostSummary {
     let r = &h.report;
     let mut ooms_by_verdict = BTreeMap::new();
     for o in &r.ooms {
-        *ooms_by_verdict.entry(o.verdict_name.clone()).or_default() += 1;
+        *ooms_by_verdict.entry(o.incident.verdict.name().to_string()).or_default() += 1;
     }
     HostSummary {
         host: h.host.clone(),

@@ -5,13 +5,19 @@
 use crate::series::Point;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use vramhook_model::{ArenaKind, Histogram, Outcome, Verdict};
+use vramhook_model::{ArenaKind, ArenaView, Histogram, LayoutEntry, OomIncident};
 
 /// Version of the JSON report's schema (4: `ooms[].verdict`, `ooms[].outcome` and
 /// `log_incidents[].verdict` are the snake_case names; `verdict_name` is gone; 5:
 /// `timelines.fits`, the fit of each process's next large request over time; 6:
-/// `fit_warnings[].came_bytes`, the size of the failing request; 7: `fit_trend_warnings`,
-/// the supply's trend falling short of the demand within the trend rule's horizon).
+/// `fit_warnings[].came_bytes`, the size of the failing request; 7: an incident, a layout
+/// entry and a layout arena are the model's own types, so a number added to one of them
+/// reaches the report: `ooms[]` gains `start_time`, `sample_ts_ns` and
+/// `sample_after_failure`, and its keys come in the model's order; `lead_up[]` entries are
+/// the model's events (`seq`, `pid`, `caller`, `aux` and `stream` added; `kind` and `api`
+/// still by name); layout entries gain `handle` (`class` still in lower case);
+/// `layout.arenas[]` gain `start_time` and `live_allocations`; and `fit_trend_warnings`, the
+/// supply's trend falling short of the demand within the trend rule's horizon).
 pub const SCHEMA_VERSION: u32 = 7;
 
 #[derive(Clone, Debug, Serialize)]
@@ -391,60 +397,15 @@ pub struct Holder {
     pub final_live_bytes: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct EventLine {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub kind: String,
-    pub api: String,
-    pub result: u32,
-    pub device: i16,
-    pub addr: u64,
-    pub size: u64,
-}
-
+/// One OOM incident: the model's, as the report shows it, and what only the report knows.
 #[derive(Clone, Debug, Serialize)]
 pub struct OomReport {
-    pub id: u64,
-    pub ts_ns: u64,
-    pub pid: u32,
-    pub command: String,
-    pub device: i16,
-    pub api: String,
-    pub caller: String,
-    pub requested_bytes: u64,
-    pub device_free_bytes: Option<u64>,
-    pub device_total_bytes: Option<u64>,
-    /// In JSON its name (`capacity`, `framework_fragmentation`, …: [`Verdict::name`]).
-    pub verdict: Verdict,
-    /// The same name, for Rust callers (not in JSON: `verdict` carries it).
-    #[serde(skip)]
-    pub verdict_name: String,
-    pub unknown_reason: Option<String>,
-    /// What to do, in one sentence: what the report leads with.
-    pub fix: String,
-    pub explanation: String,
-    pub failures: u64,
-    pub retries: u64,
-    pub freed_bytes_between: u64,
-    /// In JSON its name (`recovered`, `failed_again`, `open`, `failed`: [`Outcome::name`]).
-    pub outcome: Outcome,
-    pub own_idle_bytes: u64,
-    pub other_idle_bytes: u64,
-    pub arena_free_bytes: u64,
-    pub arena_largest_free_span: u64,
-    /// The caching framework whose libraries the process loaded (`pytorch`, `cupy`, …).
-    pub framework: Option<String>,
-    /// What the framework's lens (or its snapshot) said when it gave up.
-    pub framework_oom: Option<vramhook_model::LensOom>,
-    /// `1 − largest free block / all free bytes` over the framework's segments, when known.
-    pub cache_fragmentation: Option<f64>,
-    /// Other processes' memory on the device at the failure, most bytes first.
-    pub holders: Vec<vramhook_model::Holder>,
-    /// The framework's own limit for the process on the device, when its lens knew one.
-    pub framework_limit: Option<u64>,
-    /// The process's last events before the failure, oldest first.
-    pub lead_up: Vec<EventLine>,
+    /// The model's incident, every field (its `verdict` and `outcome` by their names, its
+    /// `api` by the function's name, its `lead_up` the model's events). Where a snapshot
+    /// joined a capture's process, `pid`, `command` and the `explanation` name that process;
+    /// `lead_up` keeps at most [`MAX_LEAD_UP`] events.
+    #[serde(flatten)]
+    pub incident: OomIncident,
     /// The PyTorch snapshot the incident comes from (`None`: from a capture). A snapshot that
     /// joined a capture's process reports its incidents as that process's.
     pub from_snapshot: Option<String>,
@@ -457,6 +418,10 @@ pub struct OomReport {
     /// incident of the same failure. `None`: no snapshot with stacks covers this incident.
     pub live_at_oom: Option<LiveAtOom>,
 }
+
+/// Lead-up events listed per incident at most: the model keeps `ModelConfig::lead_up_events`
+/// (16 by default), which a configuration may raise; the schema allows 64.
+pub const MAX_LEAD_UP: usize = 64;
 
 /// One frame of a PyTorch allocation's stack: its Python frames where the stack has any
 /// (PyTorch's C++ frames are left out then), innermost first.
@@ -528,7 +493,7 @@ pub struct LeakReport {
     pub growth_bytes_per_s: Option<f64>,
     pub detail: String,
     /// The largest allocations still live (at most 10).
-    pub largest: Vec<LayoutItem>,
+    pub largest: Vec<LayoutEntry>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -617,36 +582,14 @@ pub struct DeviceTimeline {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct LayoutItem {
-    pub addr: u64,
-    pub size: u64,
-    pub class: String,
-    pub pid: u32,
-    pub device: i16,
-    pub ts_ns: u64,
-    pub reservation: Option<u64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct LayoutArena {
-    pub pid: u32,
-    pub device: i16,
-    pub kind: ArenaKind,
-    pub base: u64,
-    pub size: u64,
-    pub occupied: u64,
-    pub free_in_arena: u64,
-    pub largest_free_span: u64,
-    pub fragmentation: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
 pub struct LayoutReport {
     pub ts_ns: u64,
     /// Why this moment.
     pub reason: LayoutReason,
-    pub entries: Vec<LayoutItem>,
+    /// The model's entries (allocations, mappings) of the selected processes.
+    pub entries: Vec<LayoutEntry>,
     /// Entries left out to keep the report bounded (the smallest go first).
     pub entries_omitted: u64,
-    pub arenas: Vec<LayoutArena>,
+    /// The model's arenas of the selected processes (a joined snapshot's under the capture's pid).
+    pub arenas: Vec<ArenaView>,
 }

@@ -69,7 +69,7 @@ fn two_hosts_with_the_same_pid_are_reported_apart_and_added_up() {
     let sa = f.summary.iter().find(|s| s.host == "gpu-a").expect("a");
     let sb = f.summary.iter().find(|s| s.host == "gpu-b").expect("b");
     assert_eq!((sa.ooms, sb.ooms), (1, 0));
-    let verdict = host("gpu-a").report.ooms[0].verdict_name.clone();
+    let verdict = host("gpu-a").report.ooms[0].incident.verdict.name();
     assert_eq!(verdict, "capacity", "40 GiB asked of a 16 GiB device");
     assert_eq!(sa.ooms_by_verdict.get("capacity"), Some(&1));
     assert_eq!(f.fleet.hosts, 3, "two hosts and the hostless inputs");

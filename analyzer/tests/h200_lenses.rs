@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use vramhook_analyzer::{analyze, Options, Report};
+use vramhook_model::Verdict;
+use vramhook_protocol::record::FrameworkId;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/h200-lenses").join(name)
@@ -15,9 +17,14 @@ fn run(name: &str) -> Report {
 #[test]
 fn cupys_fragmented_pool_is_framework_fragmentation_with_its_own_numbers() {
     let r = run("cupy_fragmented.vhc");
-    let fatal = r.ooms.iter().find(|o| o.requested_bytes == 2 << 30).expect("the 2 GiB request's incident");
-    assert_eq!(fatal.verdict_name, "framework_fragmentation", "{}", fatal.explanation);
-    assert_eq!(fatal.framework.as_deref(), Some("cupy"));
+    let fatal = r
+        .ooms
+        .iter()
+        .map(|o| &o.incident)
+        .find(|o| o.requested_bytes == 2 << 30)
+        .expect("the 2 GiB request's incident");
+    assert_eq!(fatal.verdict.name(), "framework_fragmentation", "{}", fatal.explanation);
+    assert_eq!(fatal.framework, Some(FrameworkId::CuPy));
     // The pool's own numbers, as its lens sampled them (total_bytes - used_bytes).
     assert!(
         fatal.explanation.contains("61,798,875,136 bytes) reserved by CuPy but unallocated"),
@@ -25,17 +32,20 @@ fn cupys_fragmented_pool_is_framework_fragmentation_with_its_own_numbers() {
         fatal.explanation
     );
     // The fill's first failure: the cache held the bytes, and how full it was is not known.
-    assert!(r.ooms.iter().any(|o| o.requested_bytes == 1 << 30 && o.verdict_name == "framework_cache"));
+    assert!(r
+        .ooms
+        .iter()
+        .any(|o| o.incident.requested_bytes == 1 << 30 && o.incident.verdict == Verdict::FrameworkCache));
 }
 
 #[test]
 fn jaxs_pool_growth_failures_are_framework_fragmentation_with_its_largest_free_block() {
     let r = run("jax_fragmented.vhc");
-    let last = r.ooms.last().expect("incidents");
-    assert_eq!(last.verdict_name, "framework_fragmentation", "{}", last.explanation);
-    assert_eq!(last.framework.as_deref(), Some("jax"));
+    let last = &r.ooms.last().expect("incidents").incident;
+    assert_eq!(last.verdict.name(), "framework_fragmentation", "{}", last.explanation);
+    assert_eq!(last.framework, Some(FrameworkId::Jax));
     assert!(last.explanation.contains("the largest free block was"), "{}", last.explanation);
-    assert!(r.ooms.iter().all(|o| o.verdict_name != "capacity"), "the cache held the bytes every time");
+    assert!(r.ooms.iter().all(|o| o.incident.verdict != Verdict::Capacity), "the cache held the bytes every time");
 }
 
 #[test]

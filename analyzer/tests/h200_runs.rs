@@ -175,8 +175,8 @@ fn the_forecast_of_the_serving_loop_fired_in_its_fill() {
 fn the_in_order_loop_failed_too_and_the_fit_and_forecast_foresaw_it() {
     let r = forecast("h100-fit/serving_fifo.vrhk");
     let o = r.ooms.first().expect("the OOM");
-    assert_eq!(o.requested_bytes, 2_097_152_000, "the long document's request");
-    assert_eq!(o.verdict.name(), "framework_fragmentation", "{}", o.explanation);
+    assert_eq!(o.incident.requested_bytes, 2_097_152_000, "the long document's request");
+    assert_eq!(o.incident.verdict.name(), "framework_fragmentation", "{}", o.incident.explanation);
     let w = r.fit_warnings.first().expect("a fit warning");
     assert_eq!((w.demand_bytes, w.came_bytes), (2_097_152_000, Some(2_097_152_000)), "{w:?}");
     let lead = w.came_ts_ns.expect("came") - w.since_ts_ns;

@@ -325,8 +325,8 @@ fn verdicts_and_log_incidents_come_before_the_plots() {
     ] {
         assert!(text.contains(want), "{want:?} not in {text}");
     }
-    let oom = report.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB failure");
-    assert_eq!(at["link"], format!("#oom-{}", oom.id));
+    let oom = report.ooms.iter().find(|o| o.incident.requested_bytes == 956_303_360).expect("the 912 MiB failure");
+    assert_eq!(at["link"], format!("#oom-{}", oom.incident.id));
     let files = at["files"].as_str().expect("files");
     let f = &report.logs[0];
     for want in [f.lines.to_string(), f.understood.to_string(), f.skipped.to_string(), "ggml".to_string()] {

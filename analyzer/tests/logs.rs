@@ -57,7 +57,7 @@ fn the_log_joins_the_capture_of_the_same_run_at_the_fatal_request() {
     let r = run(&[fixture("h200-oom/torch_default_fragmented.vhc"), fixture("h200-oom/torch_default_fragmented.log")]);
     let i = only(&r);
     let joined = i.capture_incident.expect("joined to a capture incident");
-    let c = r.ooms.iter().find(|o| o.id == joined).expect("that incident");
+    let c = r.ooms.iter().map(|o| &o.incident).find(|o| o.id == joined).expect("that incident");
     assert_eq!(c.requested_bytes, 2 << 30, "the 2 GiB failure that killed the program, not the 1 GiB before it");
     assert_eq!(r.ooms.len(), 2, "the 1 GiB end of the fill loop and the fatal 2 GiB request are two incidents");
 }
@@ -170,14 +170,15 @@ fn ollama_default_engine_log_joins_the_capture_of_the_same_h200_run() {
     assert_eq!(r.ooms.len(), 2, "{:#?}", r.ooms);
     // Scenario 5: a traced holder (probe.py hold) kept 138.04 GiB live. Both failures name
     // it, with its live bytes: the runner alone on the device would have had the memory.
-    for o in &r.ooms {
-        assert_eq!(o.verdict_name, "other_process", "{}", o.explanation);
+    for o in r.ooms.iter().map(|o| &o.incident) {
+        assert_eq!(o.verdict.name(), "other_process", "{}", o.explanation);
         let h = &o.holders[0];
         assert_eq!((h.pid, h.live_bytes), (1989, 148_216_217_600), "138.04 GiB: {:?}", o.holders);
         assert!(h.command.contains("probe.py hold"), "{:?}", h);
     }
     // ggml wrote 912.00 MiB; the driver saw the exact 956,303,360 bytes.
-    let oom = r.ooms.iter().find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB cudaMalloc");
+    let oom =
+        r.ooms.iter().map(|o| &o.incident).find(|o| o.requested_bytes == 956_303_360).expect("the 912 MiB cudaMalloc");
     assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
     // ggml's lines have no time; ollama's own lines around them do, and the capture's
     // failure (its wall clock from the capture's header) lies between them.
@@ -190,7 +191,7 @@ fn ollama_default_engine_log_joins_the_capture_of_the_same_h200_run() {
     let join = i.join.as_deref().unwrap_or("");
     assert!(join.contains("within the log's timed lines around it"), "{join}");
     // The VMM pool's failed cuMemCreate is only in the capture: the log has no size to join on.
-    assert!(r.ooms.iter().any(|o| o.api == "cuMemCreate"), "{:#?}", r.ooms);
+    assert!(r.ooms.iter().any(|o| o.incident.api == Api::cuMemCreate), "{:#?}", r.ooms);
     assert_eq!(r.log_incidents[1].capture_incident, None);
 }
 
@@ -212,9 +213,10 @@ fn ollama_new_engine_h200_backoff_and_cpu_fallback_are_noted() {
         fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.vhc"),
         fixture("logs/ollama_v0.24.0_new_engine_backoff.h200.log"),
     ]);
-    let oom = r.ooms.iter().find(|o| o.requested_bytes == 159_387_776).expect("the 152 MiB cudaMalloc");
+    let oom =
+        r.ooms.iter().map(|o| &o.incident).find(|o| o.requested_bytes == 159_387_776).expect("the 152 MiB cudaMalloc");
     // The run's holder (the probe, traced) kept 138.04 GiB live: the runner alone would have fitted.
-    assert_eq!(oom.verdict_name, "other_process", "{}", oom.explanation);
+    assert_eq!(oom.verdict.name(), "other_process", "{}", oom.explanation);
     assert_eq!((oom.holders[0].pid, oom.holders[0].live_bytes), (2763, 148_216_217_600), "{:?}", oom.holders);
     assert_eq!(r.log_incidents[0].capture_incident, Some(oom.id));
 }
@@ -336,13 +338,13 @@ fn a_log_time_within_5_seconds_of_the_capture_joins() {
     assert_eq!(r.ooms.len(), 1, "{:#?}", r.ooms);
     let i = only(&r);
     assert_eq!(i.time_earliest_unix_ns, Some(1_764_000_012 * 1_000_000_000));
-    assert_eq!(i.capture_incident, Some(r.ooms[0].id), "{:?}", i.join);
+    assert_eq!(i.capture_incident, Some(r.ooms[0].incident.id), "{:?}", i.join);
     let join = i.join.as_deref().unwrap_or("");
     assert!(join.contains("matched by pid and size, 2.000 s from the log's time 2025-11-24T16:00:12+0000"), "{join}");
     // The same log an hour later (a zone-less time read as UTC, say) does not join.
     let later = torch_log(dir.path(), "later.txt", "2025-11-24T17:00:12+0100 gpu-host python3[100]: ");
     let r = run(&[dir.path().join("capture.vhc"), later]);
-    assert_eq!(only(&r).capture_incident, Some(r.ooms[0].id), "+0100: the same instant");
+    assert_eq!(only(&r).capture_incident, Some(r.ooms[0].incident.id), "+0100: the same instant");
 }
 
 #[test]
@@ -361,7 +363,7 @@ fn a_log_time_outside_the_window_does_not_join() {
     let untimed = torch_log(dir.path(), "plain.txt", "");
     let r = run(&[capture, untimed]);
     let i = only(&r);
-    assert_eq!(i.capture_incident, Some(r.ooms[0].id));
+    assert_eq!(i.capture_incident, Some(r.ooms[0].incident.id));
     assert!(i.join.as_deref().unwrap_or("").contains("the log gives no time"), "{:?}", i.join);
 }
 
@@ -382,7 +384,7 @@ fn two_capture_incidents_within_the_window_are_ambiguous_and_the_window_tells_ot
     // where size alone could not choose.
     let capture = failing_capture(dir.path(), &[(100, 10), (101, 42)]);
     let r = run(&[capture, log]);
-    let first = r.ooms.iter().find(|o| o.pid == 100).expect("pid 100's incident");
+    let first = r.ooms.iter().map(|o| &o.incident).find(|o| o.pid == 100).expect("pid 100's incident");
     assert_eq!(only(&r).capture_incident, Some(first.id), "{:?}", only(&r).join);
 }
 

@@ -46,11 +46,11 @@ fn scenario_report_has_every_section_and_matches_the_schema() {
     assert_eq!(q.final_live_bytes, 4 * 512 * MIB);
 
     assert_eq!(r.ooms.len(), 1, "fail, free, retry is one incident");
-    let o = &r.ooms[0];
+    let o = &r.ooms[0].incident;
     assert_eq!(o.pid, 100);
     assert_eq!(o.requested_bytes, 200 * GIB);
     assert_eq!(o.device_free_bytes, Some(9 * GIB));
-    assert_eq!(o.verdict_name, "capacity");
+    assert_eq!(o.verdict.name(), "capacity");
     assert!(!o.explanation.is_empty());
     assert!(!o.lead_up.is_empty() && o.lead_up.len() <= 16);
 

@@ -21,12 +21,12 @@ fn generated_snapshots_import_with_the_same_numbers_in_every_protocol() {
         assert_eq!(t.allocated_bytes, 8 * MIB + 512 * KIB, "memory_allocated");
         assert_eq!(t.reserved_unallocated_bytes, 13 * MIB + 512 * KIB, "reserved but unallocated, from the model");
         assert_eq!(r.ooms.len(), 1);
-        let o = &r.ooms[0];
+        let o = &r.ooms[0].incident;
         assert_eq!(o.requested_bytes, 10 * MIB);
         assert_eq!(o.device_free_bytes, Some(6 * MIB));
         // A snapshot's `oom` entry is PyTorch giving up: its cache's numbers decide
         // (before the lens work this read as a segment's "arena fragmentation").
-        assert_eq!(o.verdict_name, "framework_fragmentation", "{}", o.explanation);
+        assert_eq!(o.verdict.name(), "framework_fragmentation", "{}", o.explanation);
         assert_eq!(o.outcome, vramhook_model::Outcome::Failed);
         assert!(
             o.explanation.contains("13.50 MiB (14,155,776 bytes) reserved by PyTorch but unallocated"),
@@ -106,12 +106,12 @@ fn real_h200_snapshot_matches_pytorchs_own_numbers() {
     assert!(close(t.allocated_bytes, allocated), "allocated {} vs {allocated}", t.allocated_bytes);
     // The OOM itself: the request and the free bytes PyTorch reported.
     assert_eq!(r.ooms.len(), 1);
-    let o = &r.ooms[0];
+    let o = &r.ooms[0].incident;
     let tried = bytes_before(msg, ". GPU").expect("Tried to allocate");
     assert!(close(o.requested_bytes, tried), "requested {} vs {tried}", o.requested_bytes);
     let free = bytes_before(msg, "is free").expect("free figure");
     assert!(close(o.device_free_bytes.unwrap_or(0), free), "free {:?} vs {free}", o.device_free_bytes);
-    assert_eq!(o.verdict_name, "capacity");
+    assert_eq!(o.verdict.name(), "capacity");
 }
 
 #[test]
@@ -158,10 +158,10 @@ fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragme
     .expect("PyTorch's own message");
     assert!(log.contains("81.45 GiB is allocated by PyTorch, and 57.55 GiB is reserved by PyTorch but unallocated"));
     assert_eq!(r.ooms.len(), 2, "the 1 GiB failure while filling, and the fatal 2 GiB one");
-    let (fill, fatal) = (&r.ooms[0], &r.ooms[1]);
+    let (fill, fatal) = (&r.ooms[0].incident, &r.ooms[1].incident);
     assert_eq!((fill.requested_bytes, fatal.requested_bytes), (1 << 30, 2 << 30));
-    assert_eq!(fill.verdict_name, "capacity", "every segment was in use then: {}", fill.explanation);
-    assert_eq!(fatal.verdict_name, "framework_fragmentation", "{}", fatal.explanation);
+    assert_eq!(fill.verdict.name(), "capacity", "every segment was in use then: {}", fill.explanation);
+    assert_eq!(fatal.verdict.name(), "framework_fragmentation", "{}", fatal.explanation);
     assert_eq!(fatal.outcome, vramhook_model::Outcome::Failed);
     for quoted in [
         "81.45 GiB (87,451,238,400 bytes) allocated by PyTorch",
@@ -179,7 +179,7 @@ fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragme
     // Recorded with memory history (`stacks="all"`: C++ and Python frames): the live
     // allocations at the fatal OOM are the 139 kept 600 MiB tensors, all made at line 61 of
     // the program, 81.45 GiB as PyTorch said; the request was line 43 (`oom`) called from 65.
-    let live = fatal.live_at_oom.as_ref().expect("the stacks of the live allocations");
+    let live = r.ooms[1].live_at_oom.as_ref().expect("the stacks of the live allocations");
     assert_eq!((live.allocations, live.bytes, live.without_stack), (139, 87_451_238_400, 0));
     assert_eq!(live.stacks.len(), 1);
     let s = &live.stacks[0];
@@ -192,7 +192,7 @@ fn the_h200_fragmented_snapshot_gives_the_fatal_request_its_own_framework_fragme
         ["torch_oom.py:43 oom", "torch_oom.py:65 <module>"]
     );
     // While filling: every 1 GiB tensor of line 56 was live, and line 56 asked for one more.
-    let live = fill.live_at_oom.as_ref().expect("stacks at the first OOM");
+    let live = r.ooms[0].live_at_oom.as_ref().expect("stacks at the first OOM");
     assert_eq!((live.allocations, live.bytes), (139, 139 << 30));
     assert_eq!(live.stacks[0].frames.iter().map(at).collect::<Vec<_>>(), ["torch_oom.py:56 <module>"]);
     assert_eq!(live.request_frames.iter().map(at).collect::<Vec<_>>(), ["torch_oom.py:56 <module>"]);
@@ -244,13 +244,17 @@ fn a_snapshot_joins_the_capture_process_it_was_dumped_from() {
         // The snapshot's incidents, under pid 468, each naming the capture's one.
         let from_snap: Vec<_> = r.ooms.iter().filter(|o| o.from_snapshot.is_some()).collect();
         assert_eq!(from_snap.len(), 2);
-        assert!(from_snap.iter().all(|o| o.pid == 468 && o.command.contains("torch_oom.py")));
-        let fatal = from_snap.iter().find(|o| o.requested_bytes == 2 << 30).expect("the 2 GiB failure");
-        assert_eq!(fatal.verdict_name, "framework_fragmentation", "{}", fatal.explanation);
+        assert!(from_snap.iter().all(|o| o.incident.pid == 468 && o.incident.command.contains("torch_oom.py")));
+        let fatal = from_snap.iter().find(|o| o.incident.requested_bytes == 2 << 30).expect("the 2 GiB failure");
+        let (fatal_id, fatal) = (fatal.same_failure_as, &fatal.incident);
+        assert_eq!(fatal.verdict.name(), "framework_fragmentation", "{}", fatal.explanation);
         assert!(fatal.explanation.starts_with("process 468 (python3"), "{}", fatal.explanation);
-        let same = r.ooms.iter().find(|o| Some(o.id) == fatal.same_failure_as).expect("the capture's incident");
-        assert_eq!((same.pid, same.requested_bytes, same.from_snapshot.as_deref()), (468, 2 << 30, None));
-        assert_eq!(same.verdict_name, "capacity", "the driver alone");
+        let same = r.ooms.iter().find(|o| Some(o.incident.id) == fatal_id).expect("the capture's incident");
+        assert_eq!(
+            (same.incident.pid, same.incident.requested_bytes, same.from_snapshot.as_deref()),
+            (468, 2 << 30, None)
+        );
+        assert_eq!(same.incident.verdict.name(), "capacity", "the driver alone");
         // The capture's incident of the same failure lists the snapshot's stacks; the
         // snapshot's incident points to it.
         let live = same.live_at_oom.as_ref().expect("stacks copied to the capture's incident");
@@ -326,7 +330,7 @@ fn one_process_holding_the_segments_gets_the_snapshot() {
     assert_eq!(j.candidates.len(), 1);
     assert!(r.processes.iter().all(|p| p.pid == 100 || p.pid == 200), "{:?}", r.processes);
     let o = r.ooms.iter().find(|o| o.from_snapshot.is_some()).expect("the snapshot's OOM");
-    assert_eq!((o.pid, o.verdict_name.as_str()), (100, "framework_fragmentation"));
+    assert_eq!((o.incident.pid, o.incident.verdict.name()), (100, "framework_fragmentation"));
     assert_eq!(o.same_failure_as, None, "the capture has no failure of its own");
     assert!(r.fragmentation.iter().all(|a| a.pid == 100));
     // The snapshot's 22 MiB are the capture's allocations: pid 100 holds them once.

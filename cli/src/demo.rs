@@ -86,13 +86,13 @@ fn trace_workload(
 /// The capture's OOM incidents as `analyze` tells them: verdict, then why.
 fn print_verdicts(record: &Path) -> Result<usize> {
     let report = vramhook_analyzer::analyze(&[record], &vramhook_analyzer::Options::default())?;
-    for o in &report.ooms {
+    for o in report.ooms.iter().map(|o| &o.incident) {
         eprintln!(
             "\nOOM #{}: {} requested through {} — verdict: {}",
             o.id,
             fmt_bytes(o.requested_bytes),
             o.api,
-            o.verdict_name
+            o.verdict.name()
         );
         eprintln!("  {}", vramhook_analyzer::render::tidy_paths(&o.explanation));
     }

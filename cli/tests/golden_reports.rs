@@ -14,7 +14,8 @@ fn fixtures() -> PathBuf {
     repo_root().join("tests/fixtures")
 }
 
-/// Every input under `tests/fixtures` (captures, snapshots, logs), relative, sorted.
+/// Every input under `tests/fixtures` (captures: `vramhook run`'s `.vhc` and the agent's
+/// `.vrhk`; snapshots, logs), relative, sorted.
 fn inputs() -> Vec<PathBuf> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<PathBuf>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir).expect("fixtures").filter_map(|e| e.ok()).collect();
@@ -26,7 +27,7 @@ fn inputs() -> Vec<PathBuf> {
                 if !rel.starts_with("golden") && !rel.starts_with("fake_torch") && !rel.starts_with("fake_frameworks") {
                     walk(&p, root, out);
                 }
-            } else if matches!(p.extension().and_then(|x| x.to_str()), Some("vhc" | "pickle" | "log"))
+            } else if matches!(p.extension().and_then(|x| x.to_str()), Some("vhc" | "vrhk" | "pickle" | "log"))
                 && std::fs::metadata(&p).map(|m| m.len() > 0).unwrap_or(false)
             {
                 out.push(rel);

@@ -1,6 +1,7 @@
 //! Plain, serialisable types: configuration, views returned by queries, incidents.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use vramhook_protocol::{Api, Event, FrameworkId, MemClass};
 
@@ -68,7 +69,8 @@ impl Default for ModelConfig {
     }
 }
 
-/// Memory class: the protocol's [`MemClass`] (serialised by its variant names).
+/// Memory class: the protocol's [`MemClass`], serialised by its lower-case name
+/// ([`MemClass::name`]: `plain`, `vmm`, …; checkpoints encode a variant by its index).
 pub type Class = MemClass;
 
 /// Live bytes by memory class.
@@ -122,14 +124,20 @@ pub struct DeviceWindow {
     pub window: Option<Window>,
 }
 
-/// A copy of an event, serialisable (the protocol's `Event` is not).
+/// A copy of an event, serialisable (the protocol's `Event` is not). In JSON (reports, the
+/// agent's state) `kind` and `api` are the protocol's names ([`EventRecord::kind_name`],
+/// [`EventRecord::api_name`]); checkpoints (postcard) keep their codes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventRecord {
     pub seq: u64,
     pub ts_ns: u64,
     pub pid: u32,
     pub tid: u32,
+    /// A [`vramhook_protocol::EventKind`] code.
+    #[serde(with = "kind_code_by_name")]
     pub kind: u8,
+    /// An [`Api`] code.
+    #[serde(with = "api_code_by_name")]
     pub api: u16,
     pub caller: u8,
     pub result: u32,
@@ -156,6 +164,87 @@ macro_rules! mirror_event {
     };
 }
 mirror_event!(seq, ts_ns, pid, tid, kind, api, caller, result, device, addr, size, aux, stream);
+
+impl EventRecord {
+    /// Its kind by the protocol's name (`alloc`, `mem_info`, …; `kind26` for a code this
+    /// build does not know), as JSON and the reports show it.
+    pub fn kind_name(&self) -> Cow<'static, str> {
+        kind_code_by_name::name(self.kind)
+    }
+
+    /// Its driver function by name (`cuMemAlloc_v2`, …; `api513` for a code this build does
+    /// not know), as JSON and the reports show it.
+    pub fn api_name(&self) -> Cow<'static, str> {
+        api_code_by_name::name(self.api)
+    }
+}
+
+/// A serde module for a code of one of the protocol's code enums: in a human-readable format
+/// (JSON) its name, or the prefix and the number for a code this build does not know; else
+/// (postcard checkpoints) the number itself, the bytes of the plain integer field. A
+/// human-readable reader takes a name, the prefixed number or a bare number (the agent's state
+/// before the names).
+macro_rules! code_by_name {
+    ($module:ident, $enum:ident, $repr:ty, $prefix:literal) => {
+        pub(crate) mod $module {
+            use serde::de::{Error, Visitor};
+            use serde::{Deserialize, Deserializer, Serialize, Serializer};
+            use std::borrow::Cow;
+            use vramhook_protocol::$enum;
+
+            pub fn name(code: $repr) -> Cow<'static, str> {
+                $enum::from_code(code)
+                    .map_or_else(|| Cow::Owned(format!(concat!($prefix, "{}"), code)), |c| c.name().into())
+            }
+
+            fn code(name: &str) -> Option<$repr> {
+                $enum::from_name(name).map($enum::code).or_else(|| name.strip_prefix($prefix)?.parse().ok())
+            }
+
+            pub fn serialize<S: Serializer>(code: &$repr, s: S) -> Result<S::Ok, S::Error> {
+                if s.is_human_readable() {
+                    s.serialize_str(&name(*code))
+                } else {
+                    code.serialize(s)
+                }
+            }
+
+            pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<$repr, D::Error> {
+                if d.is_human_readable() {
+                    d.deserialize_any(NameOrCode)
+                } else {
+                    <$repr>::deserialize(d)
+                }
+            }
+
+            struct NameOrCode;
+
+            impl Visitor<'_> for NameOrCode {
+                type Value = $repr;
+
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str(concat!("a ", stringify!($enum), " name or code"))
+                }
+
+                fn visit_str<E: Error>(self, v: &str) -> Result<$repr, E> {
+                    code(v).ok_or_else(|| E::custom(format!(concat!("unknown ", stringify!($enum), " {:?}"), v)))
+                }
+
+                fn visit_u64<E: Error>(self, v: u64) -> Result<$repr, E> {
+                    <$repr>::try_from(v)
+                        .map_err(|_| E::custom(format!(concat!(stringify!($enum), " code {} out of range"), v)))
+                }
+
+                fn visit_i64<E: Error>(self, v: i64) -> Result<$repr, E> {
+                    <$repr>::try_from(v)
+                        .map_err(|_| E::custom(format!(concat!(stringify!($enum), " code {} out of range"), v)))
+                }
+            }
+        }
+    };
+}
+code_by_name!(kind_code_by_name, EventKind, u8, "kind");
+code_by_name!(api_code_by_name, Api, u16, "api");
 
 /// An [`Api`] as its name, in JSON and in checkpoints: the bytes of the `String` the field
 /// used to be, so reports and older checkpoints read the same.

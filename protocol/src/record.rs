@@ -292,9 +292,11 @@ code_enum! {
     }
 }
 
-/// What kind of device memory an allocation API hands out.
+/// What kind of device memory an allocation API hands out. With serde, by its lower-case
+/// name ([`MemClass::name`]) in JSON and by its variant index in postcard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum MemClass {
     Plain,
     Pitch,

@@ -777,6 +777,7 @@ impl LogInputs {
         let captured: Vec<Captured> = report
             .ooms
             .iter()
+            .map(|o| &o.incident)
             .map(|o| Captured { id: o.id, pid: o.pid, requested: o.requested_bytes, wall_ns: wall(o.ts_ns) })
             .collect();
         let mut incidents = self.incidents;
@@ -830,7 +831,7 @@ pub fn render_text(o: &mut String, r: &crate::Report) {
             let _ = writeln!(o, "     fix: {fix}");
         }
         if let Some(id) = i.capture_incident {
-            let driver = r.ooms.iter().find(|c| c.id == id).map(|c| c.verdict_name.as_str()).unwrap_or("?");
+            let driver = r.ooms.iter().find(|c| c.incident.id == id).map_or("?", |c| c.incident.verdict.name());
             let _ = writeln!(o, "     joins capture incident {id} (judged from the driver alone: {driver})");
         }
         if let Some(j) = &i.join {

@@ -29,11 +29,58 @@ struct PlotData<'a> {
     timelines: &'a Timelines,
     ooms: Vec<(u64, u32, i16, &'a str)>,
     fragmentation: &'a [ArenaReport],
-    layout: &'a Option<LayoutReport>,
+    layout: Option<PageLayout>,
     /// Shaded on the fit plots: from when a request would not have fit to when it came.
     fit_warnings: &'a [FitWarning],
     /// A capture or snapshot was read (else the plots say "no data in the input").
     captured: bool,
+}
+
+/// The layout as the page's script (`report.js`) reads it: of each of the model's entries and
+/// arenas the keys it had in schema 6, in that order. The page stays the same whatever the
+/// model adds to them; the JSON report carries them whole.
+#[derive(Serialize)]
+struct PageLayout {
+    ts_ns: u64,
+    reason: LayoutReason,
+    entries: Vec<Fields>,
+    entries_omitted: u64,
+    arenas: Vec<Fields>,
+}
+
+const PAGE_ENTRY_KEYS: [&str; 7] = ["addr", "size", "class", "pid", "device", "ts_ns", "reservation"];
+const PAGE_ARENA_KEYS: [&str; 9] =
+    ["pid", "device", "kind", "base", "size", "occupied", "free_in_arena", "largest_free_span", "fragmentation"];
+
+impl PageLayout {
+    fn of(l: &LayoutReport) -> PageLayout {
+        PageLayout {
+            ts_ns: l.ts_ns,
+            reason: l.reason,
+            entries: l.entries.iter().map(|e| Fields::of(e, &PAGE_ENTRY_KEYS)).collect(),
+            entries_omitted: l.entries_omitted,
+            arenas: l.arenas.iter().map(|a| Fields::of(a, &PAGE_ARENA_KEYS)).collect(),
+        }
+    }
+}
+
+/// Some of a value's fields as JSON, in the order named (a `serde_json` map would sort them).
+struct Fields(Vec<(&'static str, serde_json::Value)>);
+
+impl Fields {
+    fn of(value: &impl Serialize, keys: &[&'static str]) -> Fields {
+        let mut all = match serde_json::to_value(value) {
+            Ok(serde_json::Value::Object(all)) => all,
+            _ => serde_json::Map::new(),
+        };
+        Fields(keys.iter().filter_map(|k| Some((*k, all.remove(*k)?))).collect())
+    }
+}
+
+impl Serialize for Fields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
 }
 
 // The page's style and script, kept as plain files so that editors and linters see them.
@@ -85,9 +132,9 @@ fn plot_json(r: &Report) -> String {
         t0: r.time.from_ns.max(r.time.first_ts_ns),
         t1: r.time.to_ns.max(r.time.first_ts_ns),
         timelines: &r.timelines,
-        ooms: r.ooms.iter().map(|o| (o.ts_ns, o.pid, o.device, o.verdict_name.as_str())).collect(),
+        ooms: r.ooms.iter().map(|o| &o.incident).map(|o| (o.ts_ns, o.pid, o.device, o.verdict.name())).collect(),
         fragmentation: &r.fragmentation,
-        layout: &r.layout,
+        layout: r.layout.as_ref().map(PageLayout::of),
         fit_warnings: &r.fit_warnings,
         captured: r.inputs.iter().any(|i| i.kind != InputKind::Log),
     };
@@ -320,7 +367,8 @@ fn ooms_html(h: &mut String, r: &Report) {
             "<p>No capture or snapshot was given: the incidents below come from logs alone.</p>\n"
         });
     }
-    for (n, o) in r.ooms.iter().enumerate() {
+    for (n, oom) in r.ooms.iter().enumerate() {
+        let o = &oom.incident;
         h.push_str(&format!(
             "<div class=oom id=oom-{}><b>#{} at {}</b> — pid {} <code>{}</code> on device {}: {} requested <b>{}</b>, device free {} of {}<br>\
              verdict: <span class=verdict>{}</span>{}{}<p class=why>{}</p>outcome: {} after {}, {}; {} freed in between\n",
@@ -330,20 +378,20 @@ fn ooms_html(h: &mut String, r: &Report) {
             o.pid,
             esc(&super::tidy_paths(&display_command(&o.command))),
             o.device,
-            esc(&o.api),
+            esc(o.api.name()),
             fmt_bytes(o.requested_bytes),
             o.device_free_bytes.map_or("?".into(), fmt_bytes),
             o.device_total_bytes.map_or("?".into(), fmt_bytes),
-            esc(&o.verdict_name),
+            esc(o.verdict.name()),
             if o.fix.is_empty() { String::new() } else { format!("<p class=fix><b>Fix:</b> {}</p>", esc(&o.fix)) },
             {
-                let rows: String = super::oom_numbers(o)
+                let rows: String = super::oom_numbers(oom)
                     .iter()
                     .map(|(l, v)| format!("<tr><th>{}</th><td>{}</td></tr>", esc(l), esc(v)))
                     .collect();
                 format!("<table class=numbers>{rows}</table>")
             },
-            match crate::render::text::snapshot_origin(r, o) {
+            match crate::render::text::snapshot_origin(r, oom) {
                 Some(line) => format!("<span class=from-snapshot>{}</span><br>", esc(&line)) + &esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),
                 None => esc(&super::tidy_paths(&o.explanation)).replace('\n', "<br>"),
             },
@@ -375,7 +423,7 @@ fn ooms_html(h: &mut String, r: &Report) {
             }
             h.push_str("</table>\n");
         }
-        let live = crate::render::text::live_at_oom_lines(r, o);
+        let live = crate::render::text::live_at_oom_lines(r, oom);
         if !live.is_empty() {
             h.push_str(&format!("<details class=live-stacks open><summary>{}</summary><pre>", esc(&live[0])));
             for line in &live[1..] {
@@ -391,8 +439,8 @@ fn ooms_html(h: &mut String, r: &Report) {
                     &[
                         rel(r, e.ts_ns),
                         e.tid.to_string(),
-                        e.kind.clone(),
-                        e.api.clone(),
+                        e.kind_name().into_owned(),
+                        e.api_name().into_owned(),
                         super::event_words(e).trim_start().to_string(),
                         vramhook_protocol::record::result_name(e.result).to_string(),
                     ],
@@ -476,12 +524,13 @@ fn logs_html(h: &mut String, r: &Report) {
         if let Some(fix) = &i.fix {
             h.push_str(&format!("<br>fix: {}", esc(fix)));
         }
-        match i.capture_incident.and_then(|id| r.ooms.iter().position(|c| c.id == id).map(|k| (k, &r.ooms[k]))) {
+        let joined = i.capture_incident.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id));
+        match joined.map(|k| (k, &r.ooms[k].incident)) {
             Some((k, c)) => h.push_str(&format!(
                 "<br>joins capture incident <a href=\"#oom-{}\">#{}</a> (judged from the driver alone: {})",
                 c.id,
                 k + 1,
-                esc(&c.verdict_name)
+                esc(c.verdict.name())
             )),
             None if !r.ooms.is_empty() => h.push_str("<br>joins no capture incident"),
             None => {}

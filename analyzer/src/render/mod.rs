@@ -7,6 +7,9 @@ pub mod html;
 pub mod perfetto;
 pub mod text;
 
+use vramhook_model::EventRecord;
+use vramhook_protocol::record::EventKind;
+
 /// `n` and its noun, singular for one: `count(1, "process", "processes")` is "1 process".
 pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();
@@ -74,18 +77,26 @@ pub fn arena_kind(k: vramhook_model::ArenaKind) -> &'static str {
 
 /// What a lead-up event's size and address words hold, in words: the address only where
 /// the event has one (a lens record's or a device sample's words are byte counts).
-pub fn event_words(e: &crate::EventLine) -> String {
+pub fn event_words(e: &EventRecord) -> String {
     use vramhook_model::fmt_bytes;
-    match e.kind.as_str() {
-        "mem_info" => format!("device free {} of {}", fmt_bytes(e.addr), fmt_bytes(e.size)),
-        "framework_sample" => format!("{} allocated of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
-        "pool_sample" => format!("{} used of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
-        "framework_oom" => format!("{} requested, {} reserved", fmt_bytes(e.addr), fmt_bytes(e.size)),
-        "pool_trim" => format!("keep {}", fmt_bytes(e.size)),
-        "dropped" => count(e.size, "event lost", "events lost"),
-        "process_start" => format!("parent pid {}", e.addr),
-        "process_exit" | "pool_create" | "pool_destroy" | "stream_create" | "stream_destroy" | "frameworks"
-        | "hook_miss" => String::new(),
+    use EventKind as K;
+    match EventKind::from_code(e.kind) {
+        Some(K::MemInfo) => format!("device free {} of {}", fmt_bytes(e.addr), fmt_bytes(e.size)),
+        Some(K::FrameworkSample) => format!("{} allocated of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
+        Some(K::PoolSample) => format!("{} used of {} reserved", fmt_bytes(e.size), fmt_bytes(e.addr)),
+        Some(K::FrameworkOom) => format!("{} requested, {} reserved", fmt_bytes(e.addr), fmt_bytes(e.size)),
+        Some(K::PoolTrim) => format!("keep {}", fmt_bytes(e.size)),
+        Some(K::Dropped) => count(e.size, "event lost", "events lost"),
+        Some(K::ProcessStart) => format!("parent pid {}", e.addr),
+        Some(
+            K::ProcessExit
+            | K::PoolCreate
+            | K::PoolDestroy
+            | K::StreamCreate
+            | K::StreamDestroy
+            | K::Frameworks
+            | K::HookMiss,
+        ) => String::new(),
         _ if e.addr == 0 => format!("{:>11}", fmt_bytes(e.size)),
         _ => format!("{:>11} at {:#x}", fmt_bytes(e.size), e.addr),
     }
@@ -94,6 +105,7 @@ pub fn event_words(e: &crate::EventLine) -> String {
 /// An incident's numbers, as (label, value) rows: what the verdict was judged on.
 pub fn oom_numbers(i: &crate::OomReport) -> Vec<(&'static str, String)> {
     use vramhook_model::fmt_bytes;
+    let i = &i.incident;
     let mut v = vec![("requested", fmt_bytes(i.requested_bytes))];
     v.push((
         "device free",

@@ -41,12 +41,12 @@ pub fn render(r: &Report) -> String {
         counters(&mut ev, pid, "traced live bytes", "bytes", &d.live_bytes, t0);
         counters(&mut ev, pid, "device free bytes", "bytes", &d.free_bytes, t0);
     }
-    for o in &r.ooms {
+    for o in r.ooms.iter().map(|o| &o.incident) {
         ev.push(json!({
-            "name": format!("OOM: {} requested {} ({})", o.api, vramhook_model::fmt_bytes(o.requested_bytes), o.verdict_name),
+            "name": format!("OOM: {} requested {} ({})", o.api, vramhook_model::fmt_bytes(o.requested_bytes), o.verdict.name()),
             "ph": "i", "s": "g", "ts": us(o.ts_ns, t0), "pid": o.pid, "tid": o.pid,
             "args": {"requested_bytes": o.requested_bytes, "device_free_bytes": o.device_free_bytes,
-                     "verdict": o.verdict_name, "explanation": o.explanation}
+                     "verdict": o.verdict.name(), "explanation": o.explanation}
         }));
     }
     let doc = json!({"traceEvents": ev, "displayTimeUnit": "ms",

@@ -370,7 +370,7 @@ fn leaks(o: &mut String, r: &Report) {
                 "     {:>11} at {:#x} ({}) allocated {}",
                 fmt_bytes(e.size),
                 e.addr,
-                e.class,
+                e.class.name(),
                 rel(r, e.ts_ns)
             );
         }
@@ -452,7 +452,8 @@ fn anomalies(o: &mut String, r: &Report) {
 
 /// One OOM incident: what was asked, the verdict and its numbers, the outcome, who held the
 /// memory and the lead-up.
-fn oom_incident(o: &mut String, r: &Report, n: usize, i: &OomReport) {
+fn oom_incident(o: &mut String, r: &Report, n: usize, oom: &OomReport) {
+    let i = &oom.incident;
     let _ = writeln!(
         o,
         "  #{} at {} — pid {} ({}) on device {}: {} requested {}, device free {} of {}",
@@ -461,19 +462,19 @@ fn oom_incident(o: &mut String, r: &Report, n: usize, i: &OomReport) {
         i.pid,
         short(&i.command, 40),
         i.device,
-        if i.caller.is_empty() { i.api.clone() } else { format!("{} via {}", i.api, i.caller) },
+        if i.caller.is_empty() { i.api.name().to_string() } else { format!("{} via {}", i.api, i.caller) },
         fmt_bytes(i.requested_bytes),
         opt_bytes(i.device_free_bytes),
         opt_bytes(i.device_total_bytes)
     );
-    if let Some(line) = snapshot_origin(r, i) {
+    if let Some(line) = snapshot_origin(r, oom) {
         let _ = writeln!(o, "     {line}");
     }
-    let _ = writeln!(o, "     verdict: {}", i.verdict_name);
+    let _ = writeln!(o, "     verdict: {}", i.verdict.name());
     if !i.fix.is_empty() {
         let _ = writeln!(o, "     fix: {}", i.fix);
     }
-    for (label, value) in super::oom_numbers(i) {
+    for (label, value) in super::oom_numbers(oom) {
         let _ = writeln!(o, "       {label:<18} {value}");
     }
     for (k, line) in i.explanation.lines().enumerate() {
@@ -489,10 +490,10 @@ fn oom_incident(o: &mut String, r: &Report, n: usize, i: &OomReport) {
         fmt_bytes(i.own_idle_bytes),
         fmt_bytes(i.other_idle_bytes)
     );
-    for line in holders_lines(i) {
+    for line in holders_lines(oom) {
         let _ = writeln!(o, "     {line}");
     }
-    for line in live_at_oom_lines(r, i) {
+    for line in live_at_oom_lines(r, oom) {
         let _ = writeln!(o, "     {line}");
     }
     if !i.lead_up.is_empty() {
@@ -503,8 +504,8 @@ fn oom_incident(o: &mut String, r: &Report, n: usize, i: &OomReport) {
                 "       {} tid {:<6} {:<12} {:<22} {}{}",
                 rel(r, e.ts_ns),
                 e.tid,
-                e.kind,
-                e.api,
+                e.kind_name(),
+                e.api_name(),
                 super::event_words(e),
                 if e.result != 0 {
                     format!("  -> {}", vramhook_protocol::record::result_name(e.result))
@@ -565,9 +566,9 @@ pub fn join_line(j: &SnapshotJoin) -> String {
 pub fn snapshot_origin(r: &Report, i: &OomReport) -> Option<String> {
     let path = i.from_snapshot.as_ref()?;
     let mut line = format!("from the PyTorch snapshot {path}");
-    if let Some(k) = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.id == id)) {
-        let c = &r.ooms[k];
-        let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict_name);
+    if let Some(k) = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id)) {
+        let c = &r.ooms[k].incident;
+        let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict.name());
     }
     Some(line)
 }
@@ -587,7 +588,7 @@ fn frame_line(f: &StackFrame) -> String {
 pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
     let Some(l) = &i.live_at_oom else { return Vec::new() };
     if i.from_snapshot.is_some() {
-        let same = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.id == id));
+        let same = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id));
         if let Some(k) = same.filter(|k| r.ooms[*k].live_at_oom.is_some()) {
             return vec![format!("live allocations and stacks at this OOM: under #{} above", k + 1)];
         }
@@ -625,7 +626,7 @@ pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
         ));
     }
     if !l.request_frames.is_empty() {
-        out.push(format!("the failed request of {} was made at:", fmt_bytes(i.requested_bytes)));
+        out.push(format!("the failed request of {} was made at:", fmt_bytes(i.incident.requested_bytes)));
         for f in l.request_frames.iter().take(SHOWN_FRAMES) {
             out.push(format!("    {}", frame_line(f)));
         }
@@ -634,7 +635,8 @@ pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
 }
 
 /// The other processes holding memory on the failing device, one line each, most first.
-pub(crate) fn holders_lines(i: &OomReport) -> Vec<String> {
+pub(crate) fn holders_lines(oom: &OomReport) -> Vec<String> {
+    let i = &oom.incident;
     if i.holders.is_empty() {
         return Vec::new();
     }

@@ -11,15 +11,13 @@ mod timelines;
 
 pub(crate) use join::SegmentKey;
 
-pub(crate) use layout::layout_item;
-
 use crate::report::*;
 use crate::series::Series;
 use crate::Options;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use timelines::Grid;
-use vramhook_model::{ArenaKind, LayoutEntry, Model, ModelSnapshot, ProcessView};
+use vramhook_model::{ArenaKind, ArenaView, LayoutEntry, Model, ModelSnapshot, ProcessView};
 use vramhook_protocol::capture::{ProcessEnd, ProcessInfo};
 use vramhook_protocol::record::{Event, EventKind};
 
