@@ -104,8 +104,13 @@ fn check_bounds(r: &crate::Report, max_items: usize) {
 
 /// Whole analysis of arbitrary bytes, with every renderer.
 pub fn analyze_bytes_target(data: &[u8]) {
-    for (strict, max_items) in [(false, crate::DEFAULT_MAX_ITEMS), (true, crate::DEFAULT_MAX_ITEMS), (false, 2)] {
-        let opts = Options { strict, max_points: 64, max_items, ..Options::default() };
+    // The last round also follows the fit's forecast (`--fit-trend`), on whatever times the
+    // bytes say.
+    let trend = vramhook_model::trend::TrendRule { window_ns: 1_000_000, horizon_ns: 5_000_000, hold_ns: 100_000 };
+    for (strict, max_items, fit_trend) in
+        [(false, crate::DEFAULT_MAX_ITEMS, None), (true, crate::DEFAULT_MAX_ITEMS, None), (false, 2, Some(trend))]
+    {
+        let opts = Options { strict, max_points: 64, max_items, fit_trend, ..Options::default() };
         let (result, work) = analyze_bytes_work("fuzz.vhc", data, &opts);
         check_work(&work);
         if let Ok(report) = result {

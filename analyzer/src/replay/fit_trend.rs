@@ -46,17 +46,10 @@ impl Replayer {
             samples.push_back((ts, f.supply_bytes as f64));
         }
         // Prometheus's range `[window]` at `ts`: samples after ts − window, up to ts.
-        while samples.front().is_some_and(|s| s.0 + rule.window_ns <= ts) {
+        while samples.front().is_some_and(|s| s.0.saturating_add(rule.window_ns) <= ts) {
             samples.pop_front();
         }
-        let (slice, _) = samples.as_slices();
-        let contiguous: Vec<(u64, f64)>;
-        let all = if slice.len() == samples.len() {
-            slice
-        } else {
-            contiguous = samples.iter().copied().collect();
-            &contiguous
-        };
+        let all: &[(u64, f64)] = samples.make_contiguous();
         let forecast = predict_linear(all, ts, rule.horizon_ns);
         let short = forecast.is_some_and(|v| v < f.demand_bytes as f64);
         if !short {
@@ -70,7 +63,7 @@ impl Replayer {
         }
         let slope = slope_per_second(all).unwrap_or(0.0);
         let run = tracks.runs.entry(key).or_insert(ShortRun { since: ts, fired: None });
-        if run.fired.is_none() && ts - run.since >= rule.hold_ns {
+        if run.fired.is_none() && ts.saturating_sub(run.since) >= rule.hold_ns {
             run.fired = Some(FitTrendWarning {
                 pid: key.0,
                 command: String::new(),
