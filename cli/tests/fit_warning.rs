@@ -22,6 +22,10 @@ const S: u64 = 1_000_000_000;
 /// The simulated device (the workload's defaults are tuned to it: with the cache, a large
 /// request fails at step 550 of 600; without, the same requests all fit).
 const VRAM: u64 = 9 * GIB;
+/// The control's steps: the server's 551 requests and some more. Past step 560 the control's
+/// own kept tail leaves less than the large request free (1.34 GiB at step 570): a true
+/// crossing by capacity, which a control that must never cross cannot have.
+const CONTROL_STEPS: &str = "560";
 /// The demand window: the whole run (the driver sees a large request only when the cache
 /// cannot serve it, here its first; the agent's default is 10 minutes).
 const WINDOW_S: u64 = 60;
@@ -204,7 +208,8 @@ fn promtool_passes(case: &str) -> Option<(bool, String)> {
 fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path().to_path_buf();
-    let control = std::thread::spawn(move || record(&d, "control", &[("SIM_NO_CACHING", "1")]));
+    let control =
+        std::thread::spawn(move || record(&d, "control", &[("SIM_NO_CACHING", "1"), ("SIM_STEPS", CONTROL_STEPS)]));
     let (cache_capture, cache_out) = record(dir.path(), "cache", &[]);
     let (control_capture, control_out) = control.join().expect("control run");
     let stdout = String::from_utf8_lossy(&cache_out.stdout);
@@ -234,14 +239,13 @@ fn the_fit_crosses_below_one_before_the_oom_and_never_in_the_control() {
     // Before the fragmentation, the same request fitted.
     assert!(r.points.iter().take(100).all(|(_, f)| f.fit_ratio >= 1.0), "no early crossing");
 
-    // The control: the same requests, never short.
+    // The control: the same requests, never short, not even for one sample.
     let c = replay(&control_capture);
     assert_eq!(c.oom_ts, None);
-    assert!(c.points.len() >= 590, "a point per step: {}", c.points.len());
-    let end = c.points.last().map(|p| p.0).unwrap_or(0);
-    assert_eq!(sustained_crossing(&c.points, end), None, "the control never crosses for good");
+    assert!(c.points.len() >= 550, "a point per step: {}", c.points.len());
     let lowest = c.points.iter().map(|(_, f)| f.fit_ratio).fold(f64::MAX, f64::min);
     eprintln!("control: lowest fit {lowest:.2}");
+    assert!(lowest >= 1.0, "the control's fit never goes below 1: lowest {lowest}");
 
     // `vramhook analyze` says it, replaying the same captures: one line for the server, the
     // crossing before the failure it foresaw; nothing for the control.
@@ -442,9 +446,7 @@ fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/alerts.yml")).expect("rules");
     let rule = "expr: vramhook_process_memory_fit_ratio < 1\n        for: 5m";
     assert!(rules.contains(rule), "the rule as the test expects it");
-    // 3 s: the control's fit can dip below 1 for a second or so on a loaded machine (its
-    // supply is the device's free bytes as last sampled, stale until the next sample); the
-    // rule asks for a sustained crossing (5 minutes as shipped) for that reason.
+    // 3 s: a `for:` shorter than the run (a minute), longer than one scrape and evaluation.
     std::fs::write(dir.path().join("alerts.yml"), rules.replace(rule, &rule.replace("5m", "3s"))).expect("rules");
     std::fs::write(
         dir.path().join("prometheus.yml"),
@@ -479,7 +481,12 @@ fn prometheus_fires_the_alert_from_the_agents_series_before_the_oom() {
         e
     };
     let mut server = spawn_traced(&program, &[], rings.path(), &with(&[]));
-    let mut control = spawn_traced(&program, &[], rings.path(), &with(&[("SIM_NO_CACHING", "1"), ("SIM_DEVICE", "1")]));
+    let mut control = spawn_traced(
+        &program,
+        &[],
+        rings.path(),
+        &with(&[("SIM_NO_CACHING", "1"), ("SIM_DEVICE", "1"), ("SIM_STEPS", CONTROL_STEPS)]),
+    );
     let (server_pid, control_pid) = (server.id().to_string(), control.id().to_string());
     let start = std::time::Instant::now();
     let mut fired_before_oom: Option<f64> = None;
