@@ -56,6 +56,13 @@ pub struct Report {
     pub fit_trend_warnings: Vec<FitTrendWarning>,
 }
 
+impl Report {
+    /// The position in `ooms` of the incident with model id `id`.
+    pub fn oom_position(&self, id: u64) -> Option<usize> {
+        self.ooms.iter().position(|c| c.incident.id == id)
+    }
+}
+
 /// The least-squares line through a process's supply over the trend rule's window, followed
 /// to its horizon, fell short of its demand, and kept falling short for the rule's hold
 /// (`analyze --fit-trend`; from the same samples as the fit).

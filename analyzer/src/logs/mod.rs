@@ -831,7 +831,7 @@ pub fn render_text(o: &mut String, r: &crate::Report) {
             let _ = writeln!(o, "     fix: {fix}");
         }
         if let Some(id) = i.capture_incident {
-            let driver = r.ooms.iter().find(|c| c.incident.id == id).map_or("?", |c| c.incident.verdict.name());
+            let driver = r.oom_position(id).map_or("?", |k| r.ooms[k].incident.verdict.name());
             let _ = writeln!(o, "     joins capture incident {id} (judged from the driver alone: {driver})");
         }
         if let Some(j) = &i.join {

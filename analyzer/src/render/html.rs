@@ -524,7 +524,7 @@ fn logs_html(h: &mut String, r: &Report) {
         if let Some(fix) = &i.fix {
             h.push_str(&format!("<br>fix: {}", esc(fix)));
         }
-        let joined = i.capture_incident.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id));
+        let joined = i.capture_incident.and_then(|id| r.oom_position(id));
         match joined.map(|k| (k, &r.ooms[k].incident)) {
             Some((k, c)) => h.push_str(&format!(
                 "<br>joins capture incident <a href=\"#oom-{}\">#{}</a> (judged from the driver alone: {})",

@@ -566,7 +566,7 @@ pub fn join_line(j: &SnapshotJoin) -> String {
 pub fn snapshot_origin(r: &Report, i: &OomReport) -> Option<String> {
     let path = i.from_snapshot.as_ref()?;
     let mut line = format!("from the PyTorch snapshot {path}");
-    if let Some(k) = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id)) {
+    if let Some(k) = i.same_failure_as.and_then(|id| r.oom_position(id)) {
         let c = &r.ooms[k].incident;
         let _ = write!(line, "; the same failure as #{} (judged from the driver alone: {})", k + 1, c.verdict.name());
     }
@@ -588,7 +588,7 @@ fn frame_line(f: &StackFrame) -> String {
 pub fn live_at_oom_lines(r: &Report, i: &OomReport) -> Vec<String> {
     let Some(l) = &i.live_at_oom else { return Vec::new() };
     if i.from_snapshot.is_some() {
-        let same = i.same_failure_as.and_then(|id| r.ooms.iter().position(|c| c.incident.id == id));
+        let same = i.same_failure_as.and_then(|id| r.oom_position(id));
         if let Some(k) = same.filter(|k| r.ooms[*k].live_at_oom.is_some()) {
             return vec![format!("live allocations and stacks at this OOM: under #{} above", k + 1)];
         }

@@ -61,7 +61,6 @@ impl Replayer {
             }
             return;
         }
-        let slope = slope_per_second(all).unwrap_or(0.0);
         let run = tracks.runs.entry(key).or_insert(ShortRun { since: ts, fired: None });
         if run.fired.is_none() && ts.saturating_sub(run.since) >= rule.hold_ns {
             run.fired = Some(FitTrendWarning {
@@ -74,7 +73,7 @@ impl Replayer {
                 demand_source: f.demand_source.name().to_string(),
                 supply_bytes: f.supply_bytes,
                 forecast_bytes: forecast.unwrap_or(0.0),
-                slope_bytes_per_s: slope,
+                slope_bytes_per_s: slope_per_second(all).unwrap_or(0.0),
                 horizon_ns: rule.horizon_ns,
                 cleared_ts_ns: None,
                 came_ts_ns: None,
